@@ -1,0 +1,253 @@
+"""Experiment specs: load a spec file, apply command-line overrides, validate.
+
+A spec is a Python file under ``experiments/`` whose ``get_config()`` returns
+an ``ml_collections.ConfigDict`` (a sweep spec also has ``get_sweep()``).
+``experiments/base.py`` defines every field; other specs start from it with
+``base = depthbench.config.sibling(__file__, "base")``.
+
+Every problem with a spec or an override raises :class:`ConfigError` with one
+line naming the field and what is allowed; the CLI prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import ml_collections
+
+EXIT_BAD_INPUT = 2
+
+_BASE_SPEC = Path(__file__).resolve().parents[2] / "experiments" / "base.py"
+
+
+class ConfigError(ValueError):
+    """A bad spec, override or field value: one line, naming the field."""
+
+
+def import_spec(path: str | Path) -> ModuleType:
+    """Import a spec file as a module (specs are files, not installed modules)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config: spec file {str(path)!r} does not exist")
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
+    spec = importlib.util.spec_from_file_location(f"depthbench_spec_{path.stem}_{digest}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ConfigError:
+        raise
+    except Exception as e:  # a broken spec file is bad input, not a crash
+        raise ConfigError(f"config: spec file {str(path)!r} failed to load: {e}") from e
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"config: spec file {str(path)!r} has no get_config()")
+    return module
+
+
+def sibling(spec_file: str, name: str) -> ModuleType:
+    """The spec ``name`` beside ``spec_file`` (how specs inherit from base.py)."""
+    return import_spec(Path(spec_file).with_name(f"{name}.py"))
+
+
+def base_spec_path() -> Path:
+    """Path of ``experiments/base.py`` in this checkout."""
+    return _BASE_SPEC
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """The defaults of ``experiments/base.py``."""
+    return import_spec(_BASE_SPEC).get_config()
+
+
+# ---------------------------------------------------------------- overrides
+
+
+def _parse_value(field: str, text: str, current: Any) -> Any:
+    """Parse ``text`` into the type of the field's current value."""
+    if isinstance(current, bool):
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"--config.{field}: expected true or false, got {text!r}")
+    if isinstance(current, int):
+        try:
+            value = float(parse_count(text)) if text[-1:] in "kKmMbB" else float(text)
+        except (ValueError, IndexError):
+            raise ConfigError(f"--config.{field}: expected an integer, got {text!r}") from None
+        if value != int(value):
+            raise ConfigError(f"--config.{field}: expected an integer, got {text!r}")
+        return int(value)
+    if isinstance(current, float):
+        try:
+            return float(parse_count(text)) if text[-1:] in "kKmMbB" else float(text)
+        except (ValueError, IndexError):
+            raise ConfigError(f"--config.{field}: expected a number, got {text!r}") from None
+    if isinstance(current, str):
+        return text
+    if isinstance(current, (list, tuple)):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = [v.strip() for v in text.split(",") if v.strip()]
+        return type(current)(value if isinstance(value, (list, tuple)) else [value])
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_count(text: str) -> float:
+    """'400M' -> 4e8, '1.6B' -> 1.6e9, '12k' -> 12000, '1e6' -> 1e6."""
+    text = str(text).strip()
+    scale = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}
+    if text and text[-1].lower() in scale:
+        return float(text[:-1]) * scale[text[-1].lower()]
+    return float(text)
+
+
+def _lookup(config: ml_collections.ConfigDict, dotted: str) -> tuple[Any, str]:
+    node: Any = config
+    parts = dotted.split(".")
+    for i, key in enumerate(parts[:-1]):
+        if not isinstance(node, ml_collections.ConfigDict) or key not in node:
+            raise ConfigError(
+                f"--config.{dotted}: unknown section {'.'.join(parts[: i + 1])!r}; "
+                f"known: {', '.join(sorted(config.keys()))}"
+            )
+        node = node[key]
+    leaf = parts[-1]
+    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+        known = ", ".join(sorted(node.keys())) if isinstance(node, ml_collections.ConfigDict) else ""
+        raise ConfigError(f"--config.{dotted}: unknown field; known fields here: {known}")
+    return node, leaf
+
+
+def apply_overrides(
+    config: ml_collections.ConfigDict, overrides: Iterable[str] | dict[str, Any]
+) -> ml_collections.ConfigDict:
+    """Apply ``a.b=value`` strings (or a {dotted: value} dict) to a copy of ``config``."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    items = overrides.items() if isinstance(overrides, dict) else (_split(o) for o in overrides)
+    for dotted, value in items:
+        node, leaf = _lookup(config, dotted)
+        current = node[leaf]
+        if isinstance(current, ml_collections.ConfigDict):
+            raise ConfigError(f"--config.{dotted}: is a section, not a field")
+        if isinstance(value, str):
+            value = _parse_value(dotted, value, current)
+        elif isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        elif current is not None and type(value) is not type(current):
+            allowed = type(current).__name__
+            raise ConfigError(f"config.{dotted}: expected {allowed}, got {value!r}")
+        node[leaf] = value
+    return config
+
+
+def _split(override: str) -> tuple[str, str]:
+    text = override[2:] if override.startswith("--") else override
+    if text.startswith("config."):
+        text = text[len("config.") :]
+    if "=" not in text:
+        raise ConfigError(f"override {override!r}: expected --config.section.field=value")
+    key, value = text.split("=", 1)
+    return key.strip(), value
+
+
+# --------------------------------------------------------------- validation
+
+
+def _check_known_keys(config: ml_collections.ConfigDict, schema: ml_collections.ConfigDict,
+                      prefix: str = "") -> None:
+    for key in config.keys():
+        where = f"{prefix}{key}"
+        if key not in schema:
+            known = ", ".join(sorted(schema.keys()))
+            raise ConfigError(f"config.{where}: unknown field; known fields here: {known}")
+        if isinstance(config[key], ml_collections.ConfigDict):
+            if not isinstance(schema[key], ml_collections.ConfigDict):
+                raise ConfigError(f"config.{where}: is a field in base.py, not a section")
+            _check_known_keys(config[key], schema[key], where + ".")
+
+
+def _positive(config: ml_collections.ConfigDict, dotted: str, *, allow_zero: bool = False) -> None:
+    node, leaf = _lookup(config, dotted)
+    value = node[leaf]
+    ok = isinstance(value, (int, float)) and math.isfinite(value) and (
+        value >= 0 if allow_zero else value > 0
+    )
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"config.{dotted}: must be a number {bound}, got {value!r}")
+
+
+def _choice(config: ml_collections.ConfigDict, dotted: str, allowed: Iterable[str]) -> None:
+    node, leaf = _lookup(config, dotted)
+    allowed = list(allowed)
+    if node[leaf] not in allowed:
+        raise ConfigError(f"config.{dotted}: {node[leaf]!r} is not one of {', '.join(allowed)}")
+
+
+def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Check a whole config; return it unchanged or raise one ConfigError."""
+    from depthbench import shapes  # late: shapes imports this module
+    from depthbench.model.residual import registry
+
+    _check_known_keys(config, base_config())
+    _choice(config, "model.family", registry.names())
+    _choice(config, "model.fix", ("total", "backbone"))
+    _choice(config, "model.param_dtype", ("float32", "bfloat16"))
+    _choice(config, "model.compute_dtype", ("float32", "bfloat16", "float16"))
+    _choice(config, "model.remat_policy", REMAT_POLICIES)
+    _choice(config, "model.impl", ("xla", "pallas"))
+    _choice(config, "model.residual.readout", ("norm_then_sum", "sum_then_norm"))
+    _choice(config, "train.lr_rule", ("none", "completep"))
+    _choice(config, "parallel.distributed", ("auto", "on", "off"))
+    for field in ("model.depth", "model.vocab_size", "model.norm_eps", "model.rope_theta",
+                  "model.init_std", "model.scan_unroll", "model.residual.hc_n",
+                  "model.residual.sinkhorn_iters", "model.residual.sinkhorn_temperature",
+                  "model.residual.attnres_blocks", "train.steps", "train.batch_size",
+                  "train.microbatches", "train.seq_len", "train.lr", "train.log_every",
+                  "train.eval_every", "train.checkpoint_every", "train.max_loss",
+                  "train.clip_norm", "train.eps"):
+        _positive(config, field)
+    for field in ("model.d_model", "model.d_ff", "model.n_heads", "model.n_kv_heads",
+                  "model.budget", "train.weight_decay", "train.warmup_fraction",
+                  "train.final_lr_fraction", "train.seed", "model.residual.attnres_block_size"):
+        _positive(config, field, allow_zero=True)
+    if config.train.batch_size % config.train.microbatches:
+        raise ConfigError(
+            f"config.train.microbatches: {config.train.microbatches} must divide "
+            f"train.batch_size {config.train.batch_size}"
+        )
+    if not 0 <= config.train.warmup_fraction < 1:
+        raise ConfigError("config.train.warmup_fraction: must be in [0, 1)")
+    for axis in ("data", "fsdp", "tensor"):
+        size = config.parallel[axis]
+        if not isinstance(size, int) or (size < 1 and size != -1):
+            raise ConfigError(f"config.parallel.{axis}: must be a positive integer or -1, got {size!r}")
+    # The shape must exist: suite row, budget reachable, heads dividing width.
+    shapes.resolve_shape(config)
+    registry.get(config.model.family).validate(config)
+    return config
+
+
+REMAT_POLICIES = ("none", "nothing_saveable", "dots_saveable", "everything_saveable",
+                  "dots_with_no_batch_dims_saveable")
+
+
+def load(spec: str | Path, overrides: Iterable[str] = ()) -> ml_collections.ConfigDict:
+    """Load a spec file, apply overrides and validate: what every command starts from."""
+    config = import_spec(spec).get_config()
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"config: get_config() in {str(spec)!r} must return a ConfigDict")
+    config = apply_overrides(config, overrides)
+    return validate(config)

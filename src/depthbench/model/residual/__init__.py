@@ -1,0 +1,1 @@
+"""Residual families: one module per family, gathered in ``registry``."""

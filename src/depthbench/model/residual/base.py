@@ -1,0 +1,181 @@
+"""The residual protocol: what a residual family supplies to the backbone.
+
+A family is a frozen dataclass holding the static :class:`ModelSpec`.  It
+creates its parameters inside Flax scopes the backbone hands it, and
+otherwise consists of pure functions of (parameters, state, ...):
+
+* ``init_state(g, x0_btd)``: the residual state from the embedding output;
+* ``read(p, state, site) -> (h_btd, ctx)``: the input of sublayer ``site``
+  (before the backbone's pre-norm, if the family uses one), and a context
+  dict the sublayer may consume (moda: ``depth_kv``);
+* ``write(p, state, y_btd, site, aux, active) -> state``: fold the sublayer
+  output back; ``aux`` holds the sublayer's normalised input ``x_in`` and,
+  for attention, its pre-RoPE ``kv``; where ``active`` is false the state
+  must come back unchanged (that is how a block is skipped);
+* ``readout(g, state, final_norm) -> x_btd``: the normalised vector fed to
+  the LM head (families that normalise streams separately need the norm).
+
+``p`` is the pytree made by :meth:`create_block_params` (per block, stacked
+over depth by the backbone's scan, so it moves with a permuted block) and
+``g`` the one made by :meth:`create_global_params` (outside the scan).
+``Site`` names where a sublayer runs: its kind, its execution position and
+its original block identity (they differ only when blocks are permuted).
+
+Families also report their costs (extra parameters, FLOPs, residual-state
+memory) so that ``costs.py`` and ``depthbench families`` need no
+family-specific code, and their weight-decay exclusions and init scales so
+that the trainer and the backbone need none either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from depthbench.model.spec import ModelSpec
+
+State = Any  # a pytree; each family documents its own
+
+
+class Site(NamedTuple):
+    """Where a sublayer runs.  ``pos``/``ident`` may be traced (inside scan)."""
+
+    sub: int  # 0 = attention, 1 = MLP (static)
+    pos: jax.Array  # execution index of the block, 0 .. L-1
+    ident: jax.Array  # original index of the block (differs from pos when permuted)
+
+    @property
+    def j(self) -> jax.Array:
+        """Execution index of the sublayer, 0 .. 2L-1."""
+        return 2 * self.pos + self.sub
+
+    @property
+    def j_ident(self) -> jax.Array:
+        """Original index of the sublayer (what its parameters were made for)."""
+        return 2 * self.ident + self.sub
+
+
+def gate(active: jax.Array, new: State, old: State) -> State:
+    """``new`` where the block is active, ``old`` (identity) where skipped."""
+    return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, old)
+
+
+def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
+    """x / rms(x) over the last axis, computed in fp32, returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    inv = jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    return (x32 * inv).astype(x.dtype)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm with a learned weight (fp32 statistics)."""
+    return rms_normalize(x, eps) * weight.astype(x.dtype)
+
+
+def layer_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """Mean-centred LayerNorm without bias (DeepNorm's LN), fp32 statistics."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+    return (rms_normalize(x32, eps) * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def norm_param(mod: nn.Module, name: str, d: int) -> jax.Array:
+    """A norm weight (init 1) with logical axis 'norm'."""
+    return mod.param(name, nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), (d,),
+                     jnp.float32)
+
+
+def with_axes(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
+    """Logical sharding constraint on an activation (no-op without a mesh)."""
+    return nn.with_logical_constraint(x, names)
+
+
+BTD = ("activation_batch", "activation_length", "activation_embed")
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidualFamily:
+    """Base class: the pre_ln behaviour; families override what differs."""
+
+    spec: ModelSpec
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    reference: ClassVar[str] = ""
+    # Whether the backbone applies its own RMSNorm N_j before each sublayer.
+    pre_norm: ClassVar[bool] = True
+    # Parameter leaf names (anywhere in the tree) that take no weight decay.
+    no_decay: ClassVar[frozenset[str]] = frozenset()
+
+    # ------------------------------------------------------------ validation
+    @classmethod
+    def validate(cls, config) -> None:
+        """Raise ConfigError for family fields out of range (one line)."""
+
+    # ------------------------------------------------------------ parameters
+    def create_block_params(self, mod: nn.Module, ident: jax.Array) -> Any:
+        """Per-block parameters (created in ``mod``'s scope; ``ident`` may be traced)."""
+        return {}
+
+    def create_global_params(self, mod: nn.Module) -> Any:
+        """Parameters outside the layer stack (e.g. a readout query)."""
+        return {}
+
+    def init_scale(self, matrix: str) -> float:
+        """Multiplier on the init std of a backbone matrix.
+
+        ``matrix`` is one of 'q', 'k', 'v', 'o' (attention) and 'gate', 'up',
+        'down' (SwiGLU)."""
+        return 1.0
+
+    # ------------------------------------------------------------ protocol
+    def init_state(self, g: Any, x0: jax.Array) -> State:
+        return x0
+
+    def read(self, p: Any, state: State, site: Site) -> tuple[jax.Array, dict]:
+        return state, {}
+
+    def input_scale(self, p: Any, x_in: jax.Array, site: Site) -> jax.Array:
+        """Applied to the (normalised) sublayer input; lns scales it by 1/sqrt(l)."""
+        return x_in
+
+    def write(self, p: Any, state: State, y: jax.Array, site: Site, aux: dict,
+              active: jax.Array) -> State:
+        return gate(active, state + y, state)
+
+    def readout(self, g: Any, state: State, final_norm) -> jax.Array:
+        return final_norm(state)
+
+    def depth_state(self, g: Any, state: State) -> jax.Array:
+        """``z``: the state at a block boundary as one vector per token
+        (hc/mhc: streams concatenated; attnres: the mix the next sublayer reads)."""
+        return state
+
+    def lens_input(self, g: Any, state: State) -> jax.Array:
+        """``r``: what the next consumer reads, for the logit lens (d wide)."""
+        return state
+
+    # ------------------------------------------------------------ costs
+    def extra_block_params(self) -> int:
+        """Parameters a block has beyond pre_ln's (may be negative: no pre-norm)."""
+        return 0
+
+    def extra_global_params(self) -> int:
+        return 0
+
+    def extra_flops_per_token(self, seq_len: int) -> float:
+        """Forward FLOPs per token beyond pre_ln's (routing, depth attention ...)."""
+        return 0.0
+
+    def state_floats_per_token(self) -> int:
+        """Floats of residual state kept per token (pre_ln: d_model)."""
+        return self.spec.d_model
+
+    def describe(self) -> dict:
+        return {"name": self.name, "description": self.description, "reference": self.reference,
+                "extra_block_params": self.extra_block_params(),
+                "extra_global_params": self.extra_global_params()}

@@ -1,0 +1,14 @@
+"""pre_ln: ``x <- x + F(N(x))``; readout ``x``.  The protocol's defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from depthbench.model.residual.base import ResidualFamily
+
+
+@dataclasses.dataclass(frozen=True)
+class PreLN(ResidualFamily):
+    name = "pre_ln"
+    description = "Pre-LN residual: x <- x + F(N(x)) (the LLaMA default)"
+    reference = "Xiong et al. 2020, On Layer Normalization in the Transformer Architecture"

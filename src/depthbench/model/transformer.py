@@ -1,0 +1,155 @@
+"""The LLaMA-style decoder with a pluggable residual family.
+
+Blocks run under ``nn.scan`` over stacked per-block parameters (leading
+logical axis 'layers'), wrapped in ``nn.remat``, so compile time does not
+grow with depth.  The scan's inputs are each block's execution position,
+its identity (original index) and an ``active`` flag: an analysis skips a
+block by clearing its flag and permutes blocks by gathering the stacked
+parameters (:func:`permute_blocks`) and passing the permuted identities.
+Nothing here knows which family runs; the family's four protocol functions
+(see ``residual/base.py``) do all the residual work.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from depthbench.model.layers import MLP, Attention, RMSNorm, trunc_normal
+from depthbench.model.residual import registry
+from depthbench.model.residual.base import BTD, ResidualFamily, Site, norm_param, rms_norm
+from depthbench.model.spec import ModelSpec
+
+
+def family_of(spec: ModelSpec) -> ResidualFamily:
+    return registry.get(spec.family)(spec)
+
+
+class _FamilyParams(nn.Module):
+    """A scope in which a family creates its parameters."""
+
+    fam: ResidualFamily
+    per_block: bool
+
+    @nn.compact
+    def __call__(self, ident=None):
+        if self.per_block:
+            return self.fam.create_block_params(self, ident)
+        return self.fam.create_global_params(self)
+
+
+class Block(nn.Module):
+    """One transformer block: attention then MLP, each wrapped by the family."""
+
+    spec: ModelSpec
+    fam: ResidualFamily
+    capture: bool = False
+
+    @nn.compact
+    def __call__(self, state, xs, g, positions_t):
+        fam, s = self.fam, self.spec
+        pos, ident, active = xs["pos"], xs["ident"], xs["active"]
+        p = _FamilyParams(fam, True, name="residual")(ident)
+        attn = Attention(s, tuple(fam.init_scale(m) for m in "qkvo"), name="attn")
+        mlp = MLP(s, tuple(fam.init_scale(m) for m in ("gate", "up", "down")), name="mlp")
+        norms = [norm_param(self, f"{k}_norm", s.d_model) if fam.pre_norm else None
+                 for k in ("attn", "mlp")]
+        for sub in (0, 1):
+            site = Site(sub, pos, ident)
+            h, ctx = fam.read(p, state, site)
+            x_in = rms_norm(h, norms[sub], s.norm_eps) if fam.pre_norm else h
+            x_in = fam.input_scale(p, x_in, site)
+            if sub == 0:
+                y, kv = attn(x_in, positions_t, ctx.get("depth_kv"))
+                aux = {"x_in": x_in, "kv": kv}
+            else:
+                y, aux = mlp(x_in), {"x_in": x_in}
+            state = fam.write(p, state, y, site, aux, active)
+        z = fam.depth_state(g, state) if self.capture else None
+        return state, z
+
+
+_POLICIES = {
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "everything_saveable": jax.checkpoint_policies.everything_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class Transformer(nn.Module):
+    """tokens [B, T] -> logits [B, T, V] (fp32); optionally the depth states.
+
+    ``active`` [L] (bool) skips blocks; ``ident`` [L] gives the original
+    index of the block at each position (use with :func:`permute_blocks`).
+    With ``capture=True`` returns ``(logits, z)`` where ``z`` stacks the
+    ``L + 1`` depth states (embedding output first) along axis 0.
+    """
+
+    spec: ModelSpec
+
+    @nn.compact
+    def __call__(self, tokens_bt, *, capture: bool = False, active=None, ident=None):
+        s = self.spec
+        fam = family_of(s)
+        L = s.depth
+        embed = self.param(
+            "embed", nn.with_logical_partitioning(trunc_normal(s.init_std), ("vocab", "embed")),
+            (s.vocab_size, s.d_model), s.pdtype)
+        x0 = jnp.take(embed, tokens_bt, axis=0).astype(s.dtype)
+        x0 = nn.with_logical_constraint(x0, BTD)
+        g = _FamilyParams(fam, False, name="residual")()
+        state = fam.init_state(g, x0)
+        xs = {
+            "pos": jnp.arange(L, dtype=jnp.int32),
+            "ident": jnp.arange(L, dtype=jnp.int32) if ident is None else jnp.asarray(ident, jnp.int32),
+            "active": jnp.ones((L,), bool) if active is None else jnp.asarray(active, bool),
+        }
+        block = Block
+        if s.remat_policy != "none":
+            block = nn.remat(Block, policy=_POLICIES[s.remat_policy], prevent_cse=False)
+        stack = nn.scan(
+            block,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=(0, nn.broadcast, nn.broadcast),
+            length=L,
+            unroll=s.scan_unroll,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )
+        positions_t = jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)
+        state, zs = stack(s, fam, capture, name="blocks")(state, xs, g, positions_t)
+        final_norm = RMSNorm(s, name="final_norm")
+        x = fam.readout(g, state, final_norm)
+        head = self.param(
+            "head", nn.with_logical_partitioning(trunc_normal(s.init_std), ("embed", "vocab")),
+            (s.d_model, s.vocab_size), s.pdtype)
+        logits = jnp.einsum("btd,dv->btv", x.astype(s.dtype), head.astype(s.dtype))
+        logits = nn.with_logical_constraint(
+            logits.astype(jnp.float32), ("activation_batch", "activation_length", "activation_vocab"))
+        if not capture:
+            return logits
+        z0 = fam.depth_state(g, fam.init_state(g, x0))
+        return logits, jnp.concatenate([z0[None], zs], axis=0)
+
+
+def permute_blocks(params, order):
+    """Params with the stacked blocks reordered: position i runs block ``order[i]``.
+
+    Pass ``ident=order`` to the model as well, so each block keeps its identity
+    (and with it anything tied to its original index, e.g. lns's scale)."""
+    order = jnp.asarray(order, jnp.int32)
+    params = dict(params)
+    params["blocks"] = jax.tree.map(lambda a: jnp.take(a, order, axis=0), params["blocks"])
+    return params
+
+
+def cross_entropy(logits_btv, targets_bt, mask_bt=None):
+    """Mean next-token cross entropy in fp32 (optionally masked)."""
+    logp = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, targets_bt[..., None], axis=-1)[..., 0]
+    if mask_bt is None:
+        return jnp.mean(nll)
+    mask = mask_bt.astype(jnp.float32)
+    return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)

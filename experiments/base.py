@@ -92,6 +92,7 @@ def get_config() -> ml_collections.ConfigDict:
     t.b2 = 0.95
     t.eps = 1e-8
     t.weight_decay = 0.1
+    t.no_decay = ""  # comma-separated param leaf names exempt from decay, beyond the family's
     t.clip_norm = 1.0
     t.seed = 0
     t.log_every = 10

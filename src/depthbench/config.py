@@ -91,6 +91,10 @@ def _parse_value(field: str, text: str, current: Any) -> Any:
         except (ValueError, IndexError):
             raise ConfigError(f"--config.{field}: expected a number, got {text!r}") from None
     if isinstance(current, str):
+        # Without a shell (sweep files, subprocess lists) `suite=''` keeps its
+        # quotes; a quoted string means its contents.
+        if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+            return text[1:-1]
         return text
     if isinstance(current, (list, tuple)):
         try:

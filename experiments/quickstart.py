@@ -1,0 +1,43 @@
+"""The micro sweep a new user runs first (about 10 minutes on a 2-core CPU).
+
+Five residual families x three aspect ratios of the micro suite (~1.2M
+parameters, 4 heads, vocabulary 2048), trained on the bundled micro corpus:
+
+    depthbench sweep --config experiments/quickstart.py --workdir runs/quickstart
+    depthbench report runs/quickstart
+
+Depths 2, 4 and 10 give aspect ratios 76, 30 and 8: the span of the paper's
+400M suite (76 down to 9.1), so the plot has the paper's axes.  Every run is
+the same recipe at one learning rate; micro_all.py is the full suite.
+"""
+
+from depthbench.config import sibling
+
+base = sibling(__file__, "base")
+
+FAMILIES = ("pre_ln", "hc", "mhc", "attnres_full", "attnres_block")
+DEPTHS = (2, 4, 10)  # micro suite: d_model 152, 120, 80 -> aspect ratios 76, 30, 8
+LRS = (3e-3,)
+
+
+def get_config():
+    c = base.get_config()
+    c.name = "quickstart"
+    c.model.suite = "micro"
+    c.data.corpus = "micro"
+    t = c.train
+    t.steps = 200
+    t.batch_size = 16
+    t.seq_len = 128
+    t.lr = LRS[0]
+    t.log_every = 10
+    # One evaluation, at the end: the sweep compares final validation losses.
+    t.eval_every = t.steps
+    t.checkpoint_every = 100
+    t.layer_stats_every = t.steps
+    return c
+
+
+def get_sweep():
+    return [{"model.family": f, "model.depth": depth, "train.lr": lr}
+            for f in FAMILIES for depth in DEPTHS for lr in LRS]

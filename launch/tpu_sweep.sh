@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# Run a depthbench sweep on a Cloud TPU VM slice, one multi-host job per run.
+#
+#   launch/tpu_sweep.sh --config experiments/paper_400m.py --workdir gs://BUCKET/400m \
+#       --tpu depthbench-v5p --zone us-east5-a --project my-proj --accelerator v5p-64 \
+#       --create --spot -- --config.data.paths='gs://BUCKET/fineweb_edu/train_*.npy'
+#
+# What it does, in order (with --dry-run every gcloud command is printed, none is run):
+#   1. lists the sweep's runs here (`depthbench sweep --list`; needs this checkout installed);
+#   2. --create: creates the slice unless it exists;
+#   3. --install (implied by --create): copies this checkout to every worker and installs it
+#      with JAX for TPU in a virtualenv (<remote-dir>/.venv);
+#   4. lists finished runs in the bucket (one `gcloud storage ls`) and skips them;
+#   5. for each remaining run: `depthbench sweep --run NAME --no-lock` on ALL workers at
+#      once (one multi-host job: jax.distributed.initialize() finds the slice by itself);
+#      run directories (Orbax checkpoints, TensorBoard events, result.json) go to the bucket;
+#   6. `depthbench report` on worker 0; --delete removes the slice at the end.
+# Preemption: a run whose command fails while the slice is not READY is resumed after the
+# slice is recreated (with --create; up to --retries times); otherwise re-run this script:
+# finished runs are skipped and an interrupted run resumes from its last checkpoint.
+# Exit status: 0 every run finished, 1 some run failed (see RUN/failure.txt), 2 bad usage.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: launch/tpu_sweep.sh --config SPEC --workdir gs://BUCKET/DIR [options] [-- OVERRIDES...]
+
+slice (flag, or environment variable):
+  --tpu NAME            TPU_NAME           slice name
+  --zone ZONE           TPU_ZONE           e.g. us-central2-b
+  --project PROJECT     TPU_PROJECT        GCP project (default: gcloud's configured one)
+  --accelerator TYPE    TPU_ACCELERATOR    e.g. v4-32, v5p-64, v6e-16 (needed by --create)
+  --version VERSION     TPU_VERSION        TPU VM runtime (default tpu-ubuntu2204-base)
+  --create              create the slice if it does not exist (implies --install)
+  --spot                create it as a Spot slice (cheaper, preemptible)
+  --delete              delete the slice when the sweep is done
+install:
+  --install             copy this checkout to every worker and pip-install it
+  --remote-dir DIR      checkout directory on the workers, relative to home (default depthbench)
+  --jax SPEC            pip requirement for JAX on TPU (default 'jax[tpu]>=0.10,<0.12')
+sweep:
+  --shard i/N           only this shard of the runs (N slices split one sweep)
+  --run NAME            only these runs (repeatable; shell patterns allowed)
+  --retries N           recreate a preempted slice and resume, at most N times (default 3)
+  --dry-run             print every command instead of running it
+  -- OVERRIDES          --config.section.field=value arguments passed to every run
+environment: DEPTHBENCH  the local depthbench command used to list runs (default depthbench)
+EOF
+}
+
+die() { echo "tpu_sweep.sh: error: $*" >&2; exit 2; }
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SPEC="" WORKDIR="${DEPTHBENCH_WORKDIR:-}"
+TPU="${TPU_NAME:-}" ZONE="${TPU_ZONE:-${ZONE:-}}"
+PROJECT="${TPU_PROJECT:-${CLOUDSDK_CORE_PROJECT:-}}"
+ACCEL="${TPU_ACCELERATOR:-}" VERSION="${TPU_VERSION:-tpu-ubuntu2204-base}"
+CREATE=0 SPOT=0 DELETE=0 INSTALL=0 DRY=0 RETRIES=3 SHARD=""
+REMOTE_DIR="depthbench" JAX_REQ='jax[tpu]>=0.10,<0.12'
+RUN_ARGS=() OVERRIDES=()
+
+while (($#)); do
+  case "$1" in
+    --config) SPEC="${2:?--config needs a value}"; shift 2 ;;
+    --workdir) WORKDIR="${2:?--workdir needs a value}"; shift 2 ;;
+    --tpu) TPU="${2:?--tpu needs a value}"; shift 2 ;;
+    --zone) ZONE="${2:?--zone needs a value}"; shift 2 ;;
+    --project) PROJECT="${2:?--project needs a value}"; shift 2 ;;
+    --accelerator) ACCEL="${2:?--accelerator needs a value}"; shift 2 ;;
+    --version) VERSION="${2:?--version needs a value}"; shift 2 ;;
+    --create) CREATE=1 INSTALL=1; shift ;;
+    --spot) SPOT=1; shift ;;
+    --delete) DELETE=1; shift ;;
+    --install) INSTALL=1; shift ;;
+    --remote-dir) REMOTE_DIR="${2:?--remote-dir needs a value}"; shift 2 ;;
+    --jax) JAX_REQ="${2:?--jax needs a value}"; shift 2 ;;
+    --shard) SHARD="${2:?--shard needs a value}"; shift 2 ;;
+    --run) RUN_ARGS+=(--run "${2:?--run needs a value}"); shift 2 ;;
+    --retries) RETRIES="${2:?--retries needs a value}"; shift 2 ;;
+    --dry-run) DRY=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; OVERRIDES=("$@"); break ;;
+    --config.*) OVERRIDES+=("$1"); shift ;;
+    *) usage >&2; die "unknown argument '$1'" ;;
+  esac
+done
+
+[[ -n "$SPEC" ]] || die "--config SPEC is required"
+[[ -n "$WORKDIR" ]] || die "--workdir is required (a gs:// bucket path every worker can write)"
+[[ -n "$TPU" ]] || die "--tpu NAME (or TPU_NAME) is required"
+[[ -n "$ZONE" ]] || die "--zone ZONE (or TPU_ZONE) is required"
+[[ "$RETRIES" =~ ^[0-9]+$ ]] || die "--retries: expected a non-negative integer, got '$RETRIES'"
+if ((CREATE)) && [[ -z "$ACCEL" ]]; then
+  die "--create needs --accelerator TYPE (or TPU_ACCELERATOR), e.g. v5p-64"
+fi
+[[ "$WORKDIR" == gs://* ]] || echo "tpu_sweep.sh: note: --workdir $WORKDIR is not a gs:// bucket;" \
+  "every worker must see the same directory" >&2
+[[ -f "$SPEC" ]] || die "--config: spec file '$SPEC' does not exist"
+REL_SPEC=$(realpath --relative-to="$REPO" "$SPEC")
+[[ "$REL_SPEC" != ../* ]] || die "--config: '$SPEC' is outside this checkout ($REPO);" \
+  "the workers get a copy of the checkout, so put the spec under experiments/"
+
+read -r -a DEPTHBENCH_CMD <<<"${DEPTHBENCH:-depthbench}"
+GCLOUD_TPU=(gcloud compute tpus tpu-vm)
+WHERE=(--zone "$ZONE")
+[[ -z "$PROJECT" ]] || WHERE+=(--project "$PROJECT")
+REMOTE_BIN=".venv/bin/depthbench"
+
+# One word, shell-quoted only if it needs it (printed commands stay readable and pastable).
+q() {
+  if [[ "$1" =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then
+    printf '%s' "$1"
+  else
+    printf "'%s'" "${1//\'/\'\\\'\'}"
+  fi
+}
+
+# Print (dry run) or run a command.
+run() {
+  if ((DRY)); then
+    printf '+'
+    for word in "$@"; do printf ' %s' "$(q "$word")"; done
+    printf '\n'
+  else
+    "$@"
+  fi
+}
+
+# The command string a worker runs: cd into the checkout, then the quoted arguments.
+remote() {
+  local out word
+  out="cd $(q "$REMOTE_DIR") &&"
+  for word in "$@"; do out+=" $(q "$word")"; done
+  printf '%s' "$out"
+}
+
+on_workers() {  # on_workers WORKER COMMAND-STRING
+  run "${GCLOUD_TPU[@]}" ssh "$TPU" "${WHERE[@]}" --worker="$1" --command "$2"
+}
+
+slice_state() {  # READY, PREEMPTED, CREATING, ... or nothing if the slice does not exist
+  "${GCLOUD_TPU[@]}" describe "$TPU" "${WHERE[@]}" --format='value(state)' 2>/dev/null || true
+}
+
+create_slice() {
+  local args=(create "$TPU" "${WHERE[@]}" --accelerator-type "$ACCEL" --version "$VERSION")
+  ((SPOT)) && args+=(--spot)
+  run "${GCLOUD_TPU[@]}" "${args[@]}"
+}
+
+install() {
+  local tarball=/tmp/depthbench-src-$$.tgz
+  run tar -czf "$tarball" --exclude=.git --exclude=.venv --exclude=runs --exclude='*.egg-info' \
+    --exclude=__pycache__ --exclude=.pytest_cache -C "$REPO" .
+  run "${GCLOUD_TPU[@]}" scp "$tarball" "$TPU:/tmp/depthbench-src.tgz" "${WHERE[@]}" --worker=all
+  local setup
+  local dir
+  dir=$(q "$REMOTE_DIR")
+  setup="mkdir -p $dir && tar -xzf /tmp/depthbench-src.tgz -C $dir && cd $dir && "
+  setup+="(test -x .venv/bin/python || python3 -m venv .venv) && "
+  setup+=".venv/bin/pip install -q -U pip && "
+  setup+=".venv/bin/pip install -q -e . $(q "$JAX_REQ") gcsfs google-cloud-storage"
+  on_workers all "$setup"
+  ((DRY)) || rm -f "$tarball"
+}
+
+# 1. the runs of this sweep (or shard), listed here; read-only, so it also runs in a dry run
+LIST_ARGS=(sweep --config "$SPEC" --workdir "$WORKDIR" --list "${RUN_ARGS[@]}")
+[[ -z "$SHARD" ]] || LIST_ARGS+=(--shard "$SHARD")
+if ! RUN_LIST=$(cd "$REPO" && "${DEPTHBENCH_CMD[@]}" "${LIST_ARGS[@]}" "${OVERRIDES[@]}"); then
+  die "could not list the sweep's runs with '${DEPTHBENCH_CMD[*]} ${LIST_ARGS[*]}'"
+fi
+mapfile -t RUNS <<<"$RUN_LIST"
+[[ -n "${RUNS[0]:-}" ]] || die "the selection has no runs"
+echo "tpu_sweep.sh: ${#RUNS[@]} runs of $REL_SPEC on $TPU -> $WORKDIR" >&2
+
+# 2-3. slice and install
+if ((CREATE)); then
+  if ((DRY)) || [[ -z "$(slice_state)" ]]; then
+    create_slice
+  fi
+fi
+((INSTALL)) && install
+
+# 4. finished runs (result.json in the bucket) are skipped without starting a job
+FINISHED=""
+if [[ "$WORKDIR" == gs://* ]]; then
+  if ((DRY)); then
+    run gcloud storage ls "$WORKDIR/*/result.json"
+  else
+    FINISHED=$(gcloud storage ls "$WORKDIR/*/result.json" 2>/dev/null || true)
+  fi
+fi
+
+recover() {  # after a failed run: 0 = retry it, 1 = the run itself failed (slice READY)
+  local state
+  state=$(slice_state)
+  [[ "$state" == READY ]] && return 1
+  if ((!CREATE)); then
+    echo "tpu_sweep.sh: slice $TPU is '${state:-gone}'; re-run with --create to recreate it" \
+      "(finished runs are skipped, interrupted ones resume)" >&2
+    exit 1
+  fi
+  echo "tpu_sweep.sh: slice $TPU is '${state:-gone}': recreating it" >&2
+  [[ -z "$state" ]] || run "${GCLOUD_TPU[@]}" delete "$TPU" "${WHERE[@]}" --quiet
+  create_slice
+  install
+  return 0
+}
+
+# 5. one multi-host job per run
+FAILED=() DONE=0
+for k in "${!RUNS[@]}"; do
+  name=${RUNS[$k]}
+  if [[ -n "$FINISHED" ]] && grep -qF "/$name/result.json" <<<"$FINISHED"; then
+    echo "[$((k + 1))/${#RUNS[@]}] $name: finished, skipped" >&2
+    DONE=$((DONE + 1))
+    continue
+  fi
+  echo "[$((k + 1))/${#RUNS[@]}] $name" >&2
+  cmd=$(remote "$REMOTE_BIN" sweep --config "$REL_SPEC" --workdir "$WORKDIR" --run "$name" \
+    --no-lock --no-progress "${OVERRIDES[@]}")
+  attempt=0
+  until on_workers all "$cmd"; do
+    attempt=$((attempt + 1))
+    if ((attempt > RETRIES)) || ! recover; then
+      FAILED+=("$name")
+      break
+    fi
+    echo "[$((k + 1))/${#RUNS[@]}] $name: resuming (attempt $((attempt + 1)))" >&2
+  done
+  [[ " ${FAILED[*]} " == *" $name "* ]] || DONE=$((DONE + 1))
+done
+
+# 6. the report, written by worker 0 next to the runs
+on_workers 0 "$(remote "$REMOTE_BIN" report "$WORKDIR")" || true
+((DELETE)) && run "${GCLOUD_TPU[@]}" delete "$TPU" "${WHERE[@]}" --quiet
+
+echo "tpu_sweep.sh: $DONE/${#RUNS[@]} runs finished${FAILED:+, failed: ${FAILED[*]}}" >&2
+((${#FAILED[@]} == 0))

@@ -1,0 +1,120 @@
+"""`depthbench costs`: FLOPs, KV cache and residual-state memory per shape.
+
+No training needed: every number is :mod:`depthbench.costs` applied to the
+shapes of a suite (or of the shape rule at a budget) for one residual family
+or all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from depthbench import costs
+from depthbench.cli.shapes import add_shape_arguments, fmt_count, select_shapes, table
+from depthbench.config import ConfigError
+from depthbench.model.residual import registry
+from depthbench.model.spec import ModelSpec
+
+EPILOG = """\
+examples:
+  depthbench costs --suite paper-400m --seq-len 4096
+  depthbench costs --suite paper-400m --seq-len 2048 --family all
+  depthbench costs --budget 400M --depths 16,32,70 --seq-len 2048 --json
+
+columns (per sequence of --seq-len tokens unless stated):
+  prefill   forward FLOPs: 2 N_backbone T + 2 L T^2 d (causal attention) + family extras
+  lm_head   the LM head alone: 2 V d T
+  train     training FLOPs per token (forward + backward, MaxText convention)
+  kv_cache  K and V of every layer, bf16: 2 L T n_kv head_dim * 2 bytes
+  state     residual-state memory per token, bf16 (hc/mhc: n streams; attnres: its sources)
+families: {families}
+"""
+
+_MIB = 2.0**20
+
+
+def _families(name: str) -> list[str]:
+    if name == "all":
+        return registry.names()
+    if name not in registry.FAMILIES:
+        raise ConfigError(f"--family: {name!r} is not one of {', '.join(registry.names())}, all")
+    return [name]
+
+
+def _human(rows: list[dict], title: str) -> str:
+    headers = [
+        "depth",
+        "d_model",
+        "aspect",
+        "params",
+        "prefill TFLOPs",
+        "LM-head TFLOPs",
+        "train GFLOPs/token",
+        "KV cache MiB",
+        "state B/token",
+    ]
+    cells = [
+        [
+            str(r["depth"]),
+            str(r["d_model"]),
+            f"{r['aspect_ratio']:.2f}",
+            fmt_count(r["params"]),
+            f"{r['prefill_flops'] / 1e12:.3f}",
+            f"{r['lm_head_flops'] / 1e12:.3f}",
+            f"{r['train_flops_per_token'] / 1e9:.3f}",
+            f"{r['kv_cache_bytes'] / _MIB:.1f}",
+            str(r["state_bytes_per_token"]),
+        ]
+        for r in rows
+    ]
+    return title + "\n" + table(headers, cells)
+
+
+def _run(args: argparse.Namespace) -> int:
+    families = _families(args.family)
+    try:
+        seq_len = int(args.seq_len)
+    except ValueError:
+        seq_len = 0
+    if seq_len < 1:
+        raise ConfigError(f"--seq-len: expected a positive integer, got {args.seq_len!r}")
+    sel = select_shapes(args)
+    blocks = []
+    for family in families:
+        rows = [costs.cost_row(ModelSpec.from_shape(s, family=family), seq_len) for s in sel.shapes]
+        blocks.append((family, rows))
+    if args.json:
+        json.dump([row for _, rows in blocks for row in rows], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    out = []
+    for family, rows in blocks:
+        title = f"{sel.title}\nfamily {family}, sequence length {seq_len}"
+        out.append(_human(rows, title))
+    print("\n\n".join(out))
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "costs",
+        help="FLOPs, KV cache and residual-state memory per shape (no training)",
+        description="Cost model per shape: prefill and training FLOPs, LM head, KV cache and "
+        "residual-state memory, for one residual family or all of them.",
+        epilog=EPILOG.format(families=", ".join(registry.names())),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_shape_arguments(parser)
+    parser.add_argument("--seq-len", required=True, metavar="T", help="sequence length in tokens")
+    parser.add_argument(
+        "--family",
+        default="pre_ln",
+        metavar="F",
+        help="residual family, or 'all' for one table per family (default pre_ln)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print a JSON list of rows (one per family and shape)"
+    )
+    parser.set_defaults(func=_run)

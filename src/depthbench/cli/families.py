@@ -1,0 +1,114 @@
+"""`depthbench families`: the registry of residual families and their overheads.
+
+Reads everything from each family's class attributes and cost hooks, so a
+newly registered family appears here without any change to this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from depthbench import shapes
+from depthbench.cli.shapes import table
+from depthbench.config import ConfigError
+from depthbench.model.residual import registry
+from depthbench.model.spec import ModelSpec
+from depthbench.model.transformer import family_of
+
+EPILOG = """\
+examples:
+  depthbench families
+  depthbench families --d-model 640 --depth 70
+  depthbench families --json
+
+Extra parameters are what a family adds to a pre_ln model of the same shape
+(negative when it drops the pre-norms); they are counted at width --d-model
+(16 heads, d_ff by the shape rule, vocabulary {vocab}) and depth --depth.
+Set a family with --config.model.family=NAME.
+"""
+
+
+def _width(text: str, flag: str, multiple: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1 or value % multiple:
+        raise ConfigError(f"{flag}: expected a positive multiple of {multiple}, got {text!r}")
+    return value
+
+
+def family_rows(d_model: int, depth: int) -> list[dict]:
+    """One dict per registered family: describe() plus state size and shape."""
+    shape = shapes.Shape(depth, d_model, shapes.rule_d_ff(d_model), 16, 16, shapes.PAPER_VOCAB)
+    rows = []
+    for name in registry.names():
+        fam = family_of(ModelSpec.from_shape(shape, family=name))
+        row = dict(fam.describe())
+        row.update(
+            name=name,
+            extra_block_params=int(fam.extra_block_params()),
+            extra_global_params=int(fam.extra_global_params()),
+            state_floats_per_token=int(fam.state_floats_per_token()),
+            d_model=d_model,
+            depth=depth,
+        )
+        rows.append(row)
+    return rows
+
+
+def _run(args: argparse.Namespace) -> int:
+    # 16 heads of even head_dim: the width must be a multiple of 32.
+    d_model = _width(args.d_model, "--d-model", 32)
+    depth = _width(args.depth, "--depth", 1)
+    rows = family_rows(d_model, depth)
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    headers = [
+        "family",
+        "extra/block",
+        "extra global",
+        "state floats/token",
+        "description",
+        "reference",
+    ]
+    cells = [
+        [
+            r["name"],
+            f"{r['extra_block_params']:,}",
+            f"{r['extra_global_params']:,}",
+            f"{r['state_floats_per_token']:,}",
+            r["description"],
+            r["reference"],
+        ]
+        for r in rows
+    ]
+    print(f"{len(rows)} residual families; extra parameters at d_model {d_model}, depth {depth}")
+    print(table(headers, cells, align="lrrrll"))
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "families",
+        help="the registered residual families, their papers and parameter overheads",
+        description="List every registered residual family: name, description, paper, extra "
+        "parameters per block and in total, residual-state floats per token.",
+        epilog=EPILOG.format(vocab=shapes.PAPER_VOCAB),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--d-model",
+        default="1024",
+        metavar="D",
+        help="width at which extra parameters are counted (default 1024)",
+    )
+    parser.add_argument(
+        "--depth", default="24", metavar="L", help="depth for depth-dependent extras (default 24)"
+    )
+    parser.add_argument("--json", action="store_true", help="print a JSON list instead")
+    parser.set_defaults(func=_run)

@@ -1,0 +1,146 @@
+"""`depthbench sweep`: train every run of a sweep spec into one directory.
+
+Exit status: 0 when every selected run is finished (done or diverged, or
+held by another sweep process), 1 when a run failed (its traceback is in the
+run's failure.txt; the next sweep retries it), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+from depthbench import sweep as sweeplib
+from depthbench.cli.shapes import fmt_count, table
+from depthbench.config import ConfigError
+
+EPILOG = """\
+examples:
+  depthbench sweep --config experiments/quickstart.py --workdir runs/quickstart
+  depthbench sweep --config experiments/quickstart.py --workdir runs/qs --dry-run
+  depthbench sweep --config experiments/micro_all.py --workdir runs/micro --shard 1/4
+  depthbench sweep --config experiments/paper_400m.py --workdir gs://BUCKET/400m \\
+      --run hc-L32-lr2e-03 --no-lock --config.data.paths='gs://BUCKET/tok/*.npy'
+
+Runs are subdirectories named from their overrides (family, suite, L<depth>,
+lr<lr>, ...); DIR/results.csv has one row per run and is rewritten after each.
+Re-running the same command skips finished runs, resumes interrupted ones
+from their checkpoints and retries failed ones; diverged runs stay recorded.
+
+Several processes may share DIR: --shard i/N takes every N-th run (index
+mod N == i), so N machines split a sweep without talking to each other, and
+a lock per run (DIR/RUN/sweep.lock) keeps two processes from training the
+same run; a run locked by another process is skipped and looked at again at
+the end.  A multi-host job (TPU slice, SLURM nodes) trains ONE run with
+every process: give each process the same `--run NAME --no-lock` command
+(launch/tpu_sweep.sh and launch/gpu_sweep.sh do); process 0 writes the files.
+
+--config.section.field=value overrides apply to every run; a field that the
+sweep varies cannot be overridden (select runs with --run instead).
+"""
+
+
+def _indices(text: str | None) -> list[int]:
+    if not text:
+        return []
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"--only: expected comma-separated run indices like 0,5, got {text!r}") from None
+
+
+def _print_runs(rows: list[dict], runs: list[sweeplib.Run]) -> None:
+    index = {r.name: r.index for r in runs}
+    headers = ["#", "name", "family", "L", "d_model", "aspect", "lr", "params", "status",
+               "val_loss"]
+    body = [[str(index[r["name"]]), r["name"], r["family"], str(r["depth"]), str(r["d_model"]),
+             f"{r['aspect_ratio']:.2f}", sweeplib.fmt_lr(r["lr"]),
+             fmt_count(r["params"]), r["status"],
+             "-" if r["final_val_loss"] is None else f"{r['final_val_loss']:.4f}"]
+            for r in rows]
+    print(table(headers, body, align="rllrrrrrl"))
+
+
+def _summary(rows: list[dict]) -> str:
+    counts = {s: sum(r["status"] == s for r in rows) for s in sweeplib.STATUSES}
+    parts = [f"{n} {s}" for s, n in counts.items() if n]
+    return f"{len(rows)} runs: {', '.join(parts)}"
+
+
+def _terminate(signum, frame) -> None:  # noqa: ARG001
+    # SIGTERM (preemption, scancel) unwinds like Ctrl-C: locks are released,
+    # results.csv is rewritten, the trainer's checkpoints stay for the resume.
+    raise SystemExit(128 + signum)
+
+
+def _run(args: argparse.Namespace) -> int:
+    shard = sweeplib.parse_shard(args.shard)
+    sweep = sweeplib.expand(args.config, args.overrides)
+    names = [n for part in (args.run or []) for n in part.split(",") if n.strip()]
+    runs = sweep.select(shard=shard, names=names, indices=_indices(args.only))
+    if args.list:
+        for run in runs:
+            print(run.name)
+        return 0
+    workdir = sweeplib.as_path(args.workdir)
+    if args.dry_run:
+        rows = [sweeplib.read_row(r, workdir / r.name) for r in runs]
+        if args.json:
+            json.dump([dict(r, index=run.index, overrides=dict(run.overrides))
+                       for r, run in zip(rows, runs, strict=True)], sys.stdout, indent=1)
+            sys.stdout.write("\n")
+            return 0
+        where = f"shard {shard[0]}/{shard[1]} of " if shard[1] > 1 else ""
+        print(f"{args.config}: {where}{len(sweep.runs)} runs -> {workdir}")
+        _print_runs(rows, runs)
+        print(_summary(rows) + " (dry run: nothing trained)")
+        return 0
+    signal.signal(signal.SIGTERM, _terminate)
+    outcome = sweeplib.run_sweep(sweep, workdir, runs=runs, lock=not args.no_lock,
+                                 progress=not args.no_progress)
+    mine = [r for r in outcome.rows if r["name"] in set(outcome.selected)]
+    if args.json:
+        json.dump({"results": mine, "failed": outcome.failed,
+                   "held_elsewhere": outcome.held_elsewhere}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    elif mine:
+        _print_runs(mine, runs)
+        print(_summary(mine) + f"; results: {workdir / sweeplib.RESULTS_CSV}")
+    if outcome.held_elsewhere:
+        print(f"{len(outcome.held_elsewhere)} runs are being trained by another sweep process: "
+              f"{', '.join(outcome.held_elsewhere[:5])}", file=sys.stderr)
+    return 0 if outcome.ok else 1
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "sweep",
+        help="train every run of a sweep spec (skip finished, resume interrupted)",
+        description=__doc__.split("\n\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", required=True, metavar="SPEC",
+                        help="a sweep spec file with get_config() and get_sweep()")
+    parser.add_argument("--workdir", required=True, metavar="DIR",
+                        help="the sweep directory (local, NFS or gs://...)")
+    parser.add_argument("--shard", metavar="i/N",
+                        help="run only runs with index mod N == i (0 <= i < N)")
+    parser.add_argument("--run", action="append", metavar="NAME",
+                        help="run only runs with this name (comma-separated; shell patterns "
+                             "like 'hc-*' allowed; repeatable)")
+    parser.add_argument("--only", metavar="I[,I]",
+                        help="run only the runs with these sweep indices (see --dry-run)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list the runs with their shapes and status; train nothing")
+    parser.add_argument("--list", action="store_true",
+                        help="print the selected run names, one per line (for scripts)")
+    parser.add_argument("--no-lock", action="store_true",
+                        help="do not claim runs; for multi-host jobs where every process "
+                             "trains the same --run together")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=_run, accepts_overrides=True)

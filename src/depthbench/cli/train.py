@@ -1,0 +1,63 @@
+"""``depthbench train``: train one model into a run directory (resumable).
+
+Exit status: 0 finished, preempted (resumable) or already done; 2 bad input;
+3 diverged (``result.json`` records the step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from depthbench import config as config_lib
+
+_EPILOG = """\
+examples:
+  depthbench train --config experiments/micro.py --workdir runs/demo
+  depthbench train --config experiments/micro.py --workdir runs/hc-L8 \\
+      --config.model.family=hc --config.model.depth=8 --config.train.lr=2e-3
+  depthbench train --config experiments/paper_400m.py --workdir gs://bucket/runs/pre_ln-L24 \\
+      --config.parallel.fsdp=8
+
+Re-running the same command on the same --workdir resumes from the latest
+checkpoint (exactly: same batches, same losses); a finished run is not retrained.
+SIGTERM / Ctrl-C save a checkpoint at the next step and exit 0.
+Exit status: 0 finished / preempted / already done, 2 bad input, 3 diverged.
+"""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "train", help="train one model into a run directory (resumable)",
+        description="Train one model (one family at one shape) and write config.json, "
+                    "metrics.jsonl, TensorBoard events, Orbax checkpoints and result.json "
+                    "into --workdir.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, metavar="SPEC",
+                        help="experiment spec file, e.g. experiments/micro.py; fields can be "
+                             "overridden with --config.section.field=value")
+    parser.add_argument("--workdir", required=True, metavar="DIR",
+                        help="run directory (created; an existing one is resumed)")
+    parser.add_argument("--json", action="store_true",
+                        help="print result.json on stdout instead of the summary table")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=_train, accepts_overrides=True)
+
+
+def _train(args) -> int:
+    config = config_lib.load(args.config, args.overrides)
+    from depthbench.train import loop  # late: keeps `depthbench --help` fast
+
+    result = loop.run(config, args.workdir, progress=not args.no_progress)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    elif result.get("status") == "preempted":
+        print(result["message"])
+    else:
+        if result.get("already_done"):
+            print(f"{args.workdir} already holds a finished run; not retraining "
+                  f"(delete {args.workdir}/result.json to evaluate again, or use a new --workdir)")
+        print(loop.summary(result, args.workdir))
+    sys.stdout.flush()
+    return loop.EXIT_DIVERGED if result.get("diverged") else loop.EXIT_OK

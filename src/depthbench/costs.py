@@ -1,0 +1,210 @@
+"""Cost model: parameters, FLOPs, KV cache, residual-state memory and MFU.
+
+Everything here is a function of a :class:`~depthbench.model.spec.ModelSpec`
+and needs no training (spec/analysis.md, "Costs").  The backbone terms are
+the LLaMA decoder's; whatever a residual family adds (hyper-connection
+routing, depth attention, depth keys, extra norms ...) comes only through the
+family's cost hooks (``extra_block_params``, ``extra_global_params``,
+``extra_flops_per_token``, ``state_floats_per_token``; see
+``model/residual/base.py``), so this module never names a family.
+
+Conventions
+-----------
+* A multiply-add is 2 FLOPs; only matrix products are counted (norms,
+  softmax, RoPE and activations are ignored, as MaxText and the PaLM
+  appendix do).
+* ``d_model = n_heads * head_dim``, so attention's score and value products
+  are sized by ``d_model`` (GQA shares K/V heads but every query head still
+  scores every key).
+* Causal attention: the full ``T x T`` score product ``Q K^T`` costs
+  ``2 T^2 d`` FLOPs per layer and the value product ``P V`` the same; a causal
+  mask makes half of each useless, so a layer's attention costs
+  ``(2 T^2 d + 2 T^2 d) / 2 = 2 T^2 d`` per sequence, ``2 T d`` per token.
+  This is MaxText's convention (``noncausal_attention_flops / 2``).
+"""
+
+from __future__ import annotations
+
+from depthbench.model.spec import ModelSpec
+from depthbench.model.transformer import family_of
+
+# ----------------------------------------------------------------- parameters
+
+
+def param_count(spec: ModelSpec) -> int:
+    """Trainable parameters of the instantiated model (any family)."""
+    fam = family_of(spec)
+    return (
+        spec.shape.total_params + spec.depth * fam.extra_block_params() + fam.extra_global_params()
+    )
+
+
+def backbone_params(spec: ModelSpec) -> int:
+    """Non-embedding parameters: the blocks (with the family's per-block
+    extras).  The input embedding, LM head, final norm and the family's
+    global parameters are excluded (Kaplan et al. 2020 count)."""
+    return spec.shape.backbone_params + spec.depth * family_of(spec).extra_block_params()
+
+
+# ---------------------------------------------------------------------- FLOPs
+
+
+def attention_flops(spec: ModelSpec, seq_len: int) -> float:
+    """Causal score + value products of all layers for one sequence (forward):
+    ``2 * L * T^2 * d`` (see the module docstring)."""
+    return 2.0 * spec.depth * seq_len * seq_len * spec.d_model
+
+
+def prefill_flops(spec: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs to prefill one sequence of ``seq_len`` tokens, LM head
+    excluded (report it with :func:`lm_head_flops`):
+
+    ``2 * N_backbone * T``  every backbone weight is used once per token;
+    ``+ 2 * L * T^2 * d``   causal attention scores and values;
+    ``+ T * extra(T)``       the family's own forward work per token.
+    """
+    fam = family_of(spec)
+    return (
+        2.0 * backbone_params(spec) * seq_len
+        + attention_flops(spec, seq_len)
+        + seq_len * float(fam.extra_flops_per_token(seq_len))
+    )
+
+
+def lm_head_flops(spec: ModelSpec, seq_len: int) -> float:
+    """The untied LM head for one sequence: ``2 * V * d * T``."""
+    return 2.0 * spec.vocab_size * spec.d_model * seq_len
+
+
+def train_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
+    """Model FLOPs of one training step per token (forward + backward).
+
+    The convention of MaxText's ``calculate_tflops_training_per_device``
+    (src/MaxText/maxtext_utils.py): weight matmuls (QKV, output projection,
+    FFN and the LM head, whose ``embedding_flops`` is ``2 * T * d * V``) are
+    multiplied by 3 for forward and backward; the attention products count
+    ``noncausal_attention_flops = 4 * T^2 * n_heads * head_dim`` per layer,
+    halved "due to causal mask", also times 3.  Per token that is
+
+    ``6 * (N_backbone + V * d) + 6 * L * T * d + 3 * extra(T)``
+
+    where ``extra(T)`` is the family's forward FLOPs per token (its backward
+    costs twice its forward, like every matmul).  The input embedding is a
+    gather and costs nothing.  ``N_backbone`` includes the 2 RMSNorm weights
+    per block, which MaxText leaves out: 12 d FLOPs per token and layer, a
+    relative difference below 1e-4 at every suite shape.
+    """
+    fam = family_of(spec)
+    weights = 6.0 * (backbone_params(spec) + spec.vocab_size * spec.d_model)
+    attention = 3.0 * attention_flops(spec, seq_len) / seq_len
+    return weights + attention + 3.0 * float(fam.extra_flops_per_token(seq_len))
+
+
+def model_flops_per_step(spec: ModelSpec, seq_len: int, tokens_per_step: int) -> float:
+    """Model FLOPs of one optimizer step over ``tokens_per_step`` tokens (for MFU)."""
+    return train_flops_per_token(spec, seq_len) * tokens_per_step
+
+
+# --------------------------------------------------------------------- memory
+
+
+def kv_cache_bytes(spec: ModelSpec, seq_len: int, bytes_per_value: int = 2) -> int:
+    """K and V of every layer for one sequence: ``2 * L * T * n_kv * head_dim *
+    bytes`` (grouped-query attention caches only the ``n_kv`` shared heads)."""
+    return 2 * spec.depth * seq_len * spec.n_kv_heads * spec.head_dim * bytes_per_value
+
+
+def state_bytes_per_token(spec: ModelSpec, bytes_per_value: int = 2) -> int:
+    """Residual-state activation memory per token (pre_ln: ``d``; hc/mhc keep
+    ``n`` streams; attnres keeps its source bank)."""
+    return int(family_of(spec).state_floats_per_token()) * bytes_per_value
+
+
+def cost_row(spec: ModelSpec, seq_len: int) -> dict:
+    """Every cost of one shape at one sequence length (bf16 memory)."""
+    return {
+        "family": spec.family,
+        "depth": spec.depth,
+        "d_model": spec.d_model,
+        "aspect_ratio": round(spec.d_model / spec.depth, 4),
+        "params": param_count(spec),
+        "prefill_flops": prefill_flops(spec, seq_len),
+        "lm_head_flops": lm_head_flops(spec, seq_len),
+        "train_flops_per_token": train_flops_per_token(spec, seq_len),
+        "kv_cache_bytes": kv_cache_bytes(spec, seq_len),
+        "state_bytes_per_token": state_bytes_per_token(spec),
+    }
+
+
+# ------------------------------------------------------------------------ MFU
+
+# Dense (no 2:4 sparsity) bf16 peak FLOP/s per chip, i.e. per JAX device.
+# TPU: Google Cloud TPU system-architecture pages (cloud.google.com/tpu/docs/
+#   v4, /v5e, /v5p, /v6e): v4 275, v5e 197, v5p 459, v6e (Trillium) 918 TFLOPs.
+# GPU: NVIDIA datasheets list bf16 tensor-core FLOPs "with sparsity"; dense is
+#   half.  A100 (SXM and PCIe): 312 dense.  H100 SXM: 1,979 sparse -> 989.5;
+#   H100 PCIe: 1,513 -> 756.5; H100 NVL: 1,671 -> 835.5.  H200 SXM: 1,979 ->
+#   989.5; H200 NVL: 1,671 -> 835.5.  GH200 uses the H100 SXM core: 989.5.
+_TERA = 1e12
+
+
+def peak_flops(device_kind: str) -> float | None:
+    """bf16 dense peak FLOP/s of one device named by ``jax.Device.device_kind``.
+
+    Matches the strings JAX reports ("TPU v4", "TPU v5 lite" for v5e, "TPU v5"
+    or "TPU v5p", "TPU v6 lite" for v6e, "NVIDIA A100-SXM4-80GB",
+    "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H200" ...), ignoring
+    case and spacing.  Unknown devices (CPU, TPU v4 lite, other GPUs) give
+    ``None``: an MFU is never computed against a guessed peak.
+    """
+    kind = " ".join(str(device_kind).lower().replace("-", " ").split())
+    compact = kind.replace(" ", "")
+    if compact.startswith("tpu"):
+        tpu = {
+            "tpuv4": 275.0,
+            "tpuv5lite": 197.0,
+            "tpuv5e": 197.0,
+            "tpuv5": 459.0,
+            "tpuv5p": 459.0,
+            "tpuv6lite": 918.0,
+            "tpuv6e": 918.0,
+        }.get(compact)
+        return None if tpu is None else tpu * _TERA
+    words = kind.split()
+    if "gh200" in compact:
+        return 989.5 * _TERA
+    if any(w.startswith("h200") for w in words):
+        return (835.5 if "nvl" in words else 989.5) * _TERA
+    if any(w.startswith("h100") for w in words):
+        if "pcie" in words:
+            return 756.5 * _TERA
+        return (835.5 if "nvl" in words else 989.5) * _TERA
+    if any(w.startswith("a100") for w in words):
+        return 312.0 * _TERA
+    return None
+
+
+def mfu(flops_per_sec: float, device_kind: str, n_devices: int) -> float | None:
+    """Model FLOPs utilisation: achieved model FLOP/s summed over ``n_devices``
+    devices of kind ``device_kind``, divided by their summed peak.  ``None``
+    when the device's peak is unknown."""
+    peak = peak_flops(device_kind)
+    if peak is None or n_devices < 1:
+        return None
+    return float(flops_per_sec) / (peak * n_devices)
+
+
+__all__ = [
+    "attention_flops",
+    "backbone_params",
+    "cost_row",
+    "kv_cache_bytes",
+    "lm_head_flops",
+    "mfu",
+    "model_flops_per_step",
+    "param_count",
+    "peak_flops",
+    "prefill_flops",
+    "state_bytes_per_token",
+    "train_flops_per_token",
+]

@@ -1,0 +1,101 @@
+"""The on-disk cache: where prepared data lives, and how it is written safely.
+
+Everything the data pipeline derives (the fetched micro corpus, tokenizers,
+tokenised splits) lives under one cache root, in directories named by a
+digest of everything that determines their content.  A directory is built
+under a temporary name beside its final one and renamed into place only when
+complete, so an interrupted or failed run never leaves a half-written entry
+that a later run would trust.  Two processes racing to build the same entry
+both succeed: the first rename wins and the loser's copy is discarded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ENV_VAR = "DEPTHBENCH_CACHE"
+
+
+def cache_root(cache_dir: str = "") -> Path:
+    """``data.cache_dir``, else ``$DEPTHBENCH_CACHE``, else ``~/.cache/depthbench``."""
+    root = cache_dir or os.environ.get(ENV_VAR) or os.path.join("~", ".cache", "depthbench")
+    return Path(root).expanduser().resolve()
+
+
+def digest(*parts: Any, length: int = 16) -> str:
+    """A short, stable hex digest of JSON-able parts (a cache key)."""
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def file_digest(path: str | Path, length: int = 16) -> str:
+    """Digest of a file's bytes (tokenizer models are small; shards are not hashed)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:length]
+
+
+def _tmp_sibling(final: Path) -> Path:
+    return final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+@contextlib.contextmanager
+def atomic_dir(final: str | Path) -> Iterator[Path]:
+    """Build a directory under a temporary name; rename it to ``final`` on success.
+
+    On any exception the temporary directory is removed and ``final`` is left
+    as it was (absent).  If another process created ``final`` meanwhile, its
+    copy is kept and ours is dropped: entries are content-addressed, so both
+    are the same.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_sibling(final)
+    tmp.mkdir()
+    try:
+        yield tmp
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_file(final: str | Path, mode: str = "wb") -> Iterator[Any]:
+    """Open a temporary file beside ``final``; rename it into place when closed cleanly."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_sibling(final)
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    with atomic_file(path, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def read_json(path: str | Path) -> Any:
+    with open(path) as f:
+        return json.load(f)

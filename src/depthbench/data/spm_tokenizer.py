@@ -1,0 +1,187 @@
+"""SentencePiece tokenizers: train one on the training split, or load a given model.
+
+Trained models are BPE with byte fallback (no unknown tokens: any byte
+sequence round-trips), identity normalisation and no whitespace collapsing,
+so ``decode(encode(text)) == text`` exactly.  Ids 0-3 are unk, bos, eos, pad.
+
+SentencePiece trains on lines, each with a leading word boundary ("▁").  A
+model that has a piece for the newline byte is therefore applied line by
+line (lines joined by the newline piece), so a word opening a line (every
+line of verse) is tokenised as it was in training, not as a word fragment;
+``decode`` reverses this exactly.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+from depthbench.config import ConfigError
+from depthbench.data import cache
+
+UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3
+SPECIAL_PIECES = 4
+BYTE_PIECES = 256
+# SentencePiece drops training lines longer than this many bytes (its default).
+MAX_TRAIN_LINE_BYTES = 4192
+# Bump when training options change: the cache key includes it.
+TRAINER_VERSION = 1
+_NEWLINE_PIECE = "<0x0A>"
+# Characters are at most 4 bytes, so chunks of MAX/4 characters always fit; prefer a space.
+_CHUNK_CHARS = MAX_TRAIN_LINE_BYTES // 4
+_LINE_CHUNK = re.compile(rf".{{1,{_CHUNK_CHARS}}}(?:\s|$)|.{{1,{_CHUNK_CHARS}}}")
+
+
+def check_trainable(vocab_size: int) -> None:
+    """A trained model needs its byte pieces and specials, plus room for merges."""
+    floor = BYTE_PIECES + SPECIAL_PIECES
+    if vocab_size <= floor:
+        raise ConfigError(
+            f"config.model.vocab_size: {vocab_size} leaves no room for merges: a trained "
+            f"tokenizer has {BYTE_PIECES} byte pieces and {SPECIAL_PIECES} specials; "
+            f"use more than {floor}"
+        )
+
+
+class Tokenizer:
+    """A loaded SentencePiece model with ``encode``/``decode`` and its special ids."""
+
+    def __init__(self, path: str | Path, *, field: str = "data.tokenizer"):
+        self.path = str(path)
+        if not Path(path).is_file():
+            raise ConfigError(f"config.{field}: file {self.path!r} does not exist")
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=self.path)
+        except (RuntimeError, OSError):
+            raise ConfigError(f"config.{field}: {self.path} is not a SentencePiece model") from None
+        self.vocab_size = self.sp.get_piece_size()
+        self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
+        self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
+        nl = self.sp.piece_to_id(_NEWLINE_PIECE)
+        self.newline_id = nl if nl != self.unk_id and self.sp.is_byte(nl) else -1
+
+    def __getstate__(self):  # picklable (grain workers): reload from the file
+        return {"path": self.path}
+
+    def __setstate__(self, state):
+        self.__init__(state["path"])
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 2) -> list[list[int]]:
+        """Token ids of each text (no BOS/EOS added)."""
+        if self.newline_id < 0:
+            return self.sp.encode(list(texts), num_threads=num_threads)
+        split = [t.split("\n") for t in texts]
+        flat = self.sp.encode([ln for lines in split for ln in lines], num_threads=num_threads)
+        out, i = [], 0
+        for lines in split:
+            ids = list(flat[i])
+            for piece_ids in flat[i + 1 : i + len(lines)]:
+                ids.append(self.newline_id)
+                ids.extend(piece_ids)
+            out.append(ids)
+            i += len(lines)
+        return out
+
+    def decode(self, ids: Iterable[int]) -> str:
+        ids = [int(i) for i in ids]
+        if self.newline_id < 0:
+            return self.sp.decode(ids)
+        lines, current = [], []
+        for i in ids:
+            if i == self.newline_id:
+                lines.append(current)
+                current = []
+            else:
+                current.append(i)
+        lines.append(current)
+        return "\n".join(self.sp.decode(lines))
+
+    def describe(self) -> str:
+        return (
+            f"{Path(self.path).name} (vocab {self.vocab_size}, bos {self.bos_id}, "
+            f"eos {self.eos_id}, pad {self.pad_id})"
+        )
+
+
+def training_lines(texts: Iterable[str]) -> Iterable[str]:
+    """Non-empty lines of ``texts``; a line over SentencePiece's limit is cut at spaces."""
+    for text in texts:
+        for line in text.split("\n"):
+            if not line.strip():
+                continue
+            if len(line.encode("utf-8")) <= MAX_TRAIN_LINE_BYTES:
+                yield line
+                continue
+            for chunk in _LINE_CHUNK.findall(line):
+                if chunk.strip():
+                    yield chunk
+
+
+def train(
+    texts: Iterable[str], vocab_size: int, out_path: str | Path, *, num_threads: int = 2
+) -> Path:
+    """Train a BPE model on ``texts`` and write it atomically to ``out_path``."""
+    check_trainable(vocab_size)
+    lines = training_lines(texts)
+    first = next(iter(lines), None)
+    if first is None:
+        raise ConfigError("config.data.paths: no text to train the tokenizer on")
+    model = io.BytesIO()
+    try:
+        # minloglevel, not logstream: the latter needs a real sys.stderr (not in notebooks).
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=_chain(first, lines),
+            model_writer=model,
+            model_type="bpe",
+            vocab_size=vocab_size,
+            byte_fallback=True,
+            character_coverage=0.9995,
+            split_digits=True,
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            allow_whitespace_only_pieces=True,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            pad_id=PAD_ID,
+            input_sentence_size=0,
+            max_sentence_length=MAX_TRAIN_LINE_BYTES,
+            num_threads=num_threads,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        raise ConfigError(_explain(str(e), vocab_size)) from None
+    with cache.atomic_file(out_path) as f:
+        f.write(model.getvalue())
+    return Path(out_path)
+
+
+def _chain(first: str, rest: Iterable[str]) -> Iterable[str]:
+    yield first
+    yield from rest
+
+
+def _explain(message: str, vocab_size: int) -> str:
+    """SentencePiece's failure as one line naming the field to change."""
+    high = re.search(
+        r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", message
+    )
+    if high:
+        return (
+            f"config.model.vocab_size: the training text supports at most {high.group(2)} "
+            f"pieces, not {vocab_size}; lower model.vocab_size or add text"
+        )
+    low = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message)
+    if low:
+        return (
+            f"config.model.vocab_size: {vocab_size} is below the {low.group(2)} pieces the "
+            "training text's characters need; raise model.vocab_size"
+        )
+    return f"config.model.vocab_size: SentencePiece training failed: {message.splitlines()[0]}"

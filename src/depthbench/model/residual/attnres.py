@@ -1,0 +1,204 @@
+"""attnres_full and attnres_block: Attention Residuals (Kimi, 2026).
+
+Each sublayer's input is a softmax-weighted mix over depth *sources*
+(spec/residuals.md, families 8 and 9)::
+
+    logit_i = sum_d q[d] * w[d] * v_i[d] / rms(v_i)    (no 1/sqrt(d))
+    p       = softmax_i(logit)                          (fp32)
+    h       = sum_i p_i * v_i                           (values raw)
+    y_j     = F_j(N_j(h))                               (the usual pre-norm stays)
+
+with a pseudo-query ``q`` (init 0) and key-norm weight ``w`` (init 1) per
+sublayer, and one more ``q``, ``w`` pair for the readout mix that feeds
+``N_out``.  Zero queries make every mix the uniform average of its sources.
+
+Both variants keep one fixed-size bank ``[M, B, T, d]`` (logical axis
+'activation_sources') and a count ``c`` of the sublayers executed so far.
+With block size ``S`` (sublayers), sublayer output ``y_c`` is *added* into
+slot ``1 + c // S``, and a mix sees slots ``0 .. ceil(c / S)``:
+
+* slot 0 holds ``x0``; slot ``1 + b`` holds the sum of block ``b``'s outputs,
+  the running partial while block ``b`` is open, the committed block once
+  it is complete; the embedding is never summed into a partial;
+* before sublayer ``c`` with ``c mod S == 0`` the previous block is complete,
+  so the mix covers ``x0`` and the committed blocks; otherwise also the
+  partial of the current block: exactly the spec's commit-then-mix rule;
+* the first sublayer sees only ``x0`` and reads it exactly (softmax over
+  one source);
+* ``S = 1`` is **attnres_full**: every output is its own source,
+  ``M = 2L + 1``.  **attnres_block** takes ``S = attnres_block_size``, or
+  ``ceil(2L / attnres_blocks)`` when that is 0 (the last block keeps the
+  remainder); ``M = 1 + ceil(2L / S)``.
+
+A skipped block (``active`` false) adds nothing to its slot and does not
+advance ``c``: it adds no source, and the following blocks fill the bank in
+*execution* order, exactly as if the block had been removed.  Each write
+touches one slot (``dynamic_update_slice``), never the whole bank.  The
+per-sublayer ``q``, ``w`` are block parameters, so they move with a permuted
+block; every block owns both pairs (the block that runs first does not use
+its attention pair: its mix has one source).
+
+Depth states (``capture=True``) and the logit lens use the readout's
+``q``, ``w``: the state at a block boundary is defined as the raw mix the
+*next* consumer reads, but the next sublayer's query lives in the next
+block's parameters, out of reach of ``depth_state(g, state)``.  The readout
+query is the one consumer every boundary shares; the definition is exact at
+the last boundary (it *is* the readout's mix) and at initialisation (all
+queries are zero), and it is what the model would output if it stopped
+there, which is the logit lens's question.
+
+:func:`depth_mix` is pure ``jnp`` with an explicit source mask: the fused
+kernel in ``pallas_kernels`` replaces it one for one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from depthbench.model.residual.base import BTD, ResidualFamily, norm_param, with_axes
+from depthbench.model.residual.fields import check_number
+
+MBTD = ("activation_sources", *BTD)
+
+
+def depth_mix(bank_mbtd: jax.Array, valid_m: jax.Array, query_d: jax.Array,
+              key_norm_d: jax.Array, eps: float) -> jax.Array:
+    """Softmax-over-depth mix of the valid sources, in fp32; ``[B, T, d]`` in the
+    bank's dtype.  Invalid slots get zero weight; slot 0 must be valid."""
+    v32 = bank_mbtd.astype(jnp.float32)
+    qw_d = query_d.astype(jnp.float32) * key_norm_d.astype(jnp.float32)
+    inv_rms_mbt = jax.lax.rsqrt(jnp.mean(jnp.square(v32), axis=-1) + eps)
+    logits_mbt = jnp.einsum("mbtd,d->mbt", v32, qw_d) * inv_rms_mbt
+    logits_mbt = jnp.where(valid_m[:, None, None], logits_mbt, -jnp.inf)
+    p_mbt = jax.nn.softmax(logits_mbt, axis=0)
+    h_btd = jnp.einsum("mbt,mbtd->btd", p_mbt, v32)
+    return h_btd.astype(bank_mbtd.dtype)
+
+
+def uniform_block_size(depth: int, blocks: int, block_size: int) -> int:
+    """``S``: ``block_size`` if positive, else ``ceil(2L / blocks)``."""
+    return int(block_size) if block_size > 0 else math.ceil(2 * depth / int(blocks))
+
+
+@dataclasses.dataclass(frozen=True)
+class AttnResFull(ResidualFamily):
+    name = "attnres_full"
+    description = ("Attention Residuals: each sublayer reads a softmax mix over the embedding "
+                   "and every earlier sublayer output")
+    reference = "Kimi Team 2026, Attention Residuals (arXiv 2603.15031)"
+
+    # ------------------------------------------------------------ layout
+    @property
+    def block_size(self) -> int:
+        """Sublayers summed into one source (1: every output is a source)."""
+        return 1
+
+    @property
+    def n_slots(self) -> int:
+        """Bank slots ``M``: ``x0`` plus one per block of ``S`` sublayers."""
+        return 1 + math.ceil(2 * self.spec.depth / self.block_size)
+
+    def _valid(self, count) -> jax.Array:
+        """Slots a mix sees after ``count`` executed sublayers: ``0 .. ceil(count / S)``."""
+        s = self.block_size
+        return jnp.arange(self.n_slots) <= (count + s - 1) // s
+
+    # ------------------------------------------------------------ parameters
+    def create_block_params(self, mod, ident):
+        d = self.spec.d_model
+        query = nn.with_logical_partitioning(nn.initializers.zeros, (None, "embed"))
+        key_norm = nn.with_logical_partitioning(nn.initializers.ones, (None, "norm"))
+        return {"query": mod.param("query", query, (2, d), jnp.float32),
+                "key_norm": mod.param("key_norm", key_norm, (2, d), jnp.float32)}
+
+    def create_global_params(self, mod):
+        d = self.spec.d_model
+        query = nn.with_logical_partitioning(nn.initializers.zeros, ("embed",))
+        return {"query": mod.param("query", query, (d,), jnp.float32),
+                "key_norm": norm_param(mod, "key_norm", d)}
+
+    # ------------------------------------------------------------ protocol
+    def init_state(self, g, x0):
+        empty = jnp.zeros((self.n_slots - 1, *x0.shape), x0.dtype)
+        bank = with_axes(jnp.concatenate([x0[None], empty], axis=0), MBTD)
+        return {"bank": bank, "count": jnp.zeros((), jnp.int32)}
+
+    def _mix(self, state, query, key_norm):
+        return depth_mix(state["bank"], self._valid(state["count"]), query, key_norm,
+                         self.spec.norm_eps)
+
+    def read(self, p, state, site):
+        return self._mix(state, p["query"][site.sub], p["key_norm"][site.sub]), {}
+
+    def write(self, p, state, y, site, aux, active):
+        bank, count = state["bank"], state["count"]
+        slot = 1 + count // self.block_size
+        old_btd = jax.lax.dynamic_index_in_dim(bank, slot, axis=0, keepdims=False)
+        new_btd = old_btd + jnp.where(active, y.astype(bank.dtype), jnp.zeros_like(old_btd))
+        bank = jax.lax.dynamic_update_index_in_dim(bank, new_btd, slot, axis=0)
+        return {"bank": with_axes(bank, MBTD), "count": count + active.astype(jnp.int32)}
+
+    def readout(self, g, state, final_norm):
+        return final_norm(self._mix(state, g["query"], g["key_norm"]))
+
+    def depth_state(self, g, state):
+        """The raw mix (before ``N_out``) under the readout's query (see module doc)."""
+        return self._mix(state, g["query"], g["key_norm"])
+
+    def lens_input(self, g, state):
+        return self._mix(state, g["query"], g["key_norm"])
+
+    # ------------------------------------------------------------ costs
+    def extra_block_params(self) -> int:
+        """``q`` and ``w`` for each of the two sublayers: ``2 * 2d``."""
+        return 4 * self.spec.d_model
+
+    def extra_global_params(self) -> int:
+        """The readout's ``q`` and ``w``: ``2d``."""
+        return 2 * self.spec.d_model
+
+    def sources_per_token(self) -> int:
+        """Sources mixed per token over a forward pass: for the sublayer after
+        ``c >= 1`` executed ones, ``1 + ceil(c / S)``; the readout, all ``M``.  The
+        first sublayer's mix has the single source ``x0`` and is not counted
+        (it reads ``x0``).  Full: ``2L^2 + 3L``."""
+        s, two_l = self.block_size, 2 * self.spec.depth
+        return sum(1 + -(-c // s) for c in range(1, two_l)) + self.n_slots
+
+    def extra_flops_per_token(self, seq_len: int) -> float:
+        """``6 d`` per source per mix: the key's sum of squares (its RMS), the
+        logit ``v . (q * w)`` and the weighted sum, 2 FLOPs per element each;
+        the softmax over sources is negligible.  (The XLA path also touches
+        the not-yet-valid slots, masked: those are not model FLOPs.)"""
+        return float(6 * self.spec.d_model * self.sources_per_token())
+
+    def state_floats_per_token(self) -> int:
+        """The bank: ``M * d`` (full: ``(2L + 1) d``; block: ``(1 + ceil(2L/S)) d``)."""
+        return self.n_slots * self.spec.d_model
+
+    def describe(self) -> dict:
+        return {**super().describe(), "block_size": self.block_size, "sources": self.n_slots}
+
+
+@dataclasses.dataclass(frozen=True)
+class AttnResBlock(AttnResFull):
+    name = "attnres_block"
+    description = ("Block Attention Residuals: sublayer outputs summed in blocks of S; each "
+                   "sublayer mixes over the embedding, the committed blocks and the partial")
+    reference = "Kimi Team 2026, Attention Residuals (arXiv 2603.15031), Block AttnRes"
+
+    @classmethod
+    def validate(cls, config) -> None:
+        check_number(config, "attnres_blocks", 1, integer=True, meaning="blocks over 2L sublayers")
+        check_number(config, "attnres_block_size", 0, integer=True,
+                     meaning="sublayers per block; 0 = ceil(2L / attnres_blocks)")
+
+    @property
+    def block_size(self) -> int:
+        return uniform_block_size(self.spec.depth, int(self.spec.r("attnres_blocks")),
+                                  int(self.spec.r("attnres_block_size")))

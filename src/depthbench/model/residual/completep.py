@@ -1,0 +1,92 @@
+"""completep (depth-muP): pre_ln with branch multiplier ``(L / L_base)^(-alpha)``.
+
+``x <- x + m F(N(x))`` with ``m = (L / L_base)^(-alpha)``, ``alpha`` in
+[0.5, 1] (``completep_alpha``; 1 is CompleteP, 0.5 the depth-muP of Yang et
+al. 2023) and ``L_base`` the depth the learning rate was tuned at
+(``completep_base_depth``).  Initialisation is unchanged with depth.
+
+The matching learning-rate rule for Adam(W) (Dey et al. 2025, "Don't be
+lazy: CompleteP enables compute-efficient deep transformers", arXiv
+2505.01618, Table 1, and its reference code EleutherAI/nanoGPT-mup, branch
+``completep``, ``configure_optimizers``): every parameter inside the blocks
+(hidden matrices and the blocks' norm weights) trains with learning rate
+``eta * (L / L_base)^(alpha - 1)``; the embedding, the LM head and the final
+norm keep ``eta``.  :meth:`CompleteP.lr_multipliers` returns that factor
+per leaf; the trainer multiplies each leaf's AdamW update by it when
+``config.train.lr_rule == "completep"`` (decoupled weight decay is scaled
+with it, as PyTorch's per-group ``lr`` does).  With ``alpha = 1`` the rule
+is the identity: that is the parameterisation whose optimal learning rate
+transfers across depth.  The paper also scales the hidden layers' Adam
+epsilon by ``(L / L_base)^(-alpha)``; at the recipe's ``eps = 1e-8`` that
+term is far below ``sqrt(v)`` and is not applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from depthbench.model.residual.base import ResidualFamily, gate
+from depthbench.model.residual.fields import check_number
+
+
+def branch_multiplier(depth: int, base_depth: int, alpha: float) -> float:
+    """``(L / L_base)^(-alpha)``."""
+    return (depth / base_depth) ** -alpha
+
+
+def hidden_lr_multiplier(depth: int, base_depth: int, alpha: float) -> float:
+    """``(L / L_base)^(alpha - 1)``: Adam learning-rate factor of the block parameters."""
+    return (depth / base_depth) ** (alpha - 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompleteP(ResidualFamily):
+    name = "completep"
+    description = ("CompleteP / depth-muP: x <- x + (L/L_base)^-alpha F(N(x)), block LR "
+                   "x (L/L_base)^(alpha-1)")
+    reference = ("Dey et al. 2025, Don't be lazy: CompleteP enables compute-efficient deep "
+                 "transformers (arXiv 2505.01618); Yang et al. 2023, Tensor Programs VI")
+
+    @classmethod
+    def validate(cls, config) -> None:
+        check_number(config, "completep_alpha", 0.5, 1.0, meaning="1 = CompleteP, 0.5 = depth-muP")
+        check_number(config, "completep_base_depth", 1.0, integer=True)
+
+    @property
+    def alpha(self) -> float:
+        return float(self.spec.r("completep_alpha"))
+
+    @property
+    def base_depth(self) -> int:
+        return int(self.spec.r("completep_base_depth"))
+
+    @property
+    def multiplier(self) -> float:
+        return branch_multiplier(self.spec.depth, self.base_depth, self.alpha)
+
+    @property
+    def hidden_lr(self) -> float:
+        return hidden_lr_multiplier(self.spec.depth, self.base_depth, self.alpha)
+
+    def write(self, p, state, y, site, aux, active):
+        return gate(active, state + self.multiplier * y, state)
+
+    def lr_multipliers(self, params: Any) -> Any:
+        """Per-leaf learning-rate factor (python floats, same tree as ``params``).
+
+        ``params`` is the model's parameter tree (boxed or unboxed): leaves under
+        its top-level ``blocks`` get :attr:`hidden_lr`, all others 1.0."""
+
+        def factor(path, _):
+            top = getattr(path[0], "key", None) if path else None
+            return self.hidden_lr if top == "blocks" else 1.0
+
+        return jax.tree_util.tree_map_with_path(factor, params)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "branch_multiplier": self.multiplier,
+                "hidden_lr_multiplier": self.hidden_lr, "alpha": self.alpha,
+                "base_depth": self.base_depth}

@@ -1,0 +1,64 @@
+"""deepnorm: ``x <- LN(alpha * x + F(x))`` with a down-scaled init.
+
+Post-norm with an up-weighted residual: ``alpha = (2L)^(1/4)``; no pre-norm;
+``LN`` is mean-centred LayerNorm without bias (learned weight, init 1), one
+per sublayer, replacing pre_ln's two pre-norms (same parameter count).  The
+value projection, the attention output projection and all MLP matrices
+start with their std times ``beta = (8L)^(-1/4)`` (query and key do not):
+the decoder-only constants of DeepNet.  ``deepnorm_alpha`` /
+``deepnorm_beta`` override the formulas when non-zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from depthbench.model.residual.base import ResidualFamily, gate, layer_norm, norm_param
+from depthbench.model.residual.fields import check_number
+
+_LN = ("attn_post_ln", "mlp_post_ln")
+_BETA_MATRICES = frozenset({"v", "o", "gate", "up", "down"})
+
+
+def deepnorm_alpha(depth: int) -> float:
+    return (2.0 * depth) ** 0.25
+
+
+def deepnorm_beta(depth: int) -> float:
+    return (8.0 * depth) ** -0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepNorm(ResidualFamily):
+    name = "deepnorm"
+    description = "DeepNorm: x <- LN(alpha x + F(x)), alpha=(2L)^1/4, init x beta=(8L)^-1/4"
+    reference = "Wang et al. 2022, DeepNet: Scaling Transformers to 1,000 Layers (arXiv 2203.00555)"
+    pre_norm = False
+
+    @classmethod
+    def validate(cls, config) -> None:
+        for field in ("deepnorm_alpha", "deepnorm_beta"):
+            check_number(config, field, 0.0, meaning="0 = the DeepNet formula")
+
+    @property
+    def alpha(self) -> float:
+        return float(self.spec.r("deepnorm_alpha")) or deepnorm_alpha(self.spec.depth)
+
+    @property
+    def beta(self) -> float:
+        return float(self.spec.r("deepnorm_beta")) or deepnorm_beta(self.spec.depth)
+
+    def create_block_params(self, mod, ident):
+        return {k: norm_param(mod, k, self.spec.d_model) for k in _LN}
+
+    def init_scale(self, matrix: str) -> float:
+        return self.beta if matrix in _BETA_MATRICES else 1.0
+
+    def write(self, p, state, y, site, aux, active):
+        new = layer_norm(self.alpha * state + y, p[_LN[site.sub]], self.spec.norm_eps)
+        return gate(active, new, state)
+
+    # Two post-LNs replace the two pre-norms: extra_block_params() stays 0.
+
+    def describe(self) -> dict:
+        return {**super().describe(), "alpha": self.alpha, "beta": self.beta}

@@ -1,0 +1,122 @@
+"""hc: dynamic hyper-connections (Zhu et al. 2025), tanh on, ``n = 4`` streams.
+
+For sublayer ``j`` with ``k = j mod n`` (spec/residuals.md, family 6)::
+
+    hn[s]    = H[s] / rms(H[s])                         (eps 1e-8, no weight)
+    A[s, :]  = A0[s, :] + s_a * tanh(hn[s] @ W_a)       W_a: d x (n+1)
+    beta[s]  = beta0[s] + s_b * tanh(hn[s] . w_b)       w_b: d
+    mixed[t] = sum_s A[s, t] * H[s]                     t = 0 .. n
+    read:  x = mixed[0];  y = F(N(x))
+    write: H[t] <- mixed[t + 1] + beta[t] * y
+
+``A0[s, 0] = [s == k]``, ``A0[:, 1:] = I``, ``beta0 = 1``; ``W_a = w_b = 0``
+and ``s_a = s_b = hc_scale_init`` (0.01).  ``A0`` and ``beta0`` are learned
+(the paper's static connections) but take no weight decay.  ``k`` comes from
+the block's identity, so a permuted block keeps the connection it was
+initialised (and trained) with.  ``hc_tanh = False`` drops the tanh.
+
+Each block has two connectors (attention, MLP), stacked on a leading axis
+of size 2.  All coefficient maths is fp32.  ``read`` and ``write`` both
+derive the coefficients from the same state with the same parameters; the
+protocol gives ``write`` no channel from ``read``, and under ``jit`` XLA's
+common-subexpression elimination computes them once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from depthbench.model.residual.base import gate, with_axes
+from depthbench.model.residual.streams import NBTD, StreamFamily, add_weighted, mix_streams
+
+HC_EPS = 1e-8  # the stream norm's eps (spec: 1e-8, no weight)
+
+
+def hc_static_init(ident, n: int):
+    """``A0`` of both connectors of block ``ident``: ``[2, n, n+1]`` (ident may be traced)."""
+
+    def init(key, shape, dtype=jnp.float32):
+        k_c = (2 * jnp.asarray(ident, jnp.int32) + jnp.arange(2)) % n  # k of each connector
+        first_cs = jnp.arange(n)[None, :] == k_c[:, None]
+        eye_css = jnp.broadcast_to(jnp.eye(n, dtype=bool), (2, n, n))
+        return jnp.concatenate([first_cs[..., None], eye_css], axis=-1).astype(dtype)
+
+    return init
+
+
+@dataclasses.dataclass(frozen=True)
+class HC(StreamFamily):
+    name = "hc"
+    description = ("dynamic hyper-connections: n streams mixed by A0 + s_a tanh(hn W_a), "
+                   "written with beta0 + s_b tanh(hn w_b)")
+    reference = "Zhu et al. 2025, Hyper-Connections (ICLR 2025, arXiv 2409.19606)"
+    no_decay = frozenset({"A0", "beta0"})
+
+    # ------------------------------------------------------------ parameters
+    def create_block_params(self, mod, ident):
+        n, d = self.n, self.spec.d_model
+        s0 = float(self.spec.r("hc_scale_init"))
+        f32 = jnp.float32
+
+        def param(name, init, shape, axes):
+            return mod.param(name, nn.with_logical_partitioning(init, axes), shape, f32)
+
+        return {
+            "A0": param("A0", hc_static_init(ident, n), (2, n, n + 1),
+                        (None, "streams", "routing")),
+            "beta0": param("beta0", nn.initializers.ones, (2, n), (None, "streams")),
+            "W_a": param("W_a", nn.initializers.zeros, (2, d, n + 1), (None, "embed", "routing")),
+            "w_b": param("w_b", nn.initializers.zeros, (2, d), (None, "embed")),
+            "s_a": param("s_a", nn.initializers.constant(s0), (2,), (None,)),
+            "s_b": param("s_b", nn.initializers.constant(s0), (2,), (None,)),
+        }
+
+    # ------------------------------------------------------------ routing
+    def coefficients(self, p, h_nbtd, sub: int):
+        """``A`` ``[n, B, T, n+1]`` and ``beta`` ``[n, B, T]`` (fp32) of connector ``sub``."""
+        h32 = h_nbtd.astype(jnp.float32)
+        hn = h32 * jax.lax.rsqrt(jnp.mean(jnp.square(h32), axis=-1, keepdims=True) + HC_EPS)
+        # One matmul for the n+1 mixing columns and the write weight.
+        w_du = jnp.concatenate([p["W_a"][sub], p["w_b"][sub][:, None]], axis=-1)
+        dyn = jnp.einsum("sbtd,du->sbtu", hn, w_du.astype(jnp.float32))
+        if self.spec.r("hc_tanh"):
+            dyn = jnp.tanh(dyn)
+        a = p["A0"][sub][:, None, None, :] + p["s_a"][sub] * dyn[..., :-1]
+        beta = p["beta0"][sub][:, None, None] + p["s_b"][sub] * dyn[..., -1]
+        return a, beta
+
+    def read(self, p, state, site):
+        a, _ = self.coefficients(p, state, site.sub)
+        return mix_streams(a[..., :1], state)[0].astype(state.dtype), {}
+
+    def write(self, p, state, y, site, aux, active):
+        a, beta = self.coefficients(p, state, site.sub)
+        new = add_weighted(mix_streams(a[..., 1:], state), beta, y)
+        return gate(active, with_axes(new.astype(state.dtype), NBTD), state)
+
+    # ------------------------------------------------------------ costs
+    def connector_params(self) -> int:
+        """``n(n+2)`` static (``A0``: ``n(n+1)``, ``beta0``: ``n``) + ``d(n+2)`` dynamic
+        (``W_a``: ``d(n+1)``, ``w_b``: ``d``) + 2 scalars (``s_a``, ``s_b``)."""
+        n, d = self.n, self.spec.d_model
+        return n * (n + 2) + d * (n + 2) + 2
+
+    def extra_block_params(self) -> int:
+        """Two connectors per block (attention and MLP)."""
+        return 2 * self.connector_params()
+
+    def extra_flops_per_token(self, seq_len: int) -> float:
+        """Per connector (2L of them), counting multiply-adds as 2:
+
+        * ``2 n d (n+2)``: the dynamic projection ``hn @ [W_a | w_b]``;
+        * ``2 n (n+1) d``: the mix ``mixed[t] = sum_s A[s, t] H[s]``, ``t = 0..n``;
+        * ``2 n d``: the write ``beta[t] * y`` added to ``n`` streams.
+
+        The stream norms (``3 n d``) are left out like every norm in ``costs``."""
+        n, d = self.n, self.spec.d_model
+        per = 2 * n * d * (n + 2) + 2 * n * (n + 1) * d + 2 * n * d
+        return float(2 * self.spec.depth * per)

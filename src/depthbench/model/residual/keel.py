@@ -1,0 +1,65 @@
+"""keel: Post-LN with a highway-weighted residual, ``alpha = 2L``.
+
+Block 0::
+
+    h   = x + Attn(N_a(x))
+    out = N_pf(h + MLP(N_f(h)))
+
+Blocks ``b > 0``::
+
+    h   = N_pa(alpha * x + Attn(N_a(x)))
+    out = N_pf(alpha * h + MLP(N_f(h)))
+
+``N_a``/``N_f`` are the backbone's pre-norms (so ``pre_norm`` stays on) and
+``N_pa``/``N_pf`` two extra RMSNorms per block.  Every block owns an
+``N_pa`` so the scanned parameters have one shape; the block that runs at
+position 0 does not use its own.  "Block 0" is the execution position, not
+the identity: it is where the stream still holds the raw embedding.
+``keel_alpha`` overrides ``2L`` when non-zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from depthbench.model.residual.base import ResidualFamily, gate, norm_param, rms_norm
+from depthbench.model.residual.fields import check_number
+
+_POST = ("attn_post_norm", "mlp_post_norm")  # N_pa, N_pf
+
+
+@dataclasses.dataclass(frozen=True)
+class Keel(ResidualFamily):
+    name = "keel"
+    description = ("KEEL: h = N_pa(alpha x + Attn(N_a(x))), out = N_pf(alpha h + MLP(N_f(h))), "
+                   "alpha = 2L; block 0 unscaled, no N_pa")
+    reference = ("Chen & Wei 2026, Post-LayerNorm Is Back: Stable, ExpressivE, and Deep "
+                 "(arXiv 2601.19895)")
+
+    @classmethod
+    def validate(cls, config) -> None:
+        check_number(config, "keel_alpha", 0.0, meaning="0 = 2L")
+
+    @property
+    def alpha(self) -> float:
+        return float(self.spec.r("keel_alpha")) or 2.0 * self.spec.depth
+
+    def create_block_params(self, mod, ident):
+        return {k: norm_param(mod, k, self.spec.d_model) for k in _POST}
+
+    def write(self, p, state, y, site, aux, active):
+        eps = self.spec.norm_eps
+        first = site.pos == 0
+        carry = jnp.where(first, 1.0, self.alpha).astype(state.dtype)
+        new = rms_norm(carry * state + y, p[_POST[site.sub]], eps)
+        if site.sub == 0:  # block 0's attention sublayer has no post-norm
+            new = jnp.where(first, state + y, new)
+        return gate(active, new, state)
+
+    def extra_block_params(self) -> int:
+        return 2 * self.spec.d_model  # N_pa and N_pf
+
+    def describe(self) -> dict:
+        return {**super().describe(), "alpha": self.alpha}

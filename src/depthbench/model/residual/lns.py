@@ -1,0 +1,44 @@
+"""lns (LayerNorm Scaling): ``x <- x + F(N(x) / l^p)``, ``l = b + 1``, ``p = 0.5``.
+
+The normalised input of both sublayers of block ``b`` is divided by a
+constant ``l^p`` (not learned) that damps the growth of the residual-stream
+variance with depth (the "curse of depth").  ``l`` is the block's
+*identity* (its original index + 1), so the factor travels with a block
+when the analyses permute blocks: it belongs to the weights trained under it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from depthbench.model.residual.base import ResidualFamily
+from depthbench.model.residual.fields import check_number
+
+
+def lns_scale(ident, power: float):
+    """``(ident + 1) ** -power`` in fp32 (``ident`` may be traced)."""
+    l = jnp.asarray(ident).astype(jnp.float32) + 1.0  # noqa: E741 (the paper's l)
+    return l ** jnp.float32(-power)
+
+
+@dataclasses.dataclass(frozen=True)
+class LNS(ResidualFamily):
+    name = "lns"
+    description = "LayerNorm Scaling: x <- x + F(N(x) / sqrt(l)), l = 1-based block identity"
+    reference = "Sun et al. 2025, The Curse of Depth in Large Language Models (arXiv 2502.05795)"
+
+    @classmethod
+    def validate(cls, config) -> None:
+        check_number(config, "lns_power", 0.0, meaning="0.5 divides by sqrt(l)")
+
+    @property
+    def power(self) -> float:
+        return float(self.spec.r("lns_power"))
+
+    def input_scale(self, p, x_in, site):
+        return x_in * lns_scale(site.ident, self.power).astype(x_in.dtype)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "lns_power": self.power}

@@ -1,0 +1,33 @@
+"""sandwich_ln (Peri-LN): ``x <- x + N'(F(N(x)))``.
+
+Each sublayer keeps the backbone's pre-norm ``N`` and gains a second RMSNorm
+``N'`` (learned weight, init 1) on its output, so a block has four norms.
+Normalising the branch output bounds what each sublayer can add to the
+residual stream, whatever the scale its weights drift to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from depthbench.model.residual.base import ResidualFamily, gate, norm_param, rms_norm
+
+_POST = ("attn_post_norm", "mlp_post_norm")  # N' of the attention and MLP sublayers
+
+
+@dataclasses.dataclass(frozen=True)
+class SandwichLN(ResidualFamily):
+    name = "sandwich_ln"
+    description = "Peri-LN / sandwich: x <- x + N'(F(N(x))), a second RMSNorm on every output"
+    reference = ("Kim et al. 2025, Peri-LN: Revisiting Layer Normalization in the Transformer "
+                 "Architecture; Ding et al. 2021, CogView (sandwich-LN)")
+
+    def create_block_params(self, mod, ident):
+        return {k: norm_param(mod, k, self.spec.d_model) for k in _POST}
+
+    def write(self, p, state, y, site, aux, active):
+        out = rms_norm(y, p[_POST[site.sub]], self.spec.norm_eps)
+        return gate(active, state + out, state)
+
+    def extra_block_params(self) -> int:
+        return 2 * self.spec.d_model  # N' of both sublayers

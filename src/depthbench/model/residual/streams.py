@@ -1,0 +1,100 @@
+"""What hc and mhc share: ``n`` residual streams and how they are read out.
+
+The state is ``H_nbtd``: ``n`` streams (logical axis 'activation_streams'),
+each initialised to the embedding output.  Both families divide the init
+std of the attention output projection and the MLP down-projection by
+``sqrt(n)`` (the sublayer output is written into ``n`` streams that are
+summed at the readout), and read out with ``config.model.residual.readout``:
+
+* ``norm_then_sum``: ``sum_s N_out(H[s])`` (the original benchmark's default);
+* ``sum_then_norm``: ``N_out(sum_s H[s])`` (the HC paper's form).
+
+Sums over streams run in fp32.  The families define the routing (``read``,
+``write``) and their parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from depthbench.model.residual.base import ResidualFamily, rms_normalize, with_axes
+from depthbench.model.residual.fields import check_number
+
+NBTD = ("activation_streams", "activation_batch", "activation_length", "activation_embed")
+
+
+def mix_streams(c_sbtu: jax.Array, h_sbtd: jax.Array) -> jax.Array:
+    """``out[u] = sum_s c[s, ..., u] * h[s]`` in fp32: ``[n, B, T, m] x [n, B, T, d]
+    -> [m, B, T, d]``.
+
+    Written as a sum of ``n`` broadcast products (``n`` is small and static)
+    rather than an einsum: as a contraction it would lower to a batched
+    matmul of ``B*T`` tiny ``d x n`` by ``n x m`` products, while this stays
+    one fused elementwise pass over the streams."""
+    h32 = h_sbtd.astype(jnp.float32)
+    c_subt1 = jnp.moveaxis(c_sbtu.astype(jnp.float32), -1, 1)[..., None]
+    out = c_subt1[0] * h32[0][None]
+    for s in range(1, h_sbtd.shape[0]):
+        out = out + c_subt1[s] * h32[s][None]
+    return out
+
+
+def add_weighted(base_ubtd: jax.Array, w_ubt: jax.Array, y_btd: jax.Array) -> jax.Array:
+    """``base[u] + w[u] * y`` (fp32), the post-mix that writes a sublayer output."""
+    return base_ubtd + w_ubt.astype(jnp.float32)[..., None] * y_btd.astype(jnp.float32)[None]
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamFamily(ResidualFamily):
+    """Base of hc and mhc: ``n`` streams, ``1/sqrt(n)`` output init, stream readout."""
+
+    @classmethod
+    def validate(cls, config) -> None:
+        check_number(config, "hc_n", 1, 64, integer=True, meaning="number of streams")
+        check_number(config, "hc_scale_init", -math.inf, meaning="initial routing gate")
+
+    @property
+    def n(self) -> int:
+        return int(self.spec.r("hc_n"))
+
+    @property
+    def readout_mode(self) -> str:
+        return str(self.spec.r("readout"))
+
+    def init_scale(self, matrix: str) -> float:
+        return 1.0 / math.sqrt(self.n) if matrix in ("o", "down") else 1.0
+
+    def init_state(self, g, x0):
+        h = jnp.broadcast_to(x0[None], (self.n, *x0.shape))
+        return with_axes(h, NBTD)
+
+    def readout(self, g, state, final_norm):
+        if self.readout_mode == "norm_then_sum":
+            return jnp.sum(final_norm(state).astype(jnp.float32), axis=0).astype(state.dtype)
+        return final_norm(jnp.sum(state.astype(jnp.float32), axis=0).astype(state.dtype))
+
+    def depth_state(self, g, state):
+        """The ``n`` streams concatenated: ``[B, T, n*d]`` (stream-major)."""
+        n, b, t, d = state.shape
+        return jnp.moveaxis(state, 0, 2).reshape(b, t, n * d)
+
+    def lens_input(self, g, state):
+        """``r`` with ``N_out(r)`` proportional to what the readout feeds the head:
+        the stream sum for ``sum_then_norm``; for ``norm_then_sum`` the sum of the
+        unit-RMS streams (the readout is that times ``N_out``'s weight, so
+        ``N_out(r)`` differs from it only by one scalar per token)."""
+        if self.readout_mode == "norm_then_sum":
+            unit = rms_normalize(state.astype(jnp.float32), self.spec.norm_eps)
+            return jnp.sum(unit, axis=0).astype(state.dtype)
+        return jnp.sum(state.astype(jnp.float32), axis=0).astype(state.dtype)
+
+    def state_floats_per_token(self) -> int:
+        """``n`` streams of ``d``."""
+        return self.n * self.spec.d_model
+
+    def describe(self) -> dict:
+        return {**super().describe(), "n": self.n, "readout": self.readout_mode}

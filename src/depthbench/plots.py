@@ -1,0 +1,231 @@
+"""Sweep plots (PNG): loss vs aspect ratio, training curves, costs vs aspect ratio.
+
+Drawn with matplotlib's object API on an Agg canvas (no pyplot, no global
+backend switch), written through bytes so a sweep directory may be a bucket.
+Every function returns True when it wrote a figure and False when there was
+nothing to draw.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Sequence
+
+from etils import epath
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+_DPI = 120
+
+
+def _colors(names: Sequence[str]) -> dict[str, tuple]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if len(names) <= 10 else "tab20"]
+    return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
+
+
+def _save(fig: Figure, path: str | epath.Path) -> None:
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight")
+    epath.Path(path).write_bytes(buf.getvalue())
+
+
+def _aspect_axis(ax, ars: Sequence[float], depths: Sequence[int] | None = None) -> None:
+    ax.set_xscale("log")
+    ticks = sorted(set(ars))
+    ax.set_xlabel("aspect ratio d_model / L (log scale)")
+    ax.grid(True, alpha=0.3)
+    if len(ticks) > 9:  # several suites: plain log ticks, labels would collide
+        from matplotlib.ticker import ScalarFormatter
+
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        return
+    ax.set_xticks(ticks)
+    if depths is not None:
+        by_ar = dict(zip(ars, depths, strict=True))
+        ax.set_xticklabels([f"{a:.3g}\nL{by_ar[a]}" for a in ticks])
+    else:
+        ax.set_xticklabels([f"{a:.3g}" for a in ticks])
+    ax.minorticks_off()
+
+
+# ---------------------------------------------------------- loss vs aspect
+
+
+def loss_vs_aspect(summary: dict, references: dict, path: str | epath.Path) -> bool:
+    """One panel per suite: best-lr validation loss vs aspect ratio, one line
+    per family, a star on each family's best shape; the published reference
+    (``references[suite]``: reference.ReferencePoint list) dashed beside it."""
+    suites = [s for s, rows in summary.items()
+              if any(c.loss is not None for fr in rows for c in fr.cells) or references.get(s)]
+    if not suites:
+        return False
+    families = list(dict.fromkeys(fr.family for s in suites for fr in summary[s]))
+    families += [p.family for s in suites for p in references.get(s, [])
+                 if p.family not in families]
+    color = _colors(list(dict.fromkeys(families)))
+    fig = Figure(figsize=(7.5 * len(suites), 5.2))
+    for k, suite in enumerate(suites):
+        ax = fig.add_subplot(1, len(suites), k + 1)
+        ars, depths = [], []
+        for fr in summary[suite]:
+            ars += [c.aspect_ratio for c in fr.cells]
+            depths += [c.depth for c in fr.cells]
+            done = [c for c in fr.cells if c.loss is not None]
+            if not done:
+                continue
+            ax.plot([c.aspect_ratio for c in done], [c.loss for c in done], "o-",
+                    color=color[fr.family], label=fr.family, lw=1.6, ms=5)
+            best = fr.best
+            ax.plot([best.aspect_ratio], [best.loss], "*", color=color[fr.family], ms=16,
+                    mec="black", mew=0.8, zorder=5)
+        refs = references.get(suite, [])
+        for family in dict.fromkeys(p.family for p in refs):
+            pts = sorted((p.aspect_ratio, p.val_loss) for p in refs if p.family == family)
+            ax.plot([a for a, _ in pts], [v for _, v in pts], "x--", color=color[family],
+                    alpha=0.65, lw=1.0, ms=5)
+            ars += [a for a, _ in pts]
+            depths += [p.depth for p in sorted(refs, key=lambda p: p.aspect_ratio)
+                       if p.family == family]
+        unique = dict(zip(ars, depths, strict=True))
+        _aspect_axis(ax, list(unique), list(unique.values()))
+        ax.set_ylabel("final validation loss (nats/token)")
+        ax.set_title(f"suite {suite}" if suite else "shape rule")
+        handles, labels = ax.get_legend_handles_labels()
+        handles.append(Line2D([], [], marker="*", ls="", color="grey", mec="black", ms=12))
+        labels.append("best shape")
+        if refs:
+            handles.append(Line2D([], [], marker="x", ls="--", color="grey"))
+            labels.append("published (paper)")
+        ax.legend(handles, labels, fontsize=8, ncol=2 if len(labels) > 8 else 1)
+    _save(fig, path)
+    return True
+
+
+# ---------------------------------------------------------- training curves
+
+
+def read_metrics(path: epath.Path) -> list[dict]:
+    """metrics.jsonl -> records (unparseable lines, e.g. a torn last line, skipped)."""
+    try:
+        text = path.read_text()
+    except (FileNotFoundError, OSError):
+        return []
+    records = []
+    for line in text.splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def load_curves(workdir: epath.Path, summary: dict) -> list[dict]:
+    """Training and validation curves of the best run of every (family, shape)."""
+    curves = []
+    for suite, family_rows in summary.items():
+        for fr in family_rows:
+            for cell in fr.cells:
+                if cell.name is None:
+                    continue
+                records = read_metrics(epath.Path(workdir) / cell.name / "metrics.jsonl")
+                train = [r for r in records if _num(r.get("loss")) and "step" in r]
+                val = [r for r in records if _num(r.get("val_loss")) and "step" in r]
+                if not train and not val:
+                    continue
+                curves.append({
+                    "suite": suite, "family": fr.family, "depth": cell.depth,
+                    "aspect_ratio": cell.aspect_ratio, "name": cell.name,
+                    "step": [r["step"] for r in train], "loss": [r["loss"] for r in train],
+                    "val_step": [r["step"] for r in val], "val_loss": [r["val_loss"] for r in val],
+                })
+    return curves
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def training_curves(curves: Sequence[dict], path: str | epath.Path) -> bool:
+    """One panel per family: loss vs step per aspect ratio (colour), val dots."""
+    if not curves:
+        return False
+    from matplotlib import colormaps
+    from matplotlib.colors import LogNorm
+
+    panels = list(dict.fromkeys((c["suite"], c["family"]) for c in curves))
+    ncols = min(4, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig = Figure(figsize=(4.2 * ncols, 3.3 * nrows), layout="constrained")
+    ars = [c["aspect_ratio"] for c in curves]
+    norm = LogNorm(vmin=min(ars), vmax=max(ars) * (1.0001 if min(ars) == max(ars) else 1.0))
+    cmap = colormaps["viridis"]
+    all_losses = [v for c in curves for v in c["loss"][len(c["loss"]) // 10:]]
+    all_losses += [v for c in curves for v in c["val_loss"]]
+    axes = []
+    for k, (suite, family) in enumerate(panels):
+        ax = fig.add_subplot(nrows, ncols, k + 1)
+        axes.append(ax)
+        for c in sorted((c for c in curves if (c["suite"], c["family"]) == (suite, family)),
+                        key=lambda c: -c["aspect_ratio"]):
+            col = cmap(0.85 * norm(c["aspect_ratio"]))  # viridis' top end is too pale
+            ax.plot(c["step"], c["loss"], color=col, lw=1.0,
+                    label=f"AR {c['aspect_ratio']:.3g} (L{c['depth']})")
+            if c["val_step"]:
+                ax.plot(c["val_step"], c["val_loss"], "o", color=col, ms=4, mec="black",
+                        mew=0.5)
+        ax.set_title(family if len(set(p[0] for p in panels)) == 1 else f"{family} ({suite})",
+                     fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        if all_losses:
+            lo, hi = min(all_losses), max(all_losses)
+            pad = 0.05 * max(hi - lo, 1e-3)
+            ax.set_ylim(lo - pad, hi + pad)
+    _save(fig, path)
+    return True
+
+
+# -------------------------------------------------------------------- costs
+
+
+def costs_vs_aspect(cost_rows: Sequence[dict], path: str | epath.Path) -> bool:
+    """Prefill FLOPs, KV cache and residual-state bytes per token vs aspect ratio."""
+    if not cost_rows:
+        return False
+    many_suites = len({r["suite"] for r in cost_rows}) > 1
+    keys = list(dict.fromkeys((r["suite"], r["family"]) for r in cost_rows))
+    color = _colors(list(dict.fromkeys(r["family"] for r in cost_rows)))
+    markers = "os^vDP<>Xhp*d"
+    panels = (("prefill_flops", 1e9, "prefill GFLOPs per sequence"),
+              ("kv_cache_bytes", 2**20, "KV cache MiB per sequence (bf16)"),
+              ("state_bytes_per_token", 1.0, "residual state bytes per token (bf16)"))
+    fig = Figure(figsize=(16, 4.6), layout="constrained")
+    seqs = sorted({r["seq_len"] for r in cost_rows})
+    for k, (field, scale, label) in enumerate(panels):
+        ax = fig.add_subplot(1, 3, k + 1)
+        for i, (suite, family) in enumerate(keys):
+            pts = sorted((r["aspect_ratio"], r[field] / scale, r["depth"]) for r in cost_rows
+                         if (r["suite"], r["family"]) == (suite, family))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], ls="-",
+                    marker=markers[i % len(markers)], color=color[family], ms=5, lw=1.2,
+                    alpha=0.85, label=f"{family} ({suite})" if many_suites else family)
+        ars = {r["aspect_ratio"]: r["depth"] for r in cost_rows}
+        _aspect_axis(ax, list(ars), None if many_suites else list(ars.values()))
+        ax.set_ylabel(label)
+        if k == 0:
+            ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"costs per shape at T = {', '.join(map(str, seqs))} tokens (no training)")
+    _save(fig, path)
+    return True
+
+
+__all__ = ["costs_vs_aspect", "load_curves", "loss_vs_aspect", "read_metrics",
+           "training_curves"]

@@ -1,0 +1,132 @@
+"""The optimizer of the recipe: AdamW, warmup + cosine schedule, clipping.
+
+spec/shapes_and_recipe.md: AdamW with betas (0.9, 0.95), eps 1e-8, weight
+decay 0.1 on every weight except those a family exempts (hyper-connection
+static routing); linear warmup from 0 over 10% of the steps, then cosine to
+0.1 x peak; gradient clipping at global norm 1.0.  Every number is a
+``train.*`` config field.
+
+The chain is spelled out (rather than ``optax.adamw``) so that a family's
+per-parameter learning-rate multipliers (CompleteP's depth rule) can scale
+each leaf's whole step, decay included; without multipliers it is exactly
+``clip_by_global_norm + optax.adamw`` (tested).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from depthbench.config import ConfigError
+
+
+def warmup_cosine(peak: float, steps: int, warmup_fraction: float = 0.1,
+                  final_fraction: float = 0.1) -> Callable[[jax.Array], jax.Array]:
+    """lr(s) for update s = 0 .. steps-1 (the update that completes step s+1).
+
+    Linear from 0 at s = 0 to ``peak`` at s = W = round(warmup_fraction *
+    steps), then ``final + (peak - final) * (1 + cos(pi * (s - W) / (steps - W))) / 2``
+    with ``final = final_fraction * peak``, reaching ``final`` at s = steps.
+    """
+    warmup = int(round(warmup_fraction * steps))
+    final = final_fraction * peak
+    decay = max(steps - warmup, 1)
+
+    def schedule(step):
+        s = jnp.asarray(step, jnp.float32)
+        warm = peak * s / max(warmup, 1)
+        frac = jnp.clip((s - warmup) / decay, 0.0, 1.0)
+        cos = final + (peak - final) * 0.5 * (1.0 + jnp.cos(jnp.pi * frac))
+        return jnp.where(s < warmup, warm, cos)
+
+    return schedule
+
+
+def schedule_from_config(config) -> Callable[[jax.Array], jax.Array]:
+    t = config.train
+    return warmup_cosine(float(t.lr), int(t.steps), float(t.warmup_fraction),
+                         float(t.final_lr_fraction))
+
+
+def _leaf_name(path) -> str:
+    last = path[-1]
+    for attr in ("key", "name", "idx"):
+        if hasattr(last, attr):
+            return str(getattr(last, attr))
+    return str(last)
+
+
+def decay_mask(params: Any, no_decay: Iterable[str] = ()) -> Any:
+    """True for every leaf that takes weight decay: all of them except leaves
+    whose name (last key) is in ``no_decay``."""
+    exempt = frozenset(no_decay)
+    return jax.tree_util.tree_map_with_path(lambda p, _: _leaf_name(p) not in exempt, params)
+
+
+def no_decay_names(config, family) -> frozenset[str]:
+    """The family's exemptions plus ``train.no_decay`` (comma-separated leaf names)."""
+    extra = {n.strip() for n in str(config.train.no_decay).split(",") if n.strip()}
+    return frozenset(family.no_decay) | extra
+
+
+def lr_multipliers(config, family, params: Any) -> Any | None:
+    """Per-leaf learning-rate multipliers from the family's rule, or None.
+
+    ``train.lr_rule == "none"`` uses none.  Any other rule asks the family:
+    a family that implements ``lr_multipliers(params)`` (a tree of floats
+    matching ``params``) defines the rule; one that does not cannot run it.
+    """
+    rule = config.train.lr_rule
+    if rule == "none":
+        return None
+    fn = getattr(family, "lr_multipliers", None)
+    mults = fn(params) if callable(fn) else None
+    if mults is None:
+        raise ConfigError(f"config.train.lr_rule: {rule!r} needs a family with a learning-rate "
+                          f"rule; model.family {family.name!r} defines none (use 'none')")
+    if jax.tree.structure(mults) != jax.tree.structure(params):
+        raise ValueError(f"{family.name}.lr_multipliers returned a tree that does not match the "
+                         f"parameters")
+    return mults
+
+
+def scale_by_tree(multipliers: Any) -> optax.GradientTransformation:
+    """Multiply each update leaf by a fixed (static) float."""
+
+    def init(params):
+        del params
+        return optax.EmptyState()
+
+    def update(updates, state, params=None):
+        del params
+        return jax.tree.map(lambda u, m: u * jnp.asarray(m, u.dtype), updates, multipliers), state
+
+    return optax.GradientTransformation(init, update)
+
+
+def adamw(schedule: Callable, *, b1: float = 0.9, b2: float = 0.95, eps: float = 1e-8,
+          weight_decay: float = 0.1, clip_norm: float = 1.0, mask: Any = None,
+          multipliers: Any = None) -> optax.GradientTransformation:
+    """clip -> Adam moments -> decoupled decay (masked) -> per-leaf lr -> -lr(step)."""
+    parts = [optax.clip_by_global_norm(clip_norm), optax.scale_by_adam(b1=b1, b2=b2, eps=eps)]
+    if weight_decay:
+        parts.append(optax.add_decayed_weights(weight_decay, mask))
+    if multipliers is not None:
+        parts.append(scale_by_tree(multipliers))
+    parts.append(optax.scale_by_learning_rate(schedule))
+    return optax.chain(*parts)
+
+
+def from_config(config, family, params: Any) -> tuple[optax.GradientTransformation, Callable]:
+    """The optimizer and its schedule for a run (``params``: concrete or abstract)."""
+    t = config.train
+    schedule = schedule_from_config(config)
+    tx = adamw(schedule, b1=float(t.b1), b2=float(t.b2), eps=float(t.eps),
+               weight_decay=float(t.weight_decay), clip_norm=float(t.clip_norm),
+               mask=decay_mask(params, no_decay_names(config, family)),
+               multipliers=lr_multipliers(config, family, params))
+    return tx, schedule

@@ -1,0 +1,548 @@
+"""Known answers for the routing families: hc, mhc, attnres_full, attnres_block, moda.
+
+* at initialisation with pre_ln's sublayer weights, hc / mhc / attnres are
+  pre_ln in disguise (spec/residuals.md, last section);
+* Sinkhorn is doubly stochastic; a zero-query depth mix is a uniform average;
+* attnres (full and block) equals a hand-written loop over its sources, and
+  block size 1 equals full; moda equals a numpy attention whose one softmax
+  covers sequence and depth keys;
+* a skipped block is a removed block (attnres adds no source, moda writes no
+  depth keys); parameter counts equal the cost model's.
+
+Every model is depth 3 (depth 2 where a removed block is compared), width
+32, vocabulary 64, 2 x 8 tokens; compiled functions are cached per spec.
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from depthbench import costs
+from depthbench.cli.families import family_rows
+from depthbench.model.layers import MLP, Attention
+from depthbench.model.residual import attnres, hc, mhc, moda
+from depthbench.model.residual.base import Site
+from depthbench.model.residual.sinkhorn import sinkhorn
+from depthbench.model.spec import ModelSpec
+from depthbench.model.transformer import Transformer, family_of
+from depthbench.shapes import Shape
+
+ROUTING = ("hc", "mhc", "attnres_full", "attnres_block", "moda")
+SHAPE = Shape(depth=3, d_model=32, d_ff=64, n_heads=4, n_kv_heads=2, vocab_size=64)
+TOKENS = jax.random.randint(jax.random.key(0), (2, 8), 0, SHAPE.vocab_size)
+TINY_EPS = 1e-12  # makes RMSNorm exactly scale invariant (the known answers' premise)
+
+
+def make_spec(family: str, depth: int = 3, **fields) -> ModelSpec:
+    shape = Shape(depth, SHAPE.d_model, SHAPE.d_ff, SHAPE.n_heads, SHAPE.n_kv_heads,
+                  SHAPE.vocab_size)
+    spec = ModelSpec.from_shape(shape, family=family)
+    residual = dict(spec.residual)
+    residual.update(fields)
+    return spec.replace(residual=tuple(sorted(residual.items())))
+
+
+# XLA's lowest CPU optimisation level compiles these tiny models ~4x faster;
+# every comparison below is between programs built the same way, or against
+# references with tolerances far above the resulting rounding differences.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def fast_jit(fn, **jit_kw):
+    """``jax.jit`` whose first call compiles with ``FAST_COMPILE`` (same shapes after)."""
+    jitted, compiled = jax.jit(fn, **jit_kw), []
+
+    def call(*args):
+        if not compiled:
+            compiled.append(jitted.lower(*args).compile(compiler_options=FAST_COMPILE))
+        return compiled[0](*args)
+
+    return call
+
+
+@functools.cache
+def init_params(spec: ModelSpec):
+    init = fast_jit(lambda k: Transformer(spec).init(k, TOKENS))
+    return nn.unbox(init(jax.random.key(1))["params"])
+
+
+@functools.cache
+def _apply(spec: ModelSpec, capture: bool):
+    model = Transformer(spec)
+    return fast_jit(lambda p, t, a: model.apply({"params": p}, t, active=a, capture=capture))
+
+
+def logits(spec: ModelSpec, params, active=None, capture=False):
+    active = jnp.ones((spec.depth,), bool) if active is None else jnp.asarray(active, bool)
+    return _apply(spec, capture)(params, TOKENS, active)
+
+
+def with_backbone(family_params, backbone_params):
+    """``family_params`` with every backbone weight replaced by ``backbone_params``'."""
+    out = dict(backbone_params)
+    out["blocks"] = dict(backbone_params["blocks"])
+    out["blocks"]["residual"] = family_params["blocks"]["residual"]
+    if "residual" in family_params:
+        out["residual"] = family_params["residual"]
+    return out
+
+
+def rel_err(a, b) -> float:
+    return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+
+
+def take_blocks(params, order):
+    """Params of the model made of ``order``'s blocks (a shallower model)."""
+    idx = np.asarray(order)
+    return {**params, "blocks": jax.tree.map(lambda a: a[idx], params["blocks"])}
+
+
+def randomise(params, name: str, seed: int, scale: float = 1.0):
+    """Replace every leaf called ``name`` under 'residual' by N(0, scale^2) draws."""
+    keys = iter(jax.random.split(jax.random.key(seed), 8))
+
+    def walk(tree):
+        return {k: (walk(v) if isinstance(v, dict)
+                    else scale * jax.random.normal(next(keys), v.shape) if k == name else v)
+                for k, v in tree.items()}
+
+    out = dict(params)
+    out["blocks"] = {**params["blocks"], "residual": walk(params["blocks"]["residual"])}
+    if "residual" in params:
+        out["residual"] = walk(params["residual"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def pre_ln():
+    spec = make_spec("pre_ln")
+    return spec, init_params(spec)
+
+
+# ------------------------------------------------------------------ Sinkhorn
+
+
+def test_sinkhorn_is_doubly_stochastic():
+    r = jax.random.normal(jax.random.key(0), (64, 4, 4))
+    p = sinkhorn(r, iters=20)
+    assert p.dtype == jnp.float32
+    assert float(jnp.min(p)) >= 0.0
+    np.testing.assert_allclose(jnp.sum(p, axis=-1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(jnp.sum(p, axis=-2), 1.0, atol=1e-5)
+    # n = 1 is exactly 1, whatever the logit; bf16 logits still give fp32 output.
+    assert float(sinkhorn(jnp.full((1, 1), 3.7, jnp.bfloat16), 20)[0, 0]) == 1.0
+    # mHC's initial B_res (0 on, -8 off the diagonal) gives nearly the identity.
+    p0 = sinkhorn(jnp.where(jnp.eye(4, dtype=bool), 0.0, -8.0), 20)
+    off = math.exp(-8) / (1 + 3 * math.exp(-8))
+    np.testing.assert_allclose(p0, jnp.where(jnp.eye(4, dtype=bool), 1 - 3 * off, off), rtol=1e-4)
+    # Temperature divides the logits.
+    np.testing.assert_allclose(sinkhorn(2 * r, 20, temperature=2.0), p, atol=1e-6)
+
+
+# ------------------------------------------------------------ init == pre_ln
+
+
+def test_hc_at_init_is_pre_ln(pre_ln):
+    pspec, pparams = pre_ln
+    fam_params = init_params(make_spec("hc"))
+    params = with_backbone(fam_params, pparams)
+    ref = logits(pspec, pparams)
+    # norm_then_sum: n equal streams, each normalised like pre_ln's state: exactly n times.
+    np.testing.assert_allclose(logits(make_spec("hc"), params), 4 * ref, rtol=1e-5, atol=1e-6)
+    # sum_then_norm: N_out(n x) = N_out(x) when the norm is scale invariant.
+    spec = make_spec("hc", readout="sum_then_norm").replace(norm_eps=TINY_EPS)
+    out = logits(spec, params)
+    np.testing.assert_allclose(out, logits(pspec.replace(norm_eps=TINY_EPS), pparams),
+                               rtol=1e-5, atol=1e-6)
+    # hc_n = 2 keeps the answer (a different A0, 2 streams).
+    spec2 = make_spec("hc", hc_n=2)
+    params2 = with_backbone(init_params(spec2), pparams)
+    np.testing.assert_allclose(logits(spec2, params2), 2 * ref, rtol=1e-5, atol=1e-6)
+
+
+def test_mhc_at_init_is_nearly_pre_ln(pre_ln):
+    pspec, pparams = pre_ln
+    spec = make_spec("mhc", readout="sum_then_norm").replace(norm_eps=TINY_EPS)
+    params = with_backbone(init_params(make_spec("mhc")), pparams)
+    ref = logits(pspec.replace(norm_eps=TINY_EPS), pparams)
+    err = rel_err(logits(spec, params), ref)
+    # The spec allows 1e-2.  With equal streams the near-one-hot read gate only
+    # rescales the read (sum of pre ~ 1.001, removed by N_j) and P's columns sum
+    # to 1, so the streams stay equal: only rounding remains.
+    assert err < 1e-4, err
+
+
+@pytest.mark.parametrize("family,fields", [
+    ("attnres_full", {}),
+    ("attnres_block", {}),  # default: 8 blocks -> S = ceil(6 / 8) = 1
+    ("attnres_block", {"attnres_block_size": 2}),
+    ("attnres_block", {"attnres_block_size": 4}),  # blocks of 4 and 2 (remainder)
+    ("attnres_block", {"attnres_block_size": 7}),  # one block holds every sublayer
+])
+def test_attnres_at_init_is_pre_ln(pre_ln, family, fields):
+    pspec, pparams = pre_ln
+    spec = make_spec(family, **fields).replace(norm_eps=TINY_EPS)
+    params = with_backbone(init_params(make_spec(family)), pparams)
+    ref = logits(pspec.replace(norm_eps=TINY_EPS), pparams)
+    assert rel_err(logits(spec, params), ref) < 1e-4
+
+
+# ------------------------------------------------------------------ attnres
+
+
+def test_depth_mix_zero_query_is_uniform_average_and_matches_numpy():
+    k = jax.random.split(jax.random.key(3), 3)
+    bank = jax.random.normal(k[0], (5, 2, 3, 16))
+    valid = jnp.array([True, True, True, False, False])
+    out = attnres.depth_mix(bank, valid, jnp.zeros(16), jnp.ones(16), 1e-6)
+    np.testing.assert_allclose(out, jnp.mean(bank[:3], axis=0), rtol=1e-6, atol=1e-6)
+    q, w = jax.random.normal(k[1], (16,)), 1 + 0.1 * jax.random.normal(k[2], (16,))
+    v = np.asarray(bank, np.float64)[:3]
+    logit = np.einsum("mbtd,d->mbt", v / np.sqrt(np.mean(v**2, -1, keepdims=True) + 1e-6),
+                      np.asarray(q * w, np.float64))
+    p = np.exp(logit - logit.max(0)) / np.exp(logit - logit.max(0)).sum(0)
+    np.testing.assert_allclose(attnres.depth_mix(bank, valid, q, w, 1e-6),
+                               np.einsum("mbt,mbtd->btd", p, v), rtol=1e-5, atol=1e-6)
+    # bf16 sources are mixed in fp32: the same as mixing their fp32 values.
+    b16 = bank.astype(jnp.bfloat16)
+    np.testing.assert_array_equal(attnres.depth_mix(b16, valid, q, w, 1e-6),
+                                  attnres.depth_mix(b16.astype(jnp.float32), valid, q, w,
+                                                    1e-6).astype(jnp.bfloat16))
+
+
+def _rms_norm(x, w, eps):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + eps) * w
+
+
+@functools.cache
+def attnres_by_hand(spec: ModelSpec, block_size: int):
+    return fast_jit(functools.partial(_attnres_by_hand, spec, block_size=block_size))
+
+
+def _attnres_by_hand(spec: ModelSpec, params, block_size: int):
+    """The spec's AttnRes written as a loop over sources: the bank starts [x0];
+    sublayer j >= 1 mixes over bank + [partial]; when j mod S == 0 the partial
+    is committed first and a new one starts with y_j."""
+    eps, d = spec.norm_eps, spec.d_model
+    blocks = params["blocks"]
+    pos = jnp.arange(TOKENS.shape[1])
+
+    def mix(sources, q, w):
+        v = jnp.stack(sources)
+        logit = jnp.einsum("mbtd,d->mbt", v, q * w) * jax.lax.rsqrt(
+            jnp.mean(v * v, -1) + eps)
+        return jnp.einsum("mbt,mbtd->btd", jax.nn.softmax(logit, axis=0), v)
+
+    bank, partial = [params["embed"][TOKENS]], None
+    for j in range(2 * spec.depth):
+        b, sub = divmod(j, 2)
+        blk = jax.tree.map(lambda a, b=b: a[b], blocks)
+        if j >= 1 and j % block_size == 0:
+            bank, partial = bank + [partial], None
+        sources = bank + ([] if partial is None else [partial])
+        h = bank[0] if j == 0 else mix(sources, blk["residual"]["query"][sub],
+                                       blk["residual"]["key_norm"][sub])
+        norm = blk["attn_norm" if sub == 0 else "mlp_norm"]
+        x_in = _rms_norm(h, norm, eps)
+        if sub == 0:
+            y, _ = Attention(spec).apply({"params": blk["attn"]}, x_in, pos)
+        else:
+            y = MLP(spec).apply({"params": blk["mlp"]}, x_in)
+        partial = y if partial is None else partial + y
+        assert d == y.shape[-1]
+    sources = bank + ([] if partial is None else [partial])
+    x = mix(sources, params["residual"]["query"], params["residual"]["key_norm"])
+    return _rms_norm(x, params["final_norm"]["scale"], eps) @ params["head"]
+
+
+@pytest.mark.parametrize("family,fields,block_size", [
+    ("attnres_full", {}, 1),
+    ("attnres_block", {"attnres_block_size": 2}, 2),
+    ("attnres_block", {"attnres_block_size": 4}, 4),
+])
+def test_attnres_equals_a_loop_over_sources(family, fields, block_size):
+    spec = make_spec(family, **fields)
+    params = randomise(randomise(init_params(make_spec(family)), "query", 7, 2.0), "key_norm", 8)
+    out = logits(spec, params)
+    np.testing.assert_allclose(out, attnres_by_hand(spec, block_size)(params), rtol=1e-4,
+                               atol=1e-5)
+    # The queries matter: the uniform-average model gives other logits.
+    uniform = init_params(make_spec(family))
+    assert rel_err(logits(spec, with_backbone(uniform, params)), out) > 1e-3
+
+
+def test_attnres_block_size_one_is_full():
+    params = randomise(init_params(make_spec("attnres_full")), "query", 11, 2.0)
+    full = logits(make_spec("attnres_full"), params)
+    block = logits(make_spec("attnres_block", attnres_block_size=1), params)
+    np.testing.assert_allclose(block, full, rtol=1e-6, atol=1e-6)
+    assert family_of(make_spec("attnres_block")).block_size == 1  # ceil(2 * 3 / 8)
+    assert family_of(make_spec("attnres_block", depth=32)).block_size == 8
+    assert family_of(make_spec("attnres_block", depth=30)).block_size == 8  # ceil(60 / 8)
+
+
+def test_attnres_last_depth_state_is_the_readout_mix():
+    spec = make_spec("attnres_block", attnres_block_size=2)
+    params = randomise(init_params(make_spec("attnres_block")), "query", 5, 2.0)
+    out, z = logits(spec, params, capture=True)
+    assert z.shape == (spec.depth + 1, 2, 8, spec.d_model)
+    np.testing.assert_allclose(z[0], params["embed"][TOKENS], rtol=1e-6)  # one source: x0
+    head = _rms_norm(z[-1], params["final_norm"]["scale"], spec.norm_eps) @ params["head"]
+    np.testing.assert_allclose(head, out, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------- skip
+
+
+@pytest.mark.parametrize("family,fields", [
+    ("attnres_full", {}),
+    ("attnres_block", {"attnres_block_size": 2}),
+    ("moda", {}),
+])
+def test_skipped_block_is_a_removed_block(family, fields):
+    """Depth 3 with block 1 skipped == the depth-2 model of blocks 0 and 2: attnres
+    adds no source (the bank fills in execution order), moda writes no depth keys."""
+    params = init_params(make_spec(family))
+    if family.startswith("attnres"):
+        params = randomise(params, "query", 3, 2.0)
+    skipped = logits(make_spec(family, **fields), params, active=[True, False, True])
+    removed = logits(make_spec(family, depth=2, **fields), take_blocks(params, [0, 2]))
+    np.testing.assert_allclose(skipped, removed, rtol=1e-5, atol=1e-6)
+    full = logits(make_spec(family, **fields), params)
+    assert rel_err(full, removed) > 1e-4  # block 1 does something when it runs
+
+
+def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
+    spec = make_spec("moda")
+    fam, b, t = family_of(spec), 2, 8
+    k = jax.random.split(jax.random.key(4), 4)
+    x0 = jax.random.normal(k[0], (b, t, spec.d_model))
+    state = fam.init_state({}, x0)
+    kv = jax.random.normal(k[1], (2, b, t, spec.n_kv_heads, spec.head_dim))
+    y = jax.random.normal(k[2], (b, t, spec.d_model))
+    site = Site(0, jnp.int32(1), jnp.int32(1))
+    off = fam.write({}, state, y, site, {"kv": (kv[0], kv[1])}, jnp.bool_(False))
+    jax.tree.map(np.testing.assert_array_equal, off, state)
+    on = fam.write({}, state, y, site, {"kv": (kv[0], kv[1])}, jnp.bool_(True))
+    assert np.asarray(on["valid"]).tolist() == [False, False, True, False]
+    np.testing.assert_array_equal(on["k"][:, :, 2], kv[0])
+    # The last block's MLP (slot 2L-1 >= M) writes nothing even when active.
+    x_in = jax.random.normal(k[3], (b, t, spec.d_model))
+    p = {"depth_kv": jnp.ones((spec.d_model, 2, spec.n_kv_heads, spec.head_dim))}
+    last = fam.write(p, state, y, Site(1, jnp.int32(2), jnp.int32(2)), {"x_in": x_in},
+                     jnp.bool_(True))
+    assert not bool(jnp.any(last["valid"])) and not bool(jnp.any(last["k"]))
+
+    afam = family_of(make_spec("attnres_block", attnres_block_size=2))
+    astate = afam.init_state({}, x0)
+    a_off = afam.write({}, astate, y, Site(1, jnp.int32(0), jnp.int32(0)), {}, jnp.bool_(False))
+    jax.tree.map(np.testing.assert_array_equal, a_off, astate)
+    a_on = afam.write({}, astate, y, Site(1, jnp.int32(0), jnp.int32(0)), {}, jnp.bool_(True))
+    assert int(a_on["count"]) == 1
+    np.testing.assert_array_equal(a_on["bank"][1], y)
+
+
+# ---------------------------------------------------------------------- moda
+
+
+def _np_rope(x, theta=10000.0):
+    t, half = x.shape[1], x.shape[-1] // 2
+    ang = np.arange(t)[:, None] * theta ** (-np.arange(half) / half)
+    sin, cos = np.sin(ang)[None, :, None], np.cos(ang)[None, :, None]
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def _np_norm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
+
+
+def moda_by_hand(spec: ModelSpec, params):
+    """Depth-2 moda in float64 numpy: block 1's attention concatenates its causal
+    sequence logits (RoPE) with the depth logits of block 0's attention k, v and
+    block 0's MLP k, v (unrotated) and takes one softmax."""
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    eps, h = spec.norm_eps, spec.head_dim
+    g = spec.n_heads // spec.n_kv_heads
+    x = p["embed"][np.asarray(TOKENS)]
+    t = x.shape[1]
+    depth_k, depth_v = [], []
+    for b in range(spec.depth):
+        blk = jax.tree.map(lambda a, b=b: a[b], p["blocks"])
+        a = blk["attn"]
+        xin = _np_norm(x, blk["attn_norm"], eps)
+        q = np.einsum("btd,dnh->btnh", xin, a["q"])
+        k = np.einsum("btd,dkh->btkh", xin, a["k"])
+        v = np.einsum("btd,dkh->btkh", xin, a["v"])
+        kr = np.repeat(_np_rope(k), g, axis=2)
+        seq = np.einsum("btnh,bsnh->bnts", _np_rope(q), kr) / np.sqrt(h)
+        seq = np.where(np.tril(np.ones((t, t), bool)), seq, -np.inf)
+        dks = [np.repeat(dk, g, axis=2) for dk in depth_k]
+        dvs = [np.repeat(dv, g, axis=2) for dv in depth_v]
+        dep = [np.einsum("btnh,btnh->bnt", q, dk)[..., None] / np.sqrt(h) for dk in dks]
+        logit = np.concatenate([seq, *dep], axis=-1)
+        w = np.exp(logit - logit.max(-1, keepdims=True))
+        w = w / w.sum(-1, keepdims=True)
+        out = np.einsum("bnts,bsnh->btnh", w[..., :t], np.repeat(v, g, axis=2))
+        for i, dv in enumerate(dvs):
+            out = out + w[..., t + i].transpose(0, 2, 1)[..., None] * dv
+        x = x + np.einsum("btnh,nhd->btd", out, a["o"])
+        depth_k.append(k)
+        depth_v.append(v)
+        m = blk["mlp"]
+        xin = _np_norm(x, blk["mlp_norm"], eps)
+        hid = xin @ m["gate"]
+        x = x + ((hid / (1 + np.exp(-hid))) * (xin @ m["up"])) @ m["down"]
+        kv = np.einsum("btd,dckh->cbtkh", xin, blk["residual"]["depth_kv"])
+        depth_k.append(kv[0])
+        depth_v.append(kv[1])
+    return _np_norm(x, p["final_norm"]["scale"], eps) @ p["head"]
+
+
+def test_moda_equals_one_softmax_over_sequence_and_depth(pre_ln):
+    spec = make_spec("moda", depth=2)
+    params = init_params(spec)
+    out = logits(spec, params)
+    np.testing.assert_allclose(out, moda_by_hand(spec, params), rtol=1e-4, atol=1e-5)
+    # Block 0 is ordinary causal attention: its depth state equals pre_ln's.
+    pspec = make_spec("pre_ln", depth=2)
+    backbone = take_blocks(pre_ln[1], [0, 1])
+    mixed = with_backbone(params, backbone)
+    _, z = logits(spec, mixed, capture=True)
+    _, zp = logits(pspec, backbone, capture=True)
+    np.testing.assert_allclose(z[1], zp[1], rtol=1e-5, atol=1e-6)
+    assert rel_err(z[2], zp[2]) > 1e-4  # block 1 sees depth keys; pre_ln's does not
+
+
+# --------------------------------------------------------- hc / mhc routing
+
+
+def test_hc_and_mhc_init_follow_the_block_identity():
+    n = 4
+    hp = init_params(make_spec("hc"))["blocks"]["residual"]
+    mp = init_params(make_spec("mhc"))["blocks"]["residual"]
+    for b in range(3):
+        for sub in range(2):
+            k = (2 * b + sub) % n
+            a0 = np.zeros((n, n + 1))
+            a0[k, 0] = 1
+            a0[:, 1:] = np.eye(n)
+            np.testing.assert_array_equal(hp["A0"][b, sub], a0)
+            np.testing.assert_array_equal(mp["b_pre"][b, sub], np.where(np.arange(n) == k, 8, -8))
+    np.testing.assert_array_equal(hp["beta0"], 1.0)
+    np.testing.assert_allclose(hp["s_a"], 0.01)
+    assert not np.any(hp["W_a"]) and not np.any(hp["w_b"]) and not np.any(mp["phi"])
+    np.testing.assert_array_equal(mp["B_res"][0, 0], np.where(np.eye(n, dtype=bool), 0, -8))
+    np.testing.assert_array_equal(mp["b_post"], 0.0)
+    np.testing.assert_allclose(mp["a_res"], 0.01)
+
+
+def test_hc_mhc_output_projections_are_scaled_and_coefficients_fp32():
+    for name in ("hc", "mhc"):
+        fam = family_of(make_spec(name))
+        assert fam.init_scale("o") == fam.init_scale("down") == 0.5  # 1 / sqrt(4)
+        assert fam.init_scale("q") == fam.init_scale("up") == 1.0
+    spec = make_spec("hc")
+    params = init_params(spec)["blocks"]
+    std = float(jnp.std(params["attn"]["o"]))
+    assert std == pytest.approx(0.5 * 0.02 * 0.9866, rel=0.15)
+    p0 = jax.tree.map(lambda a: a[0], params["residual"])
+    p0 = {**p0, "W_a": jax.random.normal(jax.random.key(0), p0["W_a"].shape)}
+    h16 = jax.random.normal(jax.random.key(1), (4, 2, 3, spec.d_model)).astype(jnp.bfloat16)
+    a, beta = family_of(spec).coefficients(p0, h16, 0)
+    assert a.dtype == beta.dtype == jnp.float32
+    mspec = make_spec("mhc")
+    m0 = jax.tree.map(lambda a: a[0], init_params(mspec)["blocks"]["residual"])
+    pre, post, p = family_of(mspec).coefficients(m0, h16, 1)
+    assert pre.dtype == post.dtype == p.dtype == jnp.float32
+    np.testing.assert_allclose(jnp.sum(p, axis=0), 1.0, atol=1e-5)  # columns of P[s, t]
+
+
+def test_hc_depth_state_concatenates_streams_and_lens_reads_them_out():
+    spec = make_spec("hc", readout="sum_then_norm")
+    params = init_params(make_spec("hc"))
+    params = randomise(params, "W_a", 2, 0.5)  # the streams diverge
+    out, z = logits(spec, params, capture=True)
+    assert z.shape == (spec.depth + 1, 2, 8, 4 * spec.d_model)
+    np.testing.assert_array_equal(z[0], jnp.tile(params["embed"][TOKENS], (1, 1, 4)))
+    fam = family_of(spec)
+    h_nbtd = jnp.moveaxis(z[-1].reshape(2, 8, 4, spec.d_model), 2, 0)
+    assert rel_err(h_nbtd[0], h_nbtd[1]) > 1e-3
+    r = fam.lens_input({}, h_nbtd)
+    head = _rms_norm(r, params["final_norm"]["scale"], spec.norm_eps) @ params["head"]
+    np.testing.assert_allclose(head, out, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ROUTING)
+def test_bf16_compute_tracks_fp32(family):
+    spec = make_spec(family)
+    params = init_params(spec)
+    ref = logits(spec, params)
+    low = logits(spec.replace(compute_dtype="bfloat16"), params)
+    assert low.dtype == jnp.float32
+    assert bool(jnp.all(jnp.isfinite(low)))
+    assert rel_err(low, ref) < 0.05
+
+
+# -------------------------------------------------------------- costs, axes
+
+
+@pytest.mark.parametrize("family", ROUTING)
+def test_param_counts_match_costs_and_families_table(family):
+    def count(spec):
+        tree = jax.eval_shape(lambda k: Transformer(spec).init(k, TOKENS), jax.random.key(0))
+        return sum(math.prod(x.shape) for x in jax.tree.leaves(tree["params"]))
+
+    for spec in (make_spec(family), make_spec(family, depth=2, hc_n=2, attnres_block_size=3)):
+        fam = family_of(spec)
+        assert count(spec) == costs.param_count(spec)
+        extra = count(spec) - count(spec.replace(family="pre_ln"))
+        assert extra == spec.depth * fam.extra_block_params() + fam.extra_global_params()
+    row = next(r for r in family_rows(64, 2) if r["name"] == family)
+    shape = Shape(2, 64, 176, 16, 16, 50280)
+    spec = ModelSpec.from_shape(shape, family=family)
+    assert row["extra_block_params"] * 2 + row["extra_global_params"] == (
+        count(spec) - count(spec.replace(family="pre_ln")))
+
+
+def test_documented_overheads_and_state_sizes():
+    d, n, L = 1024, 4, 32  # noqa: E741
+    shape = Shape(L, d, 2736, 16, 16, 50280)
+    f = {name: family_of(ModelSpec.from_shape(shape, family=name)) for name in ROUTING}
+    assert f["hc"].extra_block_params() == 2 * (n * (n + 2) + d * (n + 2) + 2)
+    assert f["mhc"].extra_block_params() == 2 * (n * d * (n * n + 2 * n) + n * n + 2 * n + 3)
+    assert f["attnres_full"].extra_block_params() == 2 * 2 * d
+    assert f["attnres_full"].extra_global_params() == 2 * d
+    assert f["moda"].extra_block_params() == 2 * d * d
+    assert f["hc"].state_floats_per_token() == f["mhc"].state_floats_per_token() == n * d
+    assert f["attnres_full"].state_floats_per_token() == (2 * L + 1) * d
+    assert f["attnres_block"].state_floats_per_token() == (8 + 1) * d  # x0 + 8 blocks
+    assert f["moda"].state_floats_per_token() == d + 2 * (2 * L - 2) * d
+    assert f["attnres_full"].sources_per_token() == 2 * L * L + 3 * L
+    assert f["moda"].extra_flops_per_token(128) == 4 * d * L * (L - 1) + (L - 1) * 4 * d * d
+
+
+def test_no_decay_leaves_and_logical_axes():
+    for name in ROUTING:
+        spec = make_spec(name)
+        boxed = jax.eval_shape(lambda k, s=spec: Transformer(s).init(k, TOKENS),
+                               jax.random.key(0))["params"]
+        leaves = {path[-1].key for path, _ in jax.tree_util.tree_flatten_with_path(
+            nn.unbox(boxed))[0]}
+        assert family_of(spec).no_decay <= leaves, name
+        specs = nn.get_partition_spec(boxed)["blocks"]["residual"]
+        for leaf, axes in jax.tree_util.tree_flatten_with_path(
+                specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))[0]:
+            assert tuple(axes)[0] == "layers", (name, leaf)
+    specs = nn.get_partition_spec(jax.eval_shape(
+        lambda k: Transformer(make_spec("mhc")).init(k, TOKENS), jax.random.key(0))["params"])
+    assert tuple(specs["blocks"]["residual"]["phi"]) == ("layers", None, "streams", "embed",
+                                                          "routing")
+    assert hc.HC.no_decay == {"A0", "beta0"}
+    assert mhc.MHC.no_decay == {"b_pre", "b_post", "B_res"}
+    assert moda.MoDA(make_spec("moda")).n_slots == 4

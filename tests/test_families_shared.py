@@ -1,0 +1,319 @@
+"""The residual-protocol contract, checked for every family in the registry.
+
+Parametrised over ``registry.names()``, so a family added to the registry is
+tested here without touching this file.  Each family is initialised once and
+compiled once per variant (module-scoped :class:`Harness`): a forward with
+explicit ``active``/``ident`` (serves causality, determinism, skip and
+permutation), one training step (gradients and the micro training run) and
+one unrolled, remat-free forward.  The sharded check runs every family in
+one subprocess with a fake 8-device CPU mesh, started when this module starts
+so that it overlaps the single-device tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import linen as nn
+
+from depthbench.config import base_config
+from depthbench.model.layers import RMSNorm
+from depthbench.model.residual import registry
+from depthbench.model.spec import ModelSpec
+from depthbench.model.transformer import Transformer, cross_entropy, family_of, permute_blocks
+from depthbench.shapes import Shape, rule_d_ff
+
+try:  # costs.py is a sibling module; its absence only skips the count check.
+    from depthbench import costs
+except ImportError:  # pragma: no cover - the module exists in a complete checkout
+    costs = None
+
+TINY = Shape(depth=3, d_model=32, d_ff=rule_d_ff(32), n_heads=4, n_kv_heads=4, vocab_size=64)
+B, T = 2, 8
+FAMILIES = registry.names()
+TRAIN_STEPS = 30
+
+
+# --------------------------------------------------------------- per family
+
+
+class _Globals(nn.Module):
+    """The family's global parameters, in the scope the backbone uses ('residual')."""
+
+    fam: object
+
+    @nn.compact
+    def __call__(self):
+        return self.fam.create_global_params(self)
+
+
+class _SkipAllReference(nn.Module):
+    """What a model with every block skipped must compute: the readout of the
+    initial state, through the same embedding, final norm and head."""
+
+    spec: ModelSpec
+
+    @nn.compact
+    def __call__(self, tokens_bt):
+        s, fam = self.spec, family_of(self.spec)
+        embed = self.param("embed", nn.initializers.zeros, (s.vocab_size, s.d_model))
+        g = _Globals(fam, name="residual")()
+        x0 = jnp.take(embed, tokens_bt, axis=0).astype(s.dtype)
+        x = fam.readout(g, fam.init_state(g, x0), RMSNorm(s, name="final_norm"))
+        head = self.param("head", nn.initializers.zeros, (s.d_model, s.vocab_size))
+        return jnp.einsum("btd,dv->btv", x.astype(s.dtype), head.astype(s.dtype)).astype(
+            jnp.float32)
+
+
+def _train_batch() -> np.ndarray:
+    """Two random period-4 sequences: memorisable and predictable in context."""
+    pattern = np.random.default_rng(0).integers(0, TINY.vocab_size, (B, 4))
+    return np.tile(pattern, (1, 3))[:, : T + 1].astype(np.int32)
+
+
+class Harness:
+    """One family: its spec, initial parameters and compiled functions."""
+
+    def __init__(self, family: str):
+        self.family = family
+        self.spec = ModelSpec.from_shape(TINY, family=family)
+        self.model = Transformer(self.spec)
+        self.tokens = jax.random.randint(jax.random.key(7), (B, T), 0, TINY.vocab_size)
+        self.init = jax.jit(self.model.init)
+        self.boxed = self.init(jax.random.key(0), self.tokens)["params"]
+        self.params = nn.unbox(self.boxed)
+        model = self.model
+        self._fwd = jax.jit(lambda p, t, active, ident: model.apply(
+            {"params": p}, t, active=active, ident=ident))
+        self.ones = jnp.ones((TINY.depth,), bool)
+        self.arange = jnp.arange(TINY.depth, dtype=jnp.int32)
+
+    def logits(self, params=None, tokens=None, active=None, ident=None):
+        return self._fwd(self.params if params is None else params,
+                         self.tokens if tokens is None else tokens,
+                         self.ones if active is None else jnp.asarray(active, bool),
+                         self.arange if ident is None else jnp.asarray(ident, jnp.int32))
+
+    @functools.cached_property
+    def default(self):
+        return self.logits()
+
+    @functools.cached_property
+    def training(self):
+        """Thirty AdamW steps on a fixed batch: (losses, first-step gradients)."""
+        model, opt = self.model, optax.adamw(1e-2, weight_decay=0.0)
+        batch = jnp.asarray(_train_batch())
+
+        def loss_fn(p):
+            return cross_entropy(model.apply({"params": p}, batch[:, :-1]), batch[:, 1:])
+
+        @jax.jit
+        def step(p, s):
+            loss, grads = jax.value_and_grad(loss_fn)(p)
+            updates, s = opt.update(grads, s, p)
+            return optax.apply_updates(p, updates), s, loss, grads
+
+        params, state, losses, first = self.params, opt.init(self.params), [], None
+        for _ in range(TRAIN_STEPS):
+            params, state, loss, grads = step(params, state)
+            losses.append(float(loss))
+            first = grads if first is None else first
+        return np.array(losses), first
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def h(request) -> Harness:
+    return Harness(request.param)
+
+
+def _max_diff(a, b) -> float:
+    return float(jnp.max(jnp.abs(jnp.asarray(a) - jnp.asarray(b))))
+
+
+# --------------------------------------------------------------- the tests
+
+
+def test_describe_and_validate(h):
+    fam = family_of(h.spec)
+    info = fam.describe()
+    assert info["name"] == h.family and info["description"] and info["reference"]
+    fam.validate(base_config())  # the defaults are valid for every family
+
+
+def test_shapes_finite_and_near_uniform_at_init(h):
+    logits = h.default
+    assert logits.shape == (B, T, TINY.vocab_size) and logits.dtype == jnp.float32
+    assert bool(jnp.all(jnp.isfinite(logits)))
+    # Std-0.02 weights: every family starts close to the uniform prediction.
+    loss = float(cross_entropy(logits[:, :-1], h.tokens[:, 1:]))
+    assert abs(loss - np.log(TINY.vocab_size)) < 0.25, loss
+
+
+def test_causal(h):
+    t = 4
+    later = h.tokens.at[:, t + 1:].set((h.tokens[:, t + 1:] + 11) % TINY.vocab_size)
+    out = h.logits(tokens=later)
+    np.testing.assert_array_equal(out[:, : t + 1], h.default[:, : t + 1])
+    assert _max_diff(out[:, t + 1:], h.default[:, t + 1:]) > 0
+
+
+def test_deterministic_init(h):
+    again = nn.unbox(h.init(jax.random.key(0), h.tokens)["params"])
+    np.testing.assert_array_equal(h.logits(again), h.default)
+    other = nn.unbox(h.init(jax.random.key(1), h.tokens)["params"])
+    assert _max_diff(h.logits(other), h.default) > 1e-4
+
+
+def test_gradients_finite(h):
+    _, grads = h.training
+    leaves = jax.tree_util.tree_leaves_with_path(grads)
+    for path, g in leaves:
+        assert bool(jnp.all(jnp.isfinite(g))), jax.tree_util.keystr(path)
+    # Every backbone matrix receives gradient (no sublayer is cut off).
+    for name in ("q", "k", "v", "o"):
+        assert float(jnp.max(jnp.abs(grads["blocks"]["attn"][name]))) > 0, name
+    for name in ("gate", "up", "down"):
+        assert float(jnp.max(jnp.abs(grads["blocks"]["mlp"][name]))) > 0, name
+
+
+def test_scan_unrolled_and_remat_agree(h):
+    """Rolled scan + remat + explicit all-True ``active`` == unrolled, no remat, default call."""
+    variant = h.spec.replace(scan_unroll=TINY.depth, remat_policy="none")
+    out = jax.jit(lambda p, t: Transformer(variant).apply({"params": p}, t))(h.params, h.tokens)
+    np.testing.assert_allclose(out, h.default, rtol=1e-5, atol=1e-5)
+
+
+def test_skip_blocks(h):
+    """A skipped block leaves the state unchanged: all skipped == readout(init_state)."""
+    L = TINY.depth
+    for b in range(L):
+        out = h.logits(active=np.arange(L) != b)
+        assert bool(jnp.all(jnp.isfinite(out))), b
+        assert _max_diff(out, h.default) > 1e-6, f"skipping block {b} changed nothing"
+    none_active = h.logits(active=np.zeros(L, bool))
+    expected = _SkipAllReference(h.spec).apply({"params": h.params}, h.tokens)
+    np.testing.assert_allclose(none_active, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_permute_blocks(h):
+    """Swapping two different blocks changes the model; swapping two identical ones does not.
+
+    Blocks are identical when they hold the same parameters *and* the same
+    identity: constants tied to identity (lns's 1/sqrt(l)) travel with the
+    block, so a copy of block 0 placed at position 1 keeps identity 0.
+    Block 0 takes part so that position-dependent structure (keel's first
+    block, mix_ln's post-LN blocks) stays with the position."""
+    swap = np.array([1, 0, 2])
+    swapped = h.logits(permute_blocks(h.params, swap), ident=swap)
+    assert bool(jnp.all(jnp.isfinite(swapped)))
+    assert _max_diff(swapped, h.default) > 1e-6
+
+    copy = np.array([0, 0, 2])  # position 1 runs a copy of block 0, identity included
+    twins = permute_blocks(h.params, copy)
+    before = h.logits(twins, ident=copy)
+    after = h.logits(permute_blocks(twins, swap), ident=copy[swap])
+    np.testing.assert_array_equal(after, before)
+    # The copy really replaced block 1.
+    assert _max_diff(before, h.default) > 1e-6
+
+
+@pytest.mark.skipif(costs is None, reason="depthbench.costs is not present")
+def test_param_count_matches_costs(h):
+    counted = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(h.params))
+    assert counted == costs.param_count(h.spec)
+
+
+def test_micro_training_lowers_loss(h):
+    losses, _ = h.training
+    assert np.all(np.isfinite(losses)), losses
+    assert losses[-1] < 0.9 * losses[0], (losses[0], losses[-1])
+
+
+# ----------------------------------------------------- sharded vs single device
+
+_SHARDED_SCRIPT = r"""
+import json, sys
+import jax, numpy as np
+from flax import linen as nn
+from jax.sharding import NamedSharding, PartitionSpec
+from depthbench import parallel
+from depthbench.model.residual import registry
+from depthbench.model.spec import ModelSpec
+from depthbench.model.transformer import Transformer
+from depthbench.shapes import Shape
+
+assert jax.device_count() == 8, jax.devices()
+shape = Shape(*json.loads(sys.argv[1]))
+mesh = parallel.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+tokens = jax.random.randint(jax.random.key(3), (4, 8), 0, shape.vocab_size)
+for name in registry.names():
+    try:
+        model = Transformer(ModelSpec.from_shape(shape, family=name))
+        boxed = jax.jit(model.init)(jax.random.key(0), tokens)["params"]
+        params = nn.unbox(boxed)
+        fwd = lambda p, t: model.apply({"params": p}, t)
+        single = np.asarray(jax.jit(fwd)(params, tokens))
+        p_sh = parallel.param_shardings(boxed, mesh)
+        t_sh = parallel.batch_sharding(mesh)
+        o_sh = NamedSharding(mesh, PartitionSpec(parallel.BATCH_AXES, None, "tensor"))
+        with jax.set_mesh(mesh), nn.logical_axis_rules(parallel.RULES):
+            run = jax.jit(fwd, in_shardings=(p_sh, t_sh), out_shardings=o_sh)
+            out = run(jax.device_put(params, p_sh), jax.device_put(tokens, t_sh))
+        res = {"family": name, "max_abs_diff": float(np.max(np.abs(np.asarray(out) - single))),
+               "sharded_leaves": sum(not s.is_fully_replicated for s in jax.tree.leaves(p_sh)),
+               "out_devices": len(out.sharding.device_set)}
+    except Exception as e:  # reported per family by the test
+        res = {"family": name, "error": f"{type(e).__name__}: {e}"[:2000]}
+    print(json.dumps(res), flush=True)
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sharded_job(request):
+    """Start the 8-device subprocess as this module starts (if its test is selected)."""
+    wanted = any(item.name == "test_sharded_matches_single_device"
+                 for item in request.session.items)
+    if not wanted:
+        yield None
+        return
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
+    shape = [TINY.depth, TINY.d_model, TINY.d_ff, TINY.n_heads, TINY.n_kv_heads,
+             TINY.vocab_size]
+    proc = subprocess.Popen([sys.executable, "-c", _SHARDED_SCRIPT, json.dumps(shape)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def test_sharded_matches_single_device(sharded_job):
+    """(data 2, fsdp 2, tensor 2) mesh with the project's logical rules == one device."""
+    start = time.monotonic()
+    try:
+        stdout, stderr = sharded_job.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        sharded_job.kill()
+        pytest.fail("sharded subprocess timed out")
+    assert sharded_job.returncode == 0, stderr[-3000:]
+    results = {r["family"]: r for r in map(json.loads, stdout.splitlines())}
+    assert sorted(results) == sorted(FAMILIES)
+    bad = {}
+    for name, r in results.items():
+        if "error" in r:
+            bad[name] = r["error"]
+        elif not (r["max_abs_diff"] < 1e-5 and r["sharded_leaves"] > 0 and r["out_devices"] == 8):
+            bad[name] = r
+    assert not bad, bad
+    print(f"sharded check waited {time.monotonic() - start:.1f}s")

@@ -7,7 +7,8 @@ and learning-rate grid; 20 tokens per parameter (32B tokens, 30518 steps of
 sharded over the chips (FSDP) instead of replicated.
 
     launch/tpu_sweep.sh --config experiments/paper_1p6b.py --workdir gs://B/1p6b \\
-        --accelerator v5p-128 -- --config.data.paths='gs://B/fineweb_edu/train_*.npy'
+        --tpu NAME --zone ZONE --accelerator v5p-128 --create --stage-data gs://B/fineweb_edu \\
+        -- --config.data.paths='/tmp/depthbench-data/train_*.npy'
 """
 
 from depthbench.config import sibling

@@ -4,8 +4,8 @@ Depths 16, 24, 32, 42, 70, 84 (aspect ratios 78 .. 6.5; spec/shapes_and_recipe.m
 paper-300m-backbone), the ten designs, the 400M recipe and learning-rate grid;
 20 tokens per backbone parameter (6B tokens, 5723 steps of 512 x 2048).
 
-    depthbench sweep --config experiments/paper_300m_backbone.py --workdir gs://B/300m-bb \\
-        --config.data.paths='gs://B/fineweb_edu/train_*.npy'
+    depthbench sweep --config experiments/paper_300m_backbone.py --workdir runs/300m-bb \\
+        --config.data.paths='/data/fineweb_edu/train_*.npy'
 """
 
 from depthbench.config import sibling

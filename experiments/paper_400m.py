@@ -11,7 +11,8 @@ The data are pre-tokenised shards (.npy, uint16, GPT-NeoX vocabulary, EOS id
 0) given on the command line; the other paper specs reuse ``paper_config``:
 
     launch/tpu_sweep.sh --config experiments/paper_400m.py --workdir gs://BUCKET/400m \\
-        -- --config.data.paths='gs://BUCKET/fineweb_edu/train_*.npy'
+        --tpu NAME --zone ZONE --stage-data gs://BUCKET/fineweb_edu \\
+        -- --config.data.paths='/tmp/depthbench-data/train_*.npy'
     depthbench sweep --config experiments/paper_400m.py --workdir runs/400m \\
         --config.data.paths='/data/fineweb_edu/*.npy' --shard 0/8
 

@@ -5,8 +5,8 @@ paper-500m (17, 26, 34), aspect ratios ~76, ~43, ~28 at every scale.  The
 400M recipe and learning-rate grid; each scale trains 20 tokens per parameter
 of its budget (4B, 6B, 10B tokens), so the step count is set per run.
 
-    depthbench sweep --config experiments/paper_multiscale.py --workdir gs://B/multiscale \\
-        --config.data.paths='gs://B/fineweb_edu/train_*.npy'
+    depthbench sweep --config experiments/paper_multiscale.py --workdir runs/multiscale \\
+        --config.data.paths='/data/fineweb_edu/train_*.npy'
 """
 
 from depthbench import shapes

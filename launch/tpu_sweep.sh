@@ -3,13 +3,16 @@
 #
 #   launch/tpu_sweep.sh --config experiments/paper_400m.py --workdir gs://BUCKET/400m \
 #       --tpu depthbench-v5p --zone us-east5-a --project my-proj --accelerator v5p-64 \
-#       --create --spot -- --config.data.paths='gs://BUCKET/fineweb_edu/train_*.npy'
+#       --create --spot --stage-data gs://BUCKET/fineweb_edu \
+#       -- --config.data.paths='/tmp/depthbench-data/train_*.npy'
 #
 # What it does, in order (with --dry-run every gcloud command is printed, none is run):
 #   1. lists the sweep's runs here (`depthbench sweep --list`; needs this checkout installed);
 #   2. --create: creates the slice unless it exists;
 #   3. --install (implied by --create): copies this checkout to every worker and installs it
 #      with JAX for TPU in a virtualenv (<remote-dir>/.venv);
+#   --stage-data: copies token shards from a bucket to the same local directory on every
+#      worker (the data pipeline reads local files; point --config.data.paths there);
 #   4. lists finished runs in the bucket (one `gcloud storage ls`) and skips them;
 #   5. for each remaining run: `depthbench sweep --run NAME --no-lock` on ALL workers at
 #      once (one multi-host job: jax.distributed.initialize() finds the slice by itself);
@@ -38,6 +41,9 @@ install:
   --install             copy this checkout to every worker and pip-install it
   --remote-dir DIR      checkout directory on the workers, relative to home (default depthbench)
   --jax SPEC            pip requirement for JAX on TPU (default 'jax[tpu]>=0.10,<0.12')
+data:
+  --stage-data URL      copy gs://... (recursively) to --stage-dir on every worker first
+  --stage-dir DIR       local directory for it (default /tmp/depthbench-data)
 sweep:
   --shard i/N           only this shard of the runs (N slices split one sweep)
   --run NAME            only these runs (repeatable; shell patterns allowed)
@@ -57,6 +63,7 @@ PROJECT="${TPU_PROJECT:-${CLOUDSDK_CORE_PROJECT:-}}"
 ACCEL="${TPU_ACCELERATOR:-}" VERSION="${TPU_VERSION:-tpu-ubuntu2204-base}"
 CREATE=0 SPOT=0 DELETE=0 INSTALL=0 DRY=0 RETRIES=3 SHARD=""
 REMOTE_DIR="depthbench" JAX_REQ='jax[tpu]>=0.10,<0.12'
+STAGE_DATA="" STAGE_DIR=/tmp/depthbench-data
 RUN_ARGS=() OVERRIDES=()
 
 while (($#)); do
@@ -74,6 +81,8 @@ while (($#)); do
     --install) INSTALL=1; shift ;;
     --remote-dir) REMOTE_DIR="${2:?--remote-dir needs a value}"; shift 2 ;;
     --jax) JAX_REQ="${2:?--jax needs a value}"; shift 2 ;;
+    --stage-data) STAGE_DATA="${2:?--stage-data needs a value}"; shift 2 ;;
+    --stage-dir) STAGE_DIR="${2:?--stage-dir needs a value}"; shift 2 ;;
     --shard) SHARD="${2:?--shard needs a value}"; shift 2 ;;
     --run) RUN_ARGS+=(--run "${2:?--run needs a value}"); shift 2 ;;
     --retries) RETRIES="${2:?--retries needs a value}"; shift 2 ;;
@@ -164,6 +173,11 @@ install() {
   ((DRY)) || rm -f "$tarball"
 }
 
+stage_data() {  # every worker gets the same local copy of the token shards
+  [[ -n "$STAGE_DATA" ]] || return 0
+  on_workers all "mkdir -p $(q "$STAGE_DIR") && gcloud storage rsync --recursive $(q "$STAGE_DATA") $(q "$STAGE_DIR")"
+}
+
 # 1. the runs of this sweep (or shard), listed here; read-only, so it also runs in a dry run
 LIST_ARGS=(sweep --config "$SPEC" --workdir "$WORKDIR" --list "${RUN_ARGS[@]}")
 [[ -z "$SHARD" ]] || LIST_ARGS+=(--shard "$SHARD")
@@ -181,6 +195,7 @@ if ((CREATE)); then
   fi
 fi
 ((INSTALL)) && install
+stage_data
 
 # 4. finished runs (result.json in the bucket) are skipped without starting a job
 FINISHED=""
@@ -205,6 +220,7 @@ recover() {  # after a failed run: 0 = retry it, 1 = the run itself failed (slic
   [[ -z "$state" ]] || run "${GCLOUD_TPU[@]}" delete "$TPU" "${WHERE[@]}" --quiet
   create_slice
   install
+  stage_data
   return 0
 }
 

@@ -24,6 +24,7 @@ from flax import linen as nn
 
 from depthbench import costs
 from depthbench.cli.families import family_rows
+from depthbench.config import ConfigError, apply_overrides, base_config, validate
 from depthbench.model.layers import MLP, Attention
 from depthbench.model.residual import attnres, hc, mhc, moda
 from depthbench.model.residual.base import Site
@@ -39,8 +40,9 @@ TINY_EPS = 1e-12  # makes RMSNorm exactly scale invariant (the known answers' pr
 
 
 def make_spec(family: str, depth: int = 3, **fields) -> ModelSpec:
-    shape = Shape(depth, SHAPE.d_model, SHAPE.d_ff, SHAPE.n_heads, SHAPE.n_kv_heads,
-                  SHAPE.vocab_size)
+    shape = Shape(
+        depth, SHAPE.d_model, SHAPE.d_ff, SHAPE.n_heads, SHAPE.n_kv_heads, SHAPE.vocab_size
+    )
     spec = ModelSpec.from_shape(shape, family=family)
     residual = dict(spec.residual)
     residual.update(fields)
@@ -53,14 +55,16 @@ def make_spec(family: str, depth: int = 3, **fields) -> ModelSpec:
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
 
-def fast_jit(fn, **jit_kw):
-    """``jax.jit`` whose first call compiles with ``FAST_COMPILE`` (same shapes after)."""
-    jitted, compiled = jax.jit(fn, **jit_kw), []
+def fast_jit(fn):
+    """``jax.jit`` that compiles with ``FAST_COMPILE``, once per argument signature."""
+    jitted, compiled = jax.jit(fn), {}
 
     def call(*args):
-        if not compiled:
-            compiled.append(jitted.lower(*args).compile(compiler_options=FAST_COMPILE))
-        return compiled[0](*args)
+        leaves, tree = jax.tree.flatten(args)
+        key = (tree, tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves))
+        if key not in compiled:
+            compiled[key] = jitted.lower(*args).compile(compiler_options=FAST_COMPILE)
+        return compiled[key](*args)
 
     return call
 
@@ -107,9 +111,16 @@ def randomise(params, name: str, seed: int, scale: float = 1.0):
     keys = iter(jax.random.split(jax.random.key(seed), 8))
 
     def walk(tree):
-        return {k: (walk(v) if isinstance(v, dict)
-                    else scale * jax.random.normal(next(keys), v.shape) if k == name else v)
-                for k, v in tree.items()}
+        return {
+            k: (
+                walk(v)
+                if isinstance(v, dict)
+                else scale * jax.random.normal(next(keys), v.shape)
+                if k == name
+                else v
+            )
+            for k, v in tree.items()
+        }
 
     out = dict(params)
     out["blocks"] = {**params["blocks"], "residual": walk(params["blocks"]["residual"])}
@@ -128,20 +139,21 @@ def pre_ln():
 
 
 def test_sinkhorn_is_doubly_stochastic():
+    run = fast_jit(lambda r, tau: sinkhorn(r, iters=20, temperature=tau))
     r = jax.random.normal(jax.random.key(0), (64, 4, 4))
-    p = sinkhorn(r, iters=20)
+    p = run(r, 1.0)
     assert p.dtype == jnp.float32
     assert float(jnp.min(p)) >= 0.0
     np.testing.assert_allclose(jnp.sum(p, axis=-1), 1.0, atol=1e-5)
     np.testing.assert_allclose(jnp.sum(p, axis=-2), 1.0, atol=1e-5)
+    # Temperature divides the logits.
+    np.testing.assert_allclose(run(2 * r, 2.0), p, atol=1e-6)
     # n = 1 is exactly 1, whatever the logit; bf16 logits still give fp32 output.
-    assert float(sinkhorn(jnp.full((1, 1), 3.7, jnp.bfloat16), 20)[0, 0]) == 1.0
+    assert float(run(jnp.full((1, 1), 3.7, jnp.bfloat16), 1.0)[0, 0]) == 1.0
     # mHC's initial B_res (0 on, -8 off the diagonal) gives nearly the identity.
-    p0 = sinkhorn(jnp.where(jnp.eye(4, dtype=bool), 0.0, -8.0), 20)
+    p0 = run(jnp.where(jnp.eye(4, dtype=bool), 0.0, -8.0), 1.0)
     off = math.exp(-8) / (1 + 3 * math.exp(-8))
     np.testing.assert_allclose(p0, jnp.where(jnp.eye(4, dtype=bool), 1 - 3 * off, off), rtol=1e-4)
-    # Temperature divides the logits.
-    np.testing.assert_allclose(sinkhorn(2 * r, 20, temperature=2.0), p, atol=1e-6)
 
 
 # ------------------------------------------------------------ init == pre_ln
@@ -157,8 +169,9 @@ def test_hc_at_init_is_pre_ln(pre_ln):
     # sum_then_norm: N_out(n x) = N_out(x) when the norm is scale invariant.
     spec = make_spec("hc", readout="sum_then_norm").replace(norm_eps=TINY_EPS)
     out = logits(spec, params)
-    np.testing.assert_allclose(out, logits(pspec.replace(norm_eps=TINY_EPS), pparams),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        out, logits(pspec.replace(norm_eps=TINY_EPS), pparams), rtol=1e-5, atol=1e-6
+    )
     # hc_n = 2 keeps the answer (a different A0, 2 streams).
     spec2 = make_spec("hc", hc_n=2)
     params2 = with_backbone(init_params(spec2), pparams)
@@ -177,13 +190,16 @@ def test_mhc_at_init_is_nearly_pre_ln(pre_ln):
     assert err < 1e-4, err
 
 
-@pytest.mark.parametrize("family,fields", [
-    ("attnres_full", {}),
-    ("attnres_block", {}),  # default: 8 blocks -> S = ceil(6 / 8) = 1
-    ("attnres_block", {"attnres_block_size": 2}),
-    ("attnres_block", {"attnres_block_size": 4}),  # blocks of 4 and 2 (remainder)
-    ("attnres_block", {"attnres_block_size": 7}),  # one block holds every sublayer
-])
+@pytest.mark.parametrize(
+    "family,fields",
+    [
+        ("attnres_full", {}),
+        ("attnres_block", {}),  # default: 8 blocks -> S = ceil(6 / 8) = 1
+        ("attnres_block", {"attnres_block_size": 2}),
+        ("attnres_block", {"attnres_block_size": 4}),  # blocks of 4 and 2 (remainder)
+        ("attnres_block", {"attnres_block_size": 7}),  # one block holds every sublayer
+    ],
+)
 def test_attnres_at_init_is_pre_ln(pre_ln, family, fields):
     pspec, pparams = pre_ln
     spec = make_spec(family, **fields).replace(norm_eps=TINY_EPS)
@@ -196,23 +212,29 @@ def test_attnres_at_init_is_pre_ln(pre_ln, family, fields):
 
 
 def test_depth_mix_zero_query_is_uniform_average_and_matches_numpy():
+    depth_mix = fast_jit(functools.partial(attnres.depth_mix, eps=1e-6))
     k = jax.random.split(jax.random.key(3), 3)
     bank = jax.random.normal(k[0], (5, 2, 3, 16))
     valid = jnp.array([True, True, True, False, False])
-    out = attnres.depth_mix(bank, valid, jnp.zeros(16), jnp.ones(16), 1e-6)
+    out = depth_mix(bank, valid, jnp.zeros(16), jnp.ones(16))
     np.testing.assert_allclose(out, jnp.mean(bank[:3], axis=0), rtol=1e-6, atol=1e-6)
     q, w = jax.random.normal(k[1], (16,)), 1 + 0.1 * jax.random.normal(k[2], (16,))
     v = np.asarray(bank, np.float64)[:3]
-    logit = np.einsum("mbtd,d->mbt", v / np.sqrt(np.mean(v**2, -1, keepdims=True) + 1e-6),
-                      np.asarray(q * w, np.float64))
+    logit = np.einsum(
+        "mbtd,d->mbt",
+        v / np.sqrt(np.mean(v**2, -1, keepdims=True) + 1e-6),
+        np.asarray(q * w, np.float64),
+    )
     p = np.exp(logit - logit.max(0)) / np.exp(logit - logit.max(0)).sum(0)
-    np.testing.assert_allclose(attnres.depth_mix(bank, valid, q, w, 1e-6),
-                               np.einsum("mbt,mbtd->btd", p, v), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        depth_mix(bank, valid, q, w), np.einsum("mbt,mbtd->btd", p, v), rtol=1e-5, atol=1e-6
+    )
     # bf16 sources are mixed in fp32: the same as mixing their fp32 values.
     b16 = bank.astype(jnp.bfloat16)
-    np.testing.assert_array_equal(attnres.depth_mix(b16, valid, q, w, 1e-6),
-                                  attnres.depth_mix(b16.astype(jnp.float32), valid, q, w,
-                                                    1e-6).astype(jnp.bfloat16))
+    np.testing.assert_array_equal(
+        depth_mix(b16, valid, q, w),
+        depth_mix(b16.astype(jnp.float32), valid, q, w).astype(jnp.bfloat16),
+    )
 
 
 def _rms_norm(x, w, eps):
@@ -234,8 +256,7 @@ def _attnres_by_hand(spec: ModelSpec, params, block_size: int):
 
     def mix(sources, q, w):
         v = jnp.stack(sources)
-        logit = jnp.einsum("mbtd,d->mbt", v, q * w) * jax.lax.rsqrt(
-            jnp.mean(v * v, -1) + eps)
+        logit = jnp.einsum("mbtd,d->mbt", v, q * w) * jax.lax.rsqrt(jnp.mean(v * v, -1) + eps)
         return jnp.einsum("mbt,mbtd->btd", jax.nn.softmax(logit, axis=0), v)
 
     bank, partial = [params["embed"][TOKENS]], None
@@ -245,8 +266,11 @@ def _attnres_by_hand(spec: ModelSpec, params, block_size: int):
         if j >= 1 and j % block_size == 0:
             bank, partial = bank + [partial], None
         sources = bank + ([] if partial is None else [partial])
-        h = bank[0] if j == 0 else mix(sources, blk["residual"]["query"][sub],
-                                       blk["residual"]["key_norm"][sub])
+        h = (
+            bank[0]
+            if j == 0
+            else mix(sources, blk["residual"]["query"][sub], blk["residual"]["key_norm"][sub])
+        )
         norm = blk["attn_norm" if sub == 0 else "mlp_norm"]
         x_in = _rms_norm(h, norm, eps)
         if sub == 0:
@@ -260,17 +284,19 @@ def _attnres_by_hand(spec: ModelSpec, params, block_size: int):
     return _rms_norm(x, params["final_norm"]["scale"], eps) @ params["head"]
 
 
-@pytest.mark.parametrize("family,fields,block_size", [
-    ("attnres_full", {}, 1),
-    ("attnres_block", {"attnres_block_size": 2}, 2),
-    ("attnres_block", {"attnres_block_size": 4}, 4),
-])
+@pytest.mark.parametrize(
+    "family,fields,block_size",
+    [
+        ("attnres_full", {}, 1),
+        ("attnres_block", {"attnres_block_size": 2}, 2),
+        ("attnres_block", {"attnres_block_size": 4}, 4),
+    ],
+)
 def test_attnres_equals_a_loop_over_sources(family, fields, block_size):
     spec = make_spec(family, **fields)
     params = randomise(randomise(init_params(make_spec(family)), "query", 7, 2.0), "key_norm", 8)
     out = logits(spec, params)
-    np.testing.assert_allclose(out, attnres_by_hand(spec, block_size)(params), rtol=1e-4,
-                               atol=1e-5)
+    np.testing.assert_allclose(out, attnres_by_hand(spec, block_size)(params), rtol=1e-4, atol=1e-5)
     # The queries matter: the uniform-average model gives other logits.
     uniform = init_params(make_spec(family))
     assert rel_err(logits(spec, with_backbone(uniform, params)), out) > 1e-3
@@ -299,11 +325,14 @@ def test_attnres_last_depth_state_is_the_readout_mix():
 # ---------------------------------------------------------------------- skip
 
 
-@pytest.mark.parametrize("family,fields", [
-    ("attnres_full", {}),
-    ("attnres_block", {"attnres_block_size": 2}),
-    ("moda", {}),
-])
+@pytest.mark.parametrize(
+    "family,fields",
+    [
+        ("attnres_full", {}),
+        ("attnres_block", {"attnres_block_size": 2}),
+        ("moda", {}),
+    ],
+)
 def test_skipped_block_is_a_removed_block(family, fields):
     """Depth 3 with block 1 skipped == the depth-2 model of blocks 0 and 2: attnres
     adds no source (the bank fills in execution order), moda writes no depth keys."""
@@ -320,31 +349,58 @@ def test_skipped_block_is_a_removed_block(family, fields):
 def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
     spec = make_spec("moda")
     fam, b, t = family_of(spec), 2, 8
-    k = jax.random.split(jax.random.key(4), 4)
+    k = jax.random.split(jax.random.key(4), 5)
     x0 = jax.random.normal(k[0], (b, t, spec.d_model))
-    state = fam.init_state({}, x0)
-    kv = jax.random.normal(k[1], (2, b, t, spec.n_kv_heads, spec.head_dim))
-    y = jax.random.normal(k[2], (b, t, spec.d_model))
-    site = Site(0, jnp.int32(1), jnp.int32(1))
-    off = fam.write({}, state, y, site, {"kv": (kv[0], kv[1])}, jnp.bool_(False))
-    jax.tree.map(np.testing.assert_array_equal, off, state)
-    on = fam.write({}, state, y, site, {"kv": (kv[0], kv[1])}, jnp.bool_(True))
-    assert np.asarray(on["valid"]).tolist() == [False, False, True, False]
-    np.testing.assert_array_equal(on["k"][:, :, 2], kv[0])
-    # The last block's MLP (slot 2L-1 >= M) writes nothing even when active.
+    y = jax.random.normal(k[1], (b, t, spec.d_model))
+    kv = jax.random.normal(k[2], (2, b, t, spec.n_kv_heads, spec.head_dim))
     x_in = jax.random.normal(k[3], (b, t, spec.d_model))
-    p = {"depth_kv": jnp.ones((spec.d_model, 2, spec.n_kv_heads, spec.head_dim))}
-    last = fam.write(p, state, y, Site(1, jnp.int32(2), jnp.int32(2)), {"x_in": x_in},
-                     jnp.bool_(True))
-    assert not bool(jnp.any(last["valid"])) and not bool(jnp.any(last["k"]))
+    p = {"depth_kv": jax.random.normal(k[4], (spec.d_model, 2, spec.n_kv_heads, spec.head_dim))}
+
+    @fast_jit
+    def moda_writes(active):
+        state = fam.init_state({}, x0)
+        attn = fam.write(
+            p, state, y, Site(0, jnp.int32(1), jnp.int32(1)), {"kv": (kv[0], kv[1])}, active
+        )
+        mlp = fam.write(p, state, y, Site(1, jnp.int32(1), jnp.int32(1)), {"x_in": x_in}, active)
+        # The last block's MLP (slot 2L - 1 >= M = 2L - 2) writes nothing even when active.
+        last = fam.write(p, state, y, Site(1, jnp.int32(2), jnp.int32(2)), {"x_in": x_in}, active)
+        return state, attn, mlp, last
+
+    state, *off = moda_writes(jnp.bool_(False))
+    for out in off:
+        jax.tree.map(np.testing.assert_array_equal, out, state)
+    state, attn, mlp, last = moda_writes(jnp.bool_(True))
+    assert np.asarray(attn["valid"]).tolist() == [False, False, True, False]
+    np.testing.assert_array_equal(attn["k"][:, :, 2], kv[0])
+    np.testing.assert_array_equal(attn["v"][:, :, 2], kv[1])
+    assert np.asarray(mlp["valid"]).tolist() == [False, False, False, True]
+    np.testing.assert_allclose(
+        mlp["v"][:, :, 3],
+        jnp.einsum("btd,dkh->btkh", x_in, p["depth_kv"][:, 1]),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    np.testing.assert_array_equal(attn["x"], x0 + y)
+    jax.tree.map(np.testing.assert_array_equal, {**last, "x": x0}, state)
 
     afam = family_of(make_spec("attnres_block", attnres_block_size=2))
-    astate = afam.init_state({}, x0)
-    a_off = afam.write({}, astate, y, Site(1, jnp.int32(0), jnp.int32(0)), {}, jnp.bool_(False))
-    jax.tree.map(np.testing.assert_array_equal, a_off, astate)
-    a_on = afam.write({}, astate, y, Site(1, jnp.int32(0), jnp.int32(0)), {}, jnp.bool_(True))
-    assert int(a_on["count"]) == 1
-    np.testing.assert_array_equal(a_on["bank"][1], y)
+
+    @fast_jit
+    def attnres_writes(active):
+        state = afam.init_state({}, x0)
+        first = afam.write({}, state, y, Site(0, jnp.int32(0), jnp.int32(0)), {}, active)
+        second = afam.write({}, first, 2 * y, Site(1, jnp.int32(0), jnp.int32(0)), {}, active)
+        third = afam.write({}, second, 3 * y, Site(0, jnp.int32(1), jnp.int32(1)), {}, active)
+        return state, third
+
+    state, off = attnres_writes(jnp.bool_(False))
+    jax.tree.map(np.testing.assert_array_equal, off, state)
+    _, on = attnres_writes(jnp.bool_(True))
+    assert int(on["count"]) == 3
+    np.testing.assert_allclose(on["bank"][1], 3 * y, rtol=1e-6)  # block 0: y + 2y
+    np.testing.assert_allclose(on["bank"][2], 3 * y, rtol=1e-6)  # block 1's partial: 3y
+    assert not np.any(on["bank"][3])
 
 
 # ---------------------------------------------------------------------- moda
@@ -454,11 +510,11 @@ def test_hc_mhc_output_projections_are_scaled_and_coefficients_fp32():
     p0 = jax.tree.map(lambda a: a[0], params["residual"])
     p0 = {**p0, "W_a": jax.random.normal(jax.random.key(0), p0["W_a"].shape)}
     h16 = jax.random.normal(jax.random.key(1), (4, 2, 3, spec.d_model)).astype(jnp.bfloat16)
-    a, beta = family_of(spec).coefficients(p0, h16, 0)
+    a, beta = fast_jit(lambda p, h: family_of(spec).coefficients(p, h, 0))(p0, h16)
     assert a.dtype == beta.dtype == jnp.float32
     mspec = make_spec("mhc")
     m0 = jax.tree.map(lambda a: a[0], init_params(mspec)["blocks"]["residual"])
-    pre, post, p = family_of(mspec).coefficients(m0, h16, 1)
+    pre, post, p = fast_jit(lambda p, h: family_of(mspec).coefficients(p, h, 1))(m0, h16)
     assert pre.dtype == post.dtype == p.dtype == jnp.float32
     np.testing.assert_allclose(jnp.sum(p, axis=0), 1.0, atol=1e-5)  # columns of P[s, t]
 
@@ -507,7 +563,8 @@ def test_param_counts_match_costs_and_families_table(family):
     shape = Shape(2, 64, 176, 16, 16, 50280)
     spec = ModelSpec.from_shape(shape, family=family)
     assert row["extra_block_params"] * 2 + row["extra_global_params"] == (
-        count(spec) - count(spec.replace(family="pre_ln")))
+        count(spec) - count(spec.replace(family="pre_ln"))
+    )
 
 
 def test_documented_overheads_and_state_sizes():
@@ -530,19 +587,46 @@ def test_documented_overheads_and_state_sizes():
 def test_no_decay_leaves_and_logical_axes():
     for name in ROUTING:
         spec = make_spec(name)
-        boxed = jax.eval_shape(lambda k, s=spec: Transformer(s).init(k, TOKENS),
-                               jax.random.key(0))["params"]
-        leaves = {path[-1].key for path, _ in jax.tree_util.tree_flatten_with_path(
-            nn.unbox(boxed))[0]}
+        boxed = jax.eval_shape(lambda k, s=spec: Transformer(s).init(k, TOKENS), jax.random.key(0))[
+            "params"
+        ]
+        leaves = {
+            path[-1].key for path, _ in jax.tree_util.tree_flatten_with_path(nn.unbox(boxed))[0]
+        }
         assert family_of(spec).no_decay <= leaves, name
         specs = nn.get_partition_spec(boxed)["blocks"]["residual"]
         for leaf, axes in jax.tree_util.tree_flatten_with_path(
-                specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))[0]:
+            specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
+        )[0]:
             assert tuple(axes)[0] == "layers", (name, leaf)
-    specs = nn.get_partition_spec(jax.eval_shape(
-        lambda k: Transformer(make_spec("mhc")).init(k, TOKENS), jax.random.key(0))["params"])
-    assert tuple(specs["blocks"]["residual"]["phi"]) == ("layers", None, "streams", "embed",
-                                                          "routing")
+    specs = nn.get_partition_spec(
+        jax.eval_shape(lambda k: Transformer(make_spec("mhc")).init(k, TOKENS), jax.random.key(0))[
+            "params"
+        ]
+    )
+    assert tuple(specs["blocks"]["residual"]["phi"]) == (
+        "layers",
+        None,
+        "streams",
+        "embed",
+        "routing",
+    )
     assert hc.HC.no_decay == {"A0", "beta0"}
     assert mhc.MHC.no_decay == {"b_pre", "b_post", "B_res"}
     assert moda.MoDA(make_spec("moda")).n_slots == 4
+
+
+@pytest.mark.parametrize(
+    "family,override,field",
+    [
+        ("mhc", {"model.residual.mhc_bias": -1.0}, "mhc_bias"),
+        ("hc", {"model.residual.hc_n": 100}, "hc_n"),
+        ("hc", {"model.residual.hc_scale_init": float("nan")}, "hc_scale_init"),
+        ("attnres_block", {"model.residual.attnres_block_size": -2}, "attnres_block_size"),
+    ],
+)
+def test_validate_names_the_bad_field(family, override, field):
+    config = apply_overrides(base_config(), {"model.family": family, **override})
+    with pytest.raises(ConfigError, match=rf"config\.model\.residual\.{field}:"):
+        validate(config)
+    validate(apply_overrides(base_config(), {"model.family": family}))

@@ -8,6 +8,10 @@ permutation), one training step (gradients and the micro training run) and
 one unrolled, remat-free forward.  The sharded check runs every family in
 one subprocess with a fake 8-device CPU mesh, started when this module starts
 so that it overlaps the single-device tests.
+
+Everything is compiled at XLA's backend optimisation level 0 (:data:`FAST`):
+these tests check the models' math, not LLVM's code generation, and it
+halves the compile time that dominates this file.
 """
 
 from __future__ import annotations
@@ -42,6 +46,13 @@ TINY = Shape(depth=3, d_model=32, d_ff=rule_d_ff(32), n_heads=4, n_kv_heads=4, v
 B, T = 2, 8
 FAMILIES = registry.names()
 TRAIN_STEPS = 30
+FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+FAST_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def compile_fast(fn, *example_args):
+    """``jax.jit(fn)`` compiled for ``example_args``' shapes with :data:`FAST` options."""
+    return jax.jit(fn).lower(*example_args).compile(FAST)
 
 
 # --------------------------------------------------------------- per family
@@ -89,14 +100,14 @@ class Harness:
         self.spec = ModelSpec.from_shape(TINY, family=family)
         self.model = Transformer(self.spec)
         self.tokens = jax.random.randint(jax.random.key(7), (B, T), 0, TINY.vocab_size)
-        self.init = jax.jit(self.model.init)
-        self.boxed = self.init(jax.random.key(0), self.tokens)["params"]
-        self.params = nn.unbox(self.boxed)
-        model = self.model
-        self._fwd = jax.jit(lambda p, t, active, ident: model.apply(
-            {"params": p}, t, active=active, ident=ident))
+        self.init = compile_fast(self.model.init, jax.random.key(0), self.tokens)
+        self.params = nn.unbox(self.init(jax.random.key(0), self.tokens)["params"])
         self.ones = jnp.ones((TINY.depth,), bool)
         self.arange = jnp.arange(TINY.depth, dtype=jnp.int32)
+        model = self.model
+        self._fwd = compile_fast(
+            lambda p, t, active, ident: model.apply({"params": p}, t, active=active, ident=ident),
+            self.params, self.tokens, self.ones, self.arange)
 
     def logits(self, params=None, tokens=None, active=None, ident=None):
         return self._fwd(self.params if params is None else params,
@@ -117,13 +128,13 @@ class Harness:
         def loss_fn(p):
             return cross_entropy(model.apply({"params": p}, batch[:, :-1]), batch[:, 1:])
 
-        @jax.jit
-        def step(p, s):
+        def train_step(p, s):
             loss, grads = jax.value_and_grad(loss_fn)(p)
             updates, s = opt.update(grads, s, p)
             return optax.apply_updates(p, updates), s, loss, grads
 
         params, state, losses, first = self.params, opt.init(self.params), [], None
+        step = compile_fast(train_step, params, state)
         for _ in range(TRAIN_STEPS):
             params, state, loss, grads = step(params, state)
             losses.append(float(loss))
@@ -189,7 +200,9 @@ def test_gradients_finite(h):
 def test_scan_unrolled_and_remat_agree(h):
     """Rolled scan + remat + explicit all-True ``active`` == unrolled, no remat, default call."""
     variant = h.spec.replace(scan_unroll=TINY.depth, remat_policy="none")
-    out = jax.jit(lambda p, t: Transformer(variant).apply({"params": p}, t))(h.params, h.tokens)
+    model = Transformer(variant)
+    out = compile_fast(lambda p, t: model.apply({"params": p}, t), h.params, h.tokens)(
+        h.params, h.tokens)
     np.testing.assert_allclose(out, h.default, rtol=1e-5, atol=1e-5)
 
 
@@ -286,8 +299,8 @@ def sharded_job(request):
     if not wanted:
         yield None
         return
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {FAST_FLAGS}")
     shape = [TINY.depth, TINY.d_model, TINY.d_ff, TINY.n_heads, TINY.n_kv_heads,
              TINY.vocab_size]
     proc = subprocess.Popen([sys.executable, "-c", _SHARDED_SCRIPT, json.dumps(shape)],

@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 _DPI = 120
+REFERENCE_ALPHA = 0.65  # published curves are drawn lighter than measured ones
 
 
 def _colors(names: Sequence[str]) -> dict[str, tuple]:
@@ -85,10 +86,13 @@ def loss_vs_aspect(summary: dict, references: dict, path: str | epath.Path) -> b
             ax.plot([best.aspect_ratio], [best.loss], "*", color=color[fr.family], ms=16,
                     mec="black", mew=0.8, zorder=5)
         refs = references.get(suite, [])
+        measured = {fr.family for fr in summary[suite]
+                    if any(c.loss is not None for c in fr.cells)}
         for family in dict.fromkeys(p.family for p in refs):
             pts = sorted((p.aspect_ratio, p.val_loss) for p in refs if p.family == family)
             ax.plot([a for a, _ in pts], [v for _, v in pts], "x--", color=color[family],
-                    alpha=0.65, lw=1.0, ms=5)
+                    alpha=REFERENCE_ALPHA, lw=1.0, ms=5,
+                    label=None if family in measured else f"{family} (published only)")
             ars += [a for a, _ in pts]
             depths += [p.depth for p in sorted(refs, key=lambda p: p.aspect_ratio)
                        if p.family == family]

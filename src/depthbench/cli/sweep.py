@@ -22,7 +22,7 @@ examples:
   depthbench sweep --config experiments/quickstart.py --workdir runs/qs --dry-run
   depthbench sweep --config experiments/micro_all.py --workdir runs/micro --shard 1/4
   depthbench sweep --config experiments/paper_400m.py --workdir gs://BUCKET/400m \\
-      --run hc-L32-lr2e-03 --no-lock --config.data.paths='gs://BUCKET/tok/*.npy'
+      --run hc-L32-lr2e-03 --no-lock --config.data.paths='/data/tok/train_*.npy'
 
 Runs are subdirectories named from their overrides (family, suite, L<depth>,
 lr<lr>, ...); DIR/results.csv has one row per run and is rewritten after each.
@@ -35,7 +35,10 @@ a lock per run (DIR/RUN/sweep.lock) keeps two processes from training the
 same run; a run locked by another process is skipped and looked at again at
 the end.  A multi-host job (TPU slice, SLURM nodes) trains ONE run with
 every process: give each process the same `--run NAME --no-lock` command
-(launch/tpu_sweep.sh and launch/gpu_sweep.sh do); process 0 writes the files.
+(launch/tpu_sweep.sh and launch/gpu_sweep.sh do; locks are also dropped when
+the environment shows several processes); process 0 writes the files.
+Locks need a POSIX filesystem (local disk, NFS); on gs:// split work with
+--shard or --run instead.
 
 --config.section.field=value overrides apply to every run; a field that the
 sweep varies cannot be overridden (select runs with --run instead).

@@ -30,6 +30,22 @@ def cache_root(cache_dir: str = "") -> Path:
     return Path(root).expanduser().resolve()
 
 
+@contextlib.contextmanager
+def exclusive(root: str | Path) -> Iterator[None]:
+    """Hold the cache root's lock: concurrent ``prepare`` calls (pytest workers,
+    the processes of one host) build each entry once instead of racing."""
+    import fcntl  # POSIX only; the cache is too
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def digest(*parts: Any, length: int = 16) -> str:
     """A short, stable hex digest of JSON-able parts (a cache key)."""
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)

@@ -91,12 +91,13 @@ def prepare(config, *, progress: bool = True) -> Prepared:
             f"{given.vocab_size}"
         )
     eos_id = d.eos_id if d.eos_id >= 0 else (given.eos_id if given is not None else -1)
-    corpus = corpora.from_config(config, root, eos_id=eos_id, log=log)
     t0 = time.perf_counter()
-    if corpus.kind == "text":
-        entry, ids = _prepare_text(config, corpus, given, root, log, progress)
-    else:
-        entry, ids = _prepare_shards(config, corpus, given, root, log, progress)
+    with cache.exclusive(root):
+        corpus = corpora.from_config(config, root, eos_id=eos_id, log=log)
+        if corpus.kind == "text":
+            entry, ids = _prepare_text(config, corpus, given, root, log, progress)
+        else:
+            entry, ids = _prepare_shards(config, corpus, given, root, log, progress)
     meta = _cached_meta(entry)
     prepared = Prepared(
         corpus=corpus.name,

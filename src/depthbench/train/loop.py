@@ -39,6 +39,7 @@ from depthbench.config import ConfigError
 from depthbench.model.spec import ModelSpec
 from depthbench.train import state as state_lib
 from depthbench.train import step as step_lib
+from depthbench.train import summary as summary_lib
 from depthbench.train.checkpoint import Checkpoints
 from depthbench.train.metrics import MetricsWriter
 
@@ -185,7 +186,7 @@ def _compiled(config) -> tuple:
 # ------------------------------------------------------------------ the run
 
 
-def _finite(x: float) -> bool:
+def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
 
 
@@ -215,10 +216,10 @@ def run(config, workdir: str | Path, *, progress: bool = True) -> dict:
     """Train ``config`` in ``workdir`` (resuming if it holds a checkpoint).
 
     Returns the ``result.json`` dict with ``status`` "finished" or "diverged",
-    or ``{"status": "preempted", "step": N, ...}`` after SIGTERM/SIGINT (no
-    ``result.json`` is written then).  A run that already ended in ``workdir``
-    is returned as recorded, with ``already_done: True``.  Bad input raises
-    :class:`~depthbench.config.ConfigError`.
+    or ``{"status": "preempted", "step": N, "message": ...}`` after
+    SIGTERM/SIGINT (no ``result.json`` is written then).  A run that already
+    ended in ``workdir`` is returned as recorded, with ``already_done: True``.
+    Bad input raises :class:`~depthbench.config.ConfigError`.
     """
     wall_start = time.time()
     workdir = Path(workdir).expanduser().resolve()
@@ -226,217 +227,172 @@ def run(config, workdir: str | Path, *, progress: bool = True) -> dict:
     done = check_workdir(config, workdir)
     if done is not None:
         return {**done, "already_done": True}
-    main = jax.process_index() == 0
-    t = config.train
+    preempt = Preemption()
+    # Installed before start-up: a signal during data preparation or
+    # compilation stops the run at its first step boundary.
+    with preempt.installed():
+        session = _Session(config, workdir, progress, wall_start)
+        try:
+            session.train(preempt)
+        finally:
+            session.close()
+    return session.outcome()
 
-    mesh = parallel.mesh_from_config(config)
-    parallel.check_batch(mesh, int(t.batch_size), int(t.microbatches))
-    spec = ModelSpec.from_config(config)
-    prepared = data.prepare(config, progress=progress and main)
-    if prepared.vocab_size > spec.vocab_size:
-        raise ConfigError(f"config.model.vocab_size: {spec.vocab_size} is smaller than the "
-                          f"tokenizer's {prepared.vocab_size} pieces")
-    s, init_fn, train_fn, eval_fn, stats_fn = _compiled(config)
-    mesh = s.mesh
-    n_params = state_lib.param_count(s.abstract_state.params)
-    flops_per_token = float(costs.train_flops_per_token(spec, int(t.seq_len)))
-    device_kind = mesh.devices.flat[0].device_kind
-    shape = spec.shape
 
-    if main:
-        workdir.mkdir(parents=True, exist_ok=True)
-        if not (workdir / CONFIG_FILE).exists():
-            resolved = {"shape": shape.as_dict(), "params": n_params,
-                        "flops_per_token": flops_per_token, "tokenizer": prepared.as_dict(),
-                        "mesh": parallel.describe(mesh)}
-            atomic_write_json(workdir / CONFIG_FILE, {**config.to_dict(), "resolved": resolved})
+class _Session:
+    """One process's part of a run: start-up (data, compiled functions, state),
+    the step loop, and the outcome."""
 
-    ckpt = Checkpoints(workdir / CHECKPOINT_DIR, int(t.keep_checkpoints))
-    it = data.train_iterator(config, prepared)
-    latest = ckpt.latest_step()
-    if latest is None:
-        st, meta = state_lib.init_state(s, int(t.seed), init_fn), {}
-    else:
-        st, meta = ckpt.restore(latest, s.abstract_state, data.checkpoint_restore_arg(it))
-    start = int(jax.device_get(st.step))
-    val = [parallel.host_batch_to_global(b, mesh) for b in data.val_batches(config, prepared)]
-    writer = MetricsWriter(workdir, start, enabled=main)
-    if main and start:
-        print(f"resuming {workdir} from step {start}", file=sys.stderr, flush=True)
+    def __init__(self, config, workdir: Path, progress: bool, wall_start: float):
+        self.config, self.workdir, self.wall_start = config, workdir, wall_start
+        self.main = jax.process_index() == 0
+        t = config.train
+        parallel.check_batch(parallel.mesh_from_config(config), int(t.batch_size),
+                             int(t.microbatches))
+        self.spec = spec = ModelSpec.from_config(config)
+        prepared = data.prepare(config, progress=progress and self.main)
+        if prepared.vocab_size > spec.vocab_size:
+            raise ConfigError(f"config.model.vocab_size: {spec.vocab_size} is smaller than the "
+                              f"tokenizer's {prepared.vocab_size} pieces")
+        s, init_fn, self.train_fn, self.eval_fn, self.stats_fn = _compiled(config)
+        self.mesh = s.mesh
+        self.n_params = state_lib.param_count(s.abstract_state.params)
+        self.flops_per_token = float(costs.train_flops_per_token(spec, int(t.seq_len)))
+        self.device_kind = self.mesh.devices.flat[0].device_kind
+        self.steps = int(t.steps)
+        self.tokens_per_step = int(t.batch_size) * int(t.seq_len)
+        if self.main:
+            workdir.mkdir(parents=True, exist_ok=True)
+            if not (workdir / CONFIG_FILE).exists():
+                resolved = {"shape": spec.shape.as_dict(), "params": self.n_params,
+                            "flops_per_token": self.flops_per_token,
+                            "tokenizer": prepared.as_dict(), "mesh": parallel.describe(self.mesh)}
+                atomic_write_json(workdir / CONFIG_FILE,
+                                  {**config.to_dict(), "resolved": resolved})
 
-    steps, tokens_per_step = int(t.steps), int(t.batch_size) * int(t.seq_len)
-    clock = _Clock(float(meta.get("train_seconds", 0.0)), int(meta.get("timed_tokens", 0)))
-    wall_before = float(meta.get("wall_seconds", 0.0))
+        self.ckpt = Checkpoints(workdir / CHECKPOINT_DIR, int(t.keep_checkpoints))
+        self.it = data.train_iterator(config, prepared)
+        latest = self.ckpt.latest_step()
+        if latest is None:
+            self.state, meta = state_lib.init_state(s, int(t.seed), init_fn), {}
+        else:
+            self.state, meta = self.ckpt.restore(latest, s.abstract_state,
+                                                 data.checkpoint_restore_arg(self.it))
+        self.start = self.step = int(jax.device_get(self.state.step))
+        self.val = [parallel.host_batch_to_global(b, self.mesh)
+                    for b in data.val_batches(config, prepared)]
+        self.writer = MetricsWriter(workdir, self.start, enabled=self.main)
+        self.clock = _Clock(float(meta.get("train_seconds", 0.0)),
+                            int(meta.get("timed_tokens", 0)))
+        self.wall_before = float(meta.get("wall_seconds", 0.0))
+        self.status, self.diverged_at, self.val_loss, self.last_loss = "finished", None, None, None
+        self.bar = summary_lib.progress_bar(progress and self.main, self.start, self.steps, spec)
+        if self.main and self.start:
+            self.bar.write(f"resuming {workdir} from step {self.start}")
 
-    def evaluate(params) -> float:
-        losses = [eval_fn(params, b) for b in val]
+    # ------------------------------------------------------------ pieces
+    def evaluate(self) -> float:
+        losses = [self.eval_fn(self.state.params, b) for b in self.val]
         return float(np.mean(jax.device_get(losses)))
 
-    def save(step_now: int) -> None:
-        meta_now = {"train_seconds": clock.seconds, "timed_tokens": clock.tokens,
-                    "wall_seconds": wall_before + time.time() - wall_start}
-        ckpt.save(step_now, st, data.checkpoint_save_arg(it), meta_now)
+    def wall_seconds(self) -> float:
+        return self.wall_before + time.time() - self.wall_start
 
-    def mfu_of(rate: float | None) -> float | None:
+    def save(self) -> None:
+        meta = {"train_seconds": self.clock.seconds, "timed_tokens": self.clock.tokens,
+                "wall_seconds": self.wall_seconds()}
+        self.ckpt.save(self.step, self.state, data.checkpoint_save_arg(self.it), meta)
+
+    def mfu(self, rate: float | None) -> float | None:
         if rate is None:
             return None
-        return costs.mfu(rate * flops_per_token, device_kind, mesh.size)
+        return costs.mfu(rate * self.flops_per_token, self.device_kind, self.mesh.size)
 
-    step, status, diverged_at, val_loss, last_loss = start, "finished", None, None, None
-    bar = _progress_bar(progress and main, start, steps, spec)
-    preempt = Preemption()
-    try:
-        with preempt.installed():
-            first = True
-            while step < steps:
-                if parallel.sync_flag(preempt.received is not None):
-                    if step > 0:
-                        save(step)  # a no-op if this step is already checkpointed
-                    status = "preempted"
-                    break
-                t0 = time.perf_counter()
-                batch = parallel.host_batch_to_global(next(it), mesh)
-                st, m = train_fn(st, batch)
-                loss, grad_norm, lr = (float(x) for x in jax.device_get(
-                    (m["loss"], m["grad_norm"], m["lr"])))
-                if not first:
-                    clock.add(time.perf_counter() - t0, tokens_per_step)
-                first = False
-                step += 1
-                last_loss = loss
-                bar.update(1)
-                bad = not (_finite(loss) and _finite(grad_norm)) or loss > float(t.max_loss)
-                eval_now = step % int(t.eval_every) == 0 or step == steps
-                if bad or eval_now or step % int(t.log_every) == 0:
-                    row = {"loss": loss, "lr": lr, "grad_norm": grad_norm,
-                           "tokens": step * tokens_per_step}
-                    rate = clock.interval_rate()
-                    row.update(tokens_per_sec=rate, mfu=mfu_of(rate))
-                    if eval_now and not bad:
-                        val_loss = evaluate(st.params)
-                        row["val_loss"] = val_loss
-                    writer.log(step, row)
-                    bar.set_postfix_str(_postfix(loss, val_loss, clock.rate()), refresh=False)
-                if bad:
-                    status, diverged_at = "diverged", step
-                    bar.write(f"diverged at step {step}: loss {loss:.4g}, grad norm "
-                              f"{grad_norm:.4g} (max_loss {float(t.max_loss):g})")
-                    break
-                every = int(t.layer_stats_every)
-                if every > 0 and (step % every == 0 or step == steps):
-                    stats = stats_fn(st.params, val[0]["inputs"])
-                    writer.layer_stats(step, jax.device_get(stats))
-                if step % int(t.checkpoint_every) == 0 or step == steps:
-                    save(step)
-        if status == "finished" and val_loss is None:
+    def due(self, every: int) -> bool:
+        """At every ``every`` steps and at the last step (``every`` <= 0: never)."""
+        return every > 0 and (self.step % every == 0 or self.step == self.steps)
+
+    # ------------------------------------------------------------ the loop
+    def train(self, preempt: Preemption) -> None:
+        t = self.config.train
+        first = True
+        while self.step < self.steps:
+            if parallel.sync_flag(preempt.received is not None):
+                if self.step > 0:
+                    self.save()  # a no-op if this step is already checkpointed
+                self.status = "preempted"
+                return
+            t0 = time.perf_counter()
+            batch = parallel.host_batch_to_global(next(self.it), self.mesh)
+            self.state, m = self.train_fn(self.state, batch)
+            # Reading the loss every step syncs host and device; it is what
+            # lets a divergence stop the run at the step where it happened.
+            loss, grad_norm, lr = (float(x) for x in jax.device_get(
+                (m["loss"], m["grad_norm"], m["lr"])))
+            if not first:
+                self.clock.add(time.perf_counter() - t0, self.tokens_per_step)
+            first = False
+            self.step += 1
+            self.last_loss = loss
+            self.bar.update(1)
+            bad = not (_finite(loss) and _finite(grad_norm)) or loss > float(t.max_loss)
+            eval_now = self.due(int(t.eval_every)) and not bad
+            if bad or eval_now or self.step % int(t.log_every) == 0:
+                rate = self.clock.interval_rate()
+                row = {"loss": loss, "lr": lr, "grad_norm": grad_norm,
+                       "tokens": self.step * self.tokens_per_step, "tokens_per_sec": rate,
+                       "mfu": self.mfu(rate)}
+                if eval_now:
+                    self.val_loss = row["val_loss"] = self.evaluate()
+                self.writer.log(self.step, row)
+                self.bar.set_postfix_str(summary_lib.postfix(loss, self.val_loss,
+                                                             self.clock.rate()), refresh=False)
+            if bad:
+                self.status, self.diverged_at = "diverged", self.step
+                self.bar.write(f"diverged at step {self.step}: loss {loss:.4g}, grad norm "
+                               f"{grad_norm:.4g} (train.max_loss {float(t.max_loss):g})")
+                return
+            if self.due(int(t.layer_stats_every)):
+                stats = self.stats_fn(self.state.params, self.val[0]["inputs"])
+                self.writer.layer_stats(self.step, jax.device_get(stats))
+            if self.due(int(t.checkpoint_every)):
+                self.save()
+        if self.val_loss is None:
             # The last step was trained by an earlier session (killed between
             # its final checkpoint and result.json): evaluate the restored state.
-            val_loss = evaluate(st.params)
-    finally:
-        bar.close()
-        writer.close()
-        ckpt.close()
+            self.val_loss = self.evaluate()
 
-    if status == "preempted":
-        message = (f"preempted at step {step}; re-run the same command to resume "
-                   f"(checkpoint in {workdir / CHECKPOINT_DIR})")
-        return {"status": "preempted", "step": step, "steps": steps, "message": message,
-                "workdir": str(workdir)}
+    def close(self) -> None:
+        self.bar.close()
+        self.writer.close()
+        self.ckpt.close()
 
-    result = {
-        "family": spec.family, "depth": spec.depth, "d_model": spec.d_model, "d_ff": spec.d_ff,
-        "n_heads": spec.n_heads, "aspect_ratio": round(shape.aspect_ratio, 4),
-        "params": n_params, "steps": step, "tokens": step * tokens_per_step,
-        "final_val_loss": val_loss if status == "finished" else None,
-        "final_train_loss": last_loss if _finite(last_loss) else None,
-        "tokens_per_sec": clock.rate(), "mfu": mfu_of(clock.rate()),
-        "diverged": status == "diverged", "diverged_at_step": diverged_at,
-        "wall_seconds": round(wall_before + time.time() - wall_start, 3),
-        "status": status, "lr": float(t.lr), "batch_size": int(t.batch_size),
-        "seq_len": int(t.seq_len), "flops_per_token": flops_per_token,
-        "device_kind": device_kind, "n_devices": int(mesh.size), "name": str(config.name),
-    }
-    if main:
-        atomic_write_json(workdir / RESULT_FILE, result)
-    return result
-
-
-# ---------------------------------------------------------------- display
-
-
-class _NoBar:
-    def update(self, n=1):
-        pass
-
-    def set_postfix_str(self, s, refresh=True):
-        pass
-
-    def write(self, s):
-        print(s, file=sys.stderr, flush=True)
-
-    def close(self):
-        pass
+    # ------------------------------------------------------------ outcome
+    def outcome(self) -> dict:
+        if self.status == "preempted":
+            message = (f"preempted at step {self.step}; re-run the same command to resume "
+                       f"(checkpoints in {self.workdir / CHECKPOINT_DIR})")
+            return {"status": "preempted", "step": self.step, "steps": self.steps,
+                    "message": message, "workdir": str(self.workdir)}
+        spec, t = self.spec, self.config.train
+        rate = self.clock.rate()
+        result = {
+            "family": spec.family, "depth": spec.depth, "d_model": spec.d_model,
+            "d_ff": spec.d_ff, "n_heads": spec.n_heads,
+            "aspect_ratio": round(spec.shape.aspect_ratio, 4), "params": self.n_params,
+            "steps": self.step, "tokens": self.step * self.tokens_per_step,
+            "final_val_loss": self.val_loss if self.status == "finished" else None,
+            "final_train_loss": self.last_loss if _finite(self.last_loss) else None,
+            "tokens_per_sec": rate, "mfu": self.mfu(rate),
+            "diverged": self.status == "diverged", "diverged_at_step": self.diverged_at,
+            "wall_seconds": round(self.wall_seconds(), 3), "status": self.status,
+            "lr": float(t.lr), "batch_size": int(t.batch_size), "seq_len": int(t.seq_len),
+            "flops_per_token": self.flops_per_token, "device_kind": self.device_kind,
+            "n_devices": int(self.mesh.size), "name": str(self.config.name),
+        }
+        if self.main:
+            atomic_write_json(self.workdir / RESULT_FILE, result)
+        return result
 
 
-def _progress_bar(enabled: bool, start: int, steps: int, spec: ModelSpec):
-    if not enabled:
-        return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=steps, initial=start, unit="step", dynamic_ncols=True,
-                desc=f"{spec.family} L{spec.depth} d{spec.d_model}", file=sys.stderr)
-
-
-def _postfix(loss: float, val_loss: float | None, rate: float | None) -> str:
-    parts = [f"loss {loss:.4f}"]
-    if val_loss is not None:
-        parts.append(f"val {val_loss:.4f}")
-    if rate is not None:
-        parts.append(f"{rate:,.0f} tok/s")
-    return "  ".join(parts)
-
-
-def _count(n: float) -> str:
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return f"{n:g}"
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h {m:02d}m {s:02d}s" if h else (f"{m}m {s:02d}s" if m else f"{s}s")
-
-
-def summary(result: dict, workdir: str | Path) -> str:
-    """The one-screen end-of-run summary (an aligned two-column table)."""
-    r = result
-    if r.get("status") == "preempted":
-        return r["message"]
-    val = r.get("final_val_loss")
-    rows = [
-        ("run", str(workdir)),
-        ("status", r.get("status", "?") + (" (already done; not retrained)"
-                                           if r.get("already_done") else "")),
-        ("model", f"{r['family']}  L {r['depth']}  d_model {r['d_model']}  d_ff {r.get('d_ff')}  "
-                  f"heads {r.get('n_heads')}  aspect {r.get('aspect_ratio')}"),
-        ("parameters", _count(r["params"])),
-        ("steps", f"{r['steps']}  ({_count(r['tokens'])} tokens)"),
-        ("final val loss", "-" if val is None else f"{val:.4f}"),
-        ("final train loss", "-" if r.get("final_train_loss") is None
-         else f"{r['final_train_loss']:.4f}"),
-        ("throughput", "-" if r.get("tokens_per_sec") is None
-         else f"{r['tokens_per_sec']:,.0f} tokens/s on {r.get('n_devices')} x "
-              f"{r.get('device_kind')}"),
-        ("MFU", "n/a (unknown device peak)" if r.get("mfu") is None
-         else f"{100 * r['mfu']:.1f}%"),
-        ("wall time", _duration(r["wall_seconds"])),
-        ("diverged", f"yes, at step {r['diverged_at_step']}" if r.get("diverged") else "no"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k:<{width}}  {v}" for k, v in rows]
-    lines.append(f"{'files':<{width}}  {RESULT_FILE}, metrics.jsonl, tb/ "
-                 f"(tensorboard --logdir {Path(workdir) / 'tb'})")
-    return "\n".join(lines)
+summary = summary_lib.summary

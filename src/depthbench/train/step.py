@@ -86,7 +86,7 @@ def train_step(s: TrainSetup, state: TrainState, batch: Batch,
     the learning rate this update used."""
     key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     loss, grads = grads_and_loss(s, state.params, batch, key, microbatches)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
     updates, opt_state = s.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)

@@ -66,8 +66,9 @@ from depthbench.model.residual.fields import check_number
 MBTD = ("activation_sources", *BTD)
 
 
-def depth_mix(bank_mbtd: jax.Array, valid_m: jax.Array, query_d: jax.Array,
-              key_norm_d: jax.Array, eps: float) -> jax.Array:
+def depth_mix(
+    bank_mbtd: jax.Array, valid_m: jax.Array, query_d: jax.Array, key_norm_d: jax.Array, eps: float
+) -> jax.Array:
     """Softmax-over-depth mix of the valid sources, in fp32; ``[B, T, d]`` in the
     bank's dtype.  Invalid slots get zero weight; slot 0 must be valid."""
     v32 = bank_mbtd.astype(jnp.float32)
@@ -88,8 +89,10 @@ def uniform_block_size(depth: int, blocks: int, block_size: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class AttnResFull(ResidualFamily):
     name = "attnres_full"
-    description = ("Attention Residuals: each sublayer reads a softmax mix over the embedding "
-                   "and every earlier sublayer output")
+    description = (
+        "Attention Residuals: each sublayer reads a softmax mix over the embedding "
+        "and every earlier sublayer output"
+    )
     reference = "Kimi Team 2026, Attention Residuals (arXiv 2603.15031)"
 
     # ------------------------------------------------------------ layout
@@ -113,14 +116,18 @@ class AttnResFull(ResidualFamily):
         d = self.spec.d_model
         query = nn.with_logical_partitioning(nn.initializers.zeros, (None, "embed"))
         key_norm = nn.with_logical_partitioning(nn.initializers.ones, (None, "norm"))
-        return {"query": mod.param("query", query, (2, d), jnp.float32),
-                "key_norm": mod.param("key_norm", key_norm, (2, d), jnp.float32)}
+        return {
+            "query": mod.param("query", query, (2, d), jnp.float32),
+            "key_norm": mod.param("key_norm", key_norm, (2, d), jnp.float32),
+        }
 
     def create_global_params(self, mod):
         d = self.spec.d_model
         query = nn.with_logical_partitioning(nn.initializers.zeros, ("embed",))
-        return {"query": mod.param("query", query, (d,), jnp.float32),
-                "key_norm": norm_param(mod, "key_norm", d)}
+        return {
+            "query": mod.param("query", query, (d,), jnp.float32),
+            "key_norm": norm_param(mod, "key_norm", d),
+        }
 
     # ------------------------------------------------------------ protocol
     def init_state(self, g, x0):
@@ -129,8 +136,9 @@ class AttnResFull(ResidualFamily):
         return {"bank": bank, "count": jnp.zeros((), jnp.int32)}
 
     def _mix(self, state, query, key_norm):
-        return depth_mix(state["bank"], self._valid(state["count"]), query, key_norm,
-                         self.spec.norm_eps)
+        return depth_mix(
+            state["bank"], self._valid(state["count"]), query, key_norm, self.spec.norm_eps
+        )
 
     def read(self, p, state, site):
         return self._mix(state, p["query"][site.sub], p["key_norm"][site.sub]), {}
@@ -188,17 +196,27 @@ class AttnResFull(ResidualFamily):
 @dataclasses.dataclass(frozen=True)
 class AttnResBlock(AttnResFull):
     name = "attnres_block"
-    description = ("Block Attention Residuals: sublayer outputs summed in blocks of S; each "
-                   "sublayer mixes over the embedding, the committed blocks and the partial")
+    description = (
+        "Block Attention Residuals: sublayer outputs summed in blocks of S; each "
+        "sublayer mixes over the embedding, the committed blocks and the partial"
+    )
     reference = "Kimi Team 2026, Attention Residuals (arXiv 2603.15031), Block AttnRes"
 
     @classmethod
     def validate(cls, config) -> None:
         check_number(config, "attnres_blocks", 1, integer=True, meaning="blocks over 2L sublayers")
-        check_number(config, "attnres_block_size", 0, integer=True,
-                     meaning="sublayers per block; 0 = ceil(2L / attnres_blocks)")
+        check_number(
+            config,
+            "attnres_block_size",
+            0,
+            integer=True,
+            meaning="sublayers per block; 0 = ceil(2L / attnres_blocks)",
+        )
 
     @property
     def block_size(self) -> int:
-        return uniform_block_size(self.spec.depth, int(self.spec.r("attnres_blocks")),
-                                  int(self.spec.r("attnres_block_size")))
+        return uniform_block_size(
+            self.spec.depth,
+            int(self.spec.r("attnres_blocks")),
+            int(self.spec.r("attnres_block_size")),
+        )

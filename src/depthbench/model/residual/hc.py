@@ -51,8 +51,10 @@ def hc_static_init(ident, n: int):
 @dataclasses.dataclass(frozen=True)
 class HC(StreamFamily):
     name = "hc"
-    description = ("dynamic hyper-connections: n streams mixed by A0 + s_a tanh(hn W_a), "
-                   "written with beta0 + s_b tanh(hn w_b)")
+    description = (
+        "dynamic hyper-connections: n streams mixed by A0 + s_a tanh(hn W_a), "
+        "written with beta0 + s_b tanh(hn w_b)"
+    )
     reference = "Zhu et al. 2025, Hyper-Connections (ICLR 2025, arXiv 2409.19606)"
     no_decay = frozenset({"A0", "beta0"})
 
@@ -66,8 +68,9 @@ class HC(StreamFamily):
             return mod.param(name, nn.with_logical_partitioning(init, axes), shape, f32)
 
         return {
-            "A0": param("A0", hc_static_init(ident, n), (2, n, n + 1),
-                        (None, "streams", "routing")),
+            "A0": param(
+                "A0", hc_static_init(ident, n), (2, n, n + 1), (None, "streams", "routing")
+            ),
             "beta0": param("beta0", nn.initializers.ones, (2, n), (None, "streams")),
             "W_a": param("W_a", nn.initializers.zeros, (2, d, n + 1), (None, "embed", "routing")),
             "w_b": param("w_b", nn.initializers.zeros, (2, d), (None, "embed")),

@@ -51,7 +51,7 @@ class Keel(ResidualFamily):
 
     def write(self, p, state, y, site, aux, active):
         eps = self.spec.norm_eps
-        first = site.pos == 0
+        first = site.pos == 1
         carry = jnp.where(first, 1.0, self.alpha).astype(state.dtype)
         new = rms_norm(carry * state + y, p[_POST[site.sub]], eps)
         if site.sub == 0:  # block 0's attention sublayer has no post-norm

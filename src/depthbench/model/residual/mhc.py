@@ -60,8 +60,10 @@ def mhc_res_init(n: int, bias: float):
 @dataclasses.dataclass(frozen=True)
 class MHC(StreamFamily):
     name = "mhc"
-    description = ("manifold-constrained hyper-connections: sigmoid read/write gates and a "
-                   "Sinkhorn (doubly-stochastic) stream mix")
+    description = (
+        "manifold-constrained hyper-connections: sigmoid read/write gates and a "
+        "Sinkhorn (doubly-stochastic) stream mix"
+    )
     reference = "Xie et al. (DeepSeek-AI) 2025, mHC: Manifold-Constrained Hyper-Connections"
     no_decay = frozenset({"b_pre", "b_post", "B_res"})
 
@@ -86,15 +88,19 @@ class MHC(StreamFamily):
 
         gate_init = nn.initializers.constant(s0)
         return {
-            "phi": param("phi", nn.initializers.zeros, (2, n, d, self.width),
-                         (None, "streams", "embed", "routing")),
+            "phi": param(
+                "phi",
+                nn.initializers.zeros,
+                (2, n, d, self.width),
+                (None, "streams", "embed", "routing"),
+            ),
             "a_pre": param("a_pre", gate_init, (2,), (None,)),
             "a_post": param("a_post", gate_init, (2,), (None,)),
             "a_res": param("a_res", gate_init, (2,), (None,)),
             "b_pre": param("b_pre", mhc_bias_init(ident, n, bias), (2, n), (None, "streams")),
             "b_post": param("b_post", nn.initializers.zeros, (2, n), (None, "streams")),
-            "B_res": param("B_res", mhc_res_init(n, bias), (2, n, n),
-                           (None, "streams", "streams")),
+            # Logical names must be distinct: the target-stream axis is unnamed.
+            "B_res": param("B_res", mhc_res_init(n, bias), (2, n, n), (None, "streams", None)),
         }
 
     # ------------------------------------------------------------ routing
@@ -107,12 +113,12 @@ class MHC(StreamFamily):
         u = jnp.einsum("sbtd,sdm->btm", h32, p["phi"][sub].astype(jnp.float32))
         u = u * inv_r_bt[..., None]
         pre = jax.nn.sigmoid(p["a_pre"][sub] * u[..., :n] + p["b_pre"][sub])
-        post = 2.0 * jax.nn.sigmoid(p["a_post"][sub] * u[..., n:2 * n] + p["b_post"][sub])
-        r_btst = p["a_res"][sub] * u[..., 2 * n:].reshape(*u.shape[:-1], n, n) + p["B_res"][sub]
-        p_btst = sinkhorn(r_btst, int(self.spec.r("sinkhorn_iters")),
-                          float(self.spec.r("sinkhorn_temperature")))
-        return (jnp.moveaxis(pre, -1, 0), jnp.moveaxis(post, -1, 0),
-                jnp.moveaxis(p_btst, -2, 0))
+        post = 2.0 * jax.nn.sigmoid(p["a_post"][sub] * u[..., n : 2 * n] + p["b_post"][sub])
+        r_btst = p["a_res"][sub] * u[..., 2 * n :].reshape(*u.shape[:-1], n, n) + p["B_res"][sub]
+        p_btst = sinkhorn(
+            r_btst, int(self.spec.r("sinkhorn_iters")), float(self.spec.r("sinkhorn_temperature"))
+        )
+        return (jnp.moveaxis(pre, -1, 0), jnp.moveaxis(post, -1, 0), jnp.moveaxis(p_btst, -2, 0))
 
     def read(self, p, state, site):
         pre, _, _ = self.coefficients(p, state, site.sub)
@@ -151,6 +157,8 @@ class MHC(StreamFamily):
         return float(2 * self.spec.depth * per)
 
     def describe(self) -> dict:
-        return {**super().describe(), "sinkhorn_iters": int(self.spec.r("sinkhorn_iters")),
-                "mhc_bias": float(self.spec.r("mhc_bias"))}
-
+        return {
+            **super().describe(),
+            "sinkhorn_iters": int(self.spec.r("sinkhorn_iters")),
+            "mhc_bias": float(self.spec.r("mhc_bias")),
+        }

@@ -35,12 +35,10 @@ import jax.numpy as jnp
 from depthbench.model.layers import weight
 from depthbench.model.residual.base import BTD, ResidualFamily, gate, with_axes
 
-BTMKH = ("activation_batch", "activation_length", "activation_sources", "activation_kv_heads",
-         None)
+BTMKH = ("activation_batch", "activation_length", "activation_sources", "activation_kv_heads", None)
 
 
-def put_slot(cache_btmkh: jax.Array, new_btkh: jax.Array, j: jax.Array,
-             ok: jax.Array) -> jax.Array:
+def put_slot(cache_btmkh: jax.Array, new_btkh: jax.Array, j: jax.Array, ok: jax.Array) -> jax.Array:
     """``cache[:, :, j] = new`` where ``ok`` (else unchanged); one slot read and written.
 
     ``j`` past the end is clamped by ``dynamic_update_slice``, so the old value
@@ -55,8 +53,10 @@ def put_slot(cache_btmkh: jax.Array, new_btkh: jax.Array, j: jax.Array,
 @dataclasses.dataclass(frozen=True)
 class MoDA(ResidualFamily):
     name = "moda"
-    description = ("mixture-of-depths attention: one softmax over the causal sequence keys and "
-                   "the same token's keys from earlier sublayers")
+    description = (
+        "mixture-of-depths attention: one softmax over the causal sequence keys and "
+        "the same token's keys from earlier sublayers"
+    )
     reference = "Mixture-of-Depths Attention, 2026 (arXiv 2603.15619)"
 
     @property
@@ -67,8 +67,13 @@ class MoDA(ResidualFamily):
     # ------------------------------------------------------------ parameters
     def create_block_params(self, mod, ident):
         s = self.spec
-        w = weight(mod, "depth_kv", (s.d_model, 2, s.n_kv_heads, s.head_dim),
-                   ("embed", None, "kv_heads", "head_dim"), s)
+        w = weight(
+            mod,
+            "depth_kv",
+            (s.d_model, 2, s.n_kv_heads, s.head_dim),
+            ("embed", None, "kv_heads", "head_dim"),
+            s,
+        )
         return {"depth_kv": w}
 
     # ------------------------------------------------------------ protocol
@@ -85,8 +90,7 @@ class MoDA(ResidualFamily):
 
     def _depth_kv(self, p, x_in_btd):
         s = self.spec
-        kv = jnp.einsum("btd,dckh->cbtkh", x_in_btd.astype(s.dtype),
-                        p["depth_kv"].astype(s.dtype))
+        kv = jnp.einsum("btd,dckh->cbtkh", x_in_btd.astype(s.dtype), p["depth_kv"].astype(s.dtype))
         return kv[0], kv[1]
 
     def write(self, p, state, y, site, aux, active):
@@ -100,13 +104,19 @@ class MoDA(ResidualFamily):
             k, v = aux["kv"]
         else:
             # The last block's MLP keys are never read: do not compute them.
-            zeros = jnp.zeros((*y.shape[:2], self.spec.n_kv_heads, self.spec.head_dim),
-                              self.spec.dtype)
-            k, v = jax.lax.cond(ok, lambda xi: self._depth_kv(p, xi),
-                                lambda xi: (zeros, zeros), aux["x_in"])
+            zeros = jnp.zeros(
+                (*y.shape[:2], self.spec.n_kv_heads, self.spec.head_dim), self.spec.dtype
+            )
+            k, v = jax.lax.cond(
+                ok, lambda xi: self._depth_kv(p, xi), lambda xi: (zeros, zeros), aux["x_in"]
+            )
         valid = state["valid"] | ((jnp.arange(m) == j) & ok)
-        return {"x": x, "k": with_axes(put_slot(state["k"], k, j, ok), BTMKH),
-                "v": with_axes(put_slot(state["v"], v, j, ok), BTMKH), "valid": valid}
+        return {
+            "x": x,
+            "k": with_axes(put_slot(state["k"], k, j, ok), BTMKH),
+            "v": with_axes(put_slot(state["v"], v, j, ok), BTMKH),
+            "valid": valid,
+        }
 
     def readout(self, g, state, final_norm):
         return final_norm(state["x"])

@@ -1,0 +1,324 @@
+"""launch/*.sh with fake gcloud / sbatch / srun / scontrol on PATH that record
+their arguments; the recorded commands are checked, and the scripts pass
+bash -n and shellcheck."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCH = REPO / "launch"
+SCRIPTS = ["tpu_sweep.sh", "gpu_sweep.sh", "local_sweep.sh"]
+SPEC = "experiments/quickstart.py"
+PRE_LN = ["pre_ln-L2-lr3e-03", "pre_ln-L4-lr3e-03", "pre_ln-L10-lr3e-03"]
+
+# A fake cloud/cluster tool: records argv (and a few env vars) as one JSON line, and
+# for gcloud keeps a slice state in $FAKE_DIR/state (absent = no slice).
+FAKE = r'''#!{python}
+import json, os, sys
+from pathlib import Path
+fake = Path(os.environ["FAKE_DIR"])
+tool = Path(sys.argv[0]).name
+args = sys.argv[1:]
+env = {{k: os.environ.get(k) for k in ("DEPTHBENCH_COORD_PORT", "CUDA_VISIBLE_DEVICES",
+                                       "JAX_PLATFORMS")}}
+with open(fake / "calls.jsonl", "a") as f:
+    f.write(json.dumps({{"tool": tool, "args": args, "env": env}}) + "\n")
+state = fake / "state"
+if tool == "scontrol":
+    print("node-a\nnode-b")
+elif tool == "depthbench":
+    sys.exit(1 if "--shard" in args and args[args.index("--shard") + 1] == "1/2"
+             and (fake / "fail_shard_1").exists() else 0)
+elif tool == "gcloud" and args[:3] == ["compute", "tpus", "tpu-vm"]:
+    verb = args[3]
+    if verb == "describe":
+        if not state.exists():
+            sys.exit(1)
+        print(state.read_text())
+    elif verb == "create":
+        state.write_text("READY")
+    elif verb == "delete":
+        state.unlink()
+    elif verb == "ssh":
+        command = args[args.index("--command") + 1]
+        for line in (fake / "preempt").read_text().split() if (fake / "preempt").exists() else []:
+            marker = fake / ("preempted-" + line)
+            if line in command and not marker.exists():
+                marker.touch()
+                state.write_text("PREEMPTED")
+                sys.exit(255)
+        if (fake / "fail").exists() and (fake / "fail").read_text().strip() in command:
+            sys.exit(1)
+elif tool == "gcloud" and args[:2] == ["storage", "ls"]:
+    if (fake / "finished").exists():
+        print((fake / "finished").read_text())
+    else:
+        sys.exit(1)
+'''
+
+
+@pytest.fixture()
+def fakes(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("gcloud", "sbatch", "srun", "scontrol", "depthbench"):
+        path = bin_dir / tool
+        path.write_text(FAKE.format(python=sys.executable))
+        path.chmod(0o755)
+    monkeypatch.setenv("FAKE_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    for var in ("TPU_NAME", "TPU_ZONE", "ZONE", "TPU_PROJECT", "TPU_ACCELERATOR", "SLURM_JOB_ID",
+                "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NUM_NODES", "DEPTHBENCH"):
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path
+
+
+def calls(fake_dir: Path, tool: str | None = None) -> list[dict]:
+    path = fake_dir / "calls.jsonl"
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return [r for r in records if tool is None or r["tool"] == tool]
+
+
+REAL_DEPTHBENCH = f"{sys.executable} -m depthbench"
+
+
+def sh(script: str, *args: str, env: dict | None = None, cwd: Path = REPO):
+    return subprocess.run(["bash", str(LAUNCH / script), *args], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, **(env or {})}, timeout=120)
+
+
+# ------------------------------------------------------------ static checks
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_scripts_parse_and_are_executable(script):
+    assert os.access(LAUNCH / script, os.X_OK)
+    result = subprocess.run(["bash", "-n", str(LAUNCH / script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    help_text = subprocess.run(["bash", str(LAUNCH / script), "--help"], capture_output=True,
+                               text=True)
+    assert help_text.returncode == 0 and "usage: launch/" in help_text.stdout
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_shellcheck_is_clean():
+    result = subprocess.run(["shellcheck", *(str(LAUNCH / s) for s in SCRIPTS)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+# --------------------------------------------------------------------- TPU
+
+TPU_ARGS = ["--config", SPEC, "--workdir", "gs://bkt/qs", "--tpu", "tpu1", "--zone", "zone1",
+            "--project", "proj1", "--run", "pre_ln-*"]
+WHERE = ["--zone", "zone1", "--project", "proj1"]
+OVERRIDE = "--config.data.paths=gs://bkt/tok/*.npy"
+
+
+def test_tpu_dry_run_prints_every_command_and_runs_none(fakes):
+    r = sh("tpu_sweep.sh", *TPU_ARGS, "--accelerator", "v5p-64", "--create", "--spot",
+           "--delete", "--stage-data", "gs://bkt/tok", "--dry-run", "--", OVERRIDE,
+           env={"DEPTHBENCH": REAL_DEPTHBENCH})
+    assert r.returncode == 0, r.stderr
+    assert calls(fakes) == []  # nothing was run, only printed
+    lines = [shlex.split(line[2:]) for line in r.stdout.splitlines() if line.startswith("+ ")]
+    tpu = ["gcloud", "compute", "tpus", "tpu-vm"]
+    assert lines[0] == tpu + ["create", "tpu1", *WHERE, "--accelerator-type", "v5p-64",
+                              "--version", "tpu-ubuntu2204-base", "--spot"]
+    assert lines[1][0] == "tar" and lines[2][:5] == tpu + ["scp"]
+    install = lines[3]
+    assert install[:6] == tpu + ["ssh", "tpu1"] and "--worker=all" in install
+    assert "pip install -q -e ." in install[-1] and "jax[tpu]" in install[-1]
+    stage = lines[4]
+    assert stage[:6] == tpu + ["ssh", "tpu1"] and "--worker=all" in stage
+    assert stage[-1] == ("mkdir -p /tmp/depthbench-data && gcloud storage rsync --recursive "
+                         "gs://bkt/tok /tmp/depthbench-data")
+    lines.pop(4)
+    assert lines[4] == ["gcloud", "storage", "ls", "gs://bkt/qs/*/result.json"]
+    runs = lines[5:8]
+    for line, name in zip(runs, PRE_LN, strict=True):
+        assert line[:6] == tpu + ["ssh", "tpu1"] and "--worker=all" in line
+        assert shlex.split(line[-1]) == [
+            "cd", "depthbench", "&&", ".venv/bin/depthbench", "sweep", "--config", SPEC,
+            "--workdir", "gs://bkt/qs", "--run", name, "--no-lock", "--no-progress", OVERRIDE]
+    assert lines[8][-1] == "cd depthbench && .venv/bin/depthbench report gs://bkt/qs"
+    assert "--worker=0" in lines[8]
+    assert lines[9] == tpu + ["delete", "tpu1", *WHERE, "--quiet"]
+    assert len(lines) == 10
+
+
+def test_tpu_remote_command_survives_the_remote_shell(fakes, tmp_path):
+    """The --command string, run by bash on a worker, gives depthbench the exact argv."""
+    r = sh("tpu_sweep.sh", *TPU_ARGS, "--dry-run", "--", OVERRIDE, "--config.name=it's a run",
+           env={"DEPTHBENCH": REAL_DEPTHBENCH})
+    assert r.returncode == 0, r.stderr
+    command = shlex.split(r.stdout.splitlines()[1][2:])[-1]
+    home = tmp_path / "home"
+    fake_bin = home / "depthbench" / ".venv" / "bin"
+    fake_bin.mkdir(parents=True)
+    (fake_bin / "depthbench").write_text(
+        f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    (fake_bin / "depthbench").chmod(0o755)
+    out = subprocess.run(["bash", "-c", command], cwd=home, capture_output=True, text=True)
+    assert json.loads(out.stdout) == [
+        "sweep", "--config", SPEC, "--workdir", "gs://bkt/qs", "--run", PRE_LN[0], "--no-lock",
+        "--no-progress", OVERRIDE, "--config.name=it's a run"]
+
+
+def test_tpu_sweep_skips_finished_and_resumes_after_preemption(fakes):
+    (fakes / "finished").write_text(f"gs://bkt/qs/{PRE_LN[0]}/result.json\n")
+    (fakes / "preempt").write_text(PRE_LN[1])
+    r = sh("tpu_sweep.sh", *TPU_ARGS, "--accelerator", "v4-32", "--create", "--", OVERRIDE,
+           env={"DEPTHBENCH": REAL_DEPTHBENCH})
+    assert r.returncode == 0, r.stderr
+    verbs = [c["args"][3] if c["args"][0] == "compute" else "storage-ls"
+             for c in calls(fakes, "gcloud")]
+    # create (no slice yet), install, list finished, run 2 (preempted), recover: delete,
+    # create, install; run 2 again, run 3, report.
+    assert verbs == ["describe", "create", "scp", "ssh", "storage-ls", "ssh", "describe",
+                     "delete", "create", "scp", "ssh", "ssh", "ssh", "ssh"]
+    ssh = [c["args"][-1] for c in calls(fakes, "gcloud") if c["args"][3:4] == ["ssh"]]
+    ran = [name for cmd in ssh for name in PRE_LN if f"--run {name} " in cmd]
+    assert ran == [PRE_LN[1], PRE_LN[1], PRE_LN[2]]  # the finished run is never started
+    assert "3/3 runs finished" in r.stderr and "finished, skipped" in r.stderr
+
+
+def test_tpu_sweep_without_create_stops_on_a_lost_slice(fakes):
+    (fakes / "state").write_text("READY")
+    (fakes / "preempt").write_text(PRE_LN[0])
+    r = sh("tpu_sweep.sh", *TPU_ARGS, env={"DEPTHBENCH": REAL_DEPTHBENCH})
+    assert r.returncode == 1
+    assert "slice tpu1 is 'PREEMPTED'; re-run with --create" in r.stderr
+    # A failing run on a READY slice is recorded and the sweep goes on.
+    (fakes / "state").write_text("READY")
+    (fakes / "preempt").unlink()
+    (fakes / "fail").write_text(PRE_LN[1])
+    (fakes / "calls.jsonl").unlink()
+    r = sh("tpu_sweep.sh", *TPU_ARGS, env={"DEPTHBENCH": REAL_DEPTHBENCH})
+    assert r.returncode == 1 and f"failed: {PRE_LN[1]}" in r.stderr
+    ssh = [c["args"][-1] for c in calls(fakes, "gcloud") if c["args"][3:4] == ["ssh"]]
+    assert sum(f"--run {PRE_LN[2]} " in cmd for cmd in ssh) == 1
+
+
+def test_tpu_sweep_bad_usage_is_exit_2(fakes):
+    r = sh("tpu_sweep.sh", "--config", SPEC, "--workdir", "gs://b/x", "--zone", "z")
+    assert r.returncode == 2 and "--tpu NAME (or TPU_NAME) is required" in r.stderr
+    r = sh("tpu_sweep.sh", *TPU_ARGS, "--create")
+    assert r.returncode == 2 and "--create needs --accelerator" in r.stderr
+    r = sh("tpu_sweep.sh", *TPU_ARGS, "--bogus")
+    assert r.returncode == 2 and "unknown argument '--bogus'" in r.stderr
+    assert calls(fakes) == []
+
+
+def test_tpu_slice_settings_from_the_environment(fakes):
+    env = {"TPU_NAME": "envtpu", "TPU_ZONE": "envzone", "TPU_PROJECT": "envproj",
+           "DEPTHBENCH": REAL_DEPTHBENCH}
+    r = sh("tpu_sweep.sh", "--config", SPEC, "--workdir", "gs://b/x", "--run", PRE_LN[0],
+           "--dry-run", env=env)
+    assert r.returncode == 0, r.stderr
+    line = shlex.split(r.stdout.splitlines()[1][2:])
+    assert line[4:9] == ["ssh", "envtpu", "--zone", "envzone", "--project"]
+
+
+# ------------------------------------------------------------------- SLURM
+
+
+def test_gpu_sweep_submits_itself_with_sbatch(fakes, tmp_path):
+    workdir = tmp_path / "runs"
+    r = sh("gpu_sweep.sh", "--config", SPEC, "--workdir", str(workdir), "--nodes", "4",
+           "--gpus-per-node", "8", "--partition", "gpu", "--account", "acct",
+           "--shard", "1/2", "--", OVERRIDE)
+    assert r.returncode == 0, r.stderr
+    (submit,) = calls(fakes, "sbatch")
+    args = submit["args"]
+    script = args.index(str(LAUNCH / "gpu_sweep.sh"))
+    opts = args[:script]
+    for flag, value in (("--nodes", "4"), ("--ntasks-per-node", "1"), ("--gpus-per-node", "8"),
+                        ("--partition", "gpu"), ("--account", "acct")):
+        assert opts[opts.index(flag) + 1] == value
+    assert "--requeue" in opts
+    assert args[script + 1:] == ["--in-job", "--config", str(REPO / SPEC), "--workdir",
+                                 str(workdir), "--port", "29500", "--shard", "1/2", "--",
+                                 OVERRIDE]
+    assert (workdir / "logs").is_dir()
+
+
+def test_gpu_sweep_in_job_runs_one_srun_step_per_unfinished_run(fakes, tmp_path):
+    workdir = tmp_path / "runs"
+    (workdir / PRE_LN[1]).mkdir(parents=True)
+    (workdir / PRE_LN[1] / "result.json").write_text("{}")
+    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2", "DEPTHBENCH": REAL_DEPTHBENCH}
+    r = sh("gpu_sweep.sh", "--in-job", "--config", str(REPO / SPEC), "--workdir", str(workdir),
+           "--run", "pre_ln-*", "--port", "31000", "--", OVERRIDE, env=env)
+    assert r.returncode == 0, r.stderr
+    steps = calls(fakes, "srun")
+    assert len(steps) == 2  # the finished run is skipped
+    for step, name in zip(steps, [PRE_LN[0], PRE_LN[2]], strict=True):
+        args = step["args"]
+        assert args[:6] == ["--nodes", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
+                            str(LAUNCH / "gpu_sweep.sh")]
+        rest = args[6:]
+        assert rest[:2] == ["--task", "--"]
+        sweep = rest[rest.index("sweep"):]
+        assert sweep == ["sweep", "--config", str(REPO / SPEC), "--workdir", str(workdir),
+                         "--run", name, "--no-lock", "--no-progress", OVERRIDE]
+    # A fresh coordinator port per run (31000 + run index in the selection).
+    assert [s["env"]["DEPTHBENCH_COORD_PORT"] for s in steps] == ["31000", "31002"]
+
+
+def test_gpu_task_exports_coordinator_and_process_ids(fakes):
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+           "SLURM_STEP_NODELIST": "node-[a-b]", "DEPTHBENCH_COORD_PORT": "31005"}
+    r = sh("gpu_sweep.sh", "--task", "--", "env", env=env)
+    assert r.returncode == 0, r.stderr
+    seen = dict(line.split("=", 1) for line in r.stdout.splitlines() if line.startswith("JAX_"))
+    assert seen["JAX_COORDINATOR_ADDRESS"] == "node-a:31005"
+    assert (seen["JAX_NUM_PROCESSES"], seen["JAX_PROCESS_ID"]) == ("2", "1")
+    assert calls(fakes, "scontrol")[0]["args"] == ["show", "hostnames", "node-[a-b]"]
+
+
+# ------------------------------------------------------------------- local
+
+
+def test_local_sweep_starts_one_process_per_shard(fakes, tmp_path):
+    workdir = tmp_path / "runs"
+    env = {"DEPTHBENCH": str(fakes / "bin" / "depthbench")}
+    r = sh("local_sweep.sh", "--config", SPEC, "--workdir", str(workdir), "--gpus", "3,5",
+           "--interval", "1", "--", OVERRIDE, env=env)
+    assert r.returncode == 0, r.stderr
+    procs = sorted(calls(fakes, "depthbench"), key=lambda c: c["args"][6])
+    assert [c["args"] for c in procs] == [
+        ["sweep", "--config", SPEC, "--workdir", str(workdir), "--shard", f"{i}/2",
+         "--no-progress", OVERRIDE] for i in range(2)]
+    assert [c["env"]["CUDA_VISIBLE_DEVICES"] for c in procs] == ["3", "5"]
+    assert (workdir / "logs" / "shard-0-of-2.log").exists()
+    # CPU processes; one shard fails: exit 1 naming its log.
+    (fakes / "fail_shard_1").touch()
+    (fakes / "calls.jsonl").unlink()
+    r = sh("local_sweep.sh", "--config", SPEC, "--workdir", str(workdir), "--procs", "2",
+           "--interval", "1", env=env)
+    assert r.returncode == 1 and "shard 1/2 failed; see" in r.stderr
+    assert {c["env"]["JAX_PLATFORMS"] for c in calls(fakes, "depthbench")} == {"cpu"}
+
+
+def test_local_sweep_dry_run(fakes, tmp_path):
+    r = sh("local_sweep.sh", "--config", SPEC, "--workdir", "runs/x", "--procs", "3",
+           "--cpus-per-proc", "2", "--report", "--dry-run", env={"DEPTHBENCH": "depthbench"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1] == ("+ env JAX_PLATFORMS=cpu taskset -c 0-1 depthbench sweep --config "
+                        f"{SPEC} --workdir runs/x --shard 0/3 --no-progress > "
+                        "runs/x/logs/shard-0-of-3.log 2>&1 &")
+    assert "taskset -c 4-5" in lines[3] and lines[4] == "+ depthbench report runs/x"
+    assert calls(fakes) == [] and not (tmp_path / "runs").exists()

@@ -1,0 +1,152 @@
+"""The recipe's optimizer: schedule values, decay mask, AdamW equivalence, LR rules."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from depthbench import config as config_lib
+from depthbench.config import ConfigError
+from depthbench.model.spec import ModelSpec
+from depthbench.model.transformer import family_of
+from depthbench.shapes import Shape
+from depthbench.train import optim
+
+
+def _config(**train):
+    c = config_lib.base_config()
+    for k, v in train.items():
+        c.train[k] = v
+    return c
+
+
+def test_warmup_cosine_known_values():
+    lr = optim.warmup_cosine(1e-3, steps=100, warmup_fraction=0.1, final_fraction=0.1)
+    expect = {
+        0: 0.0,  # warmup starts from 0
+        5: 5e-4,
+        10: 1e-3,  # peak at the end of warmup
+        55: 1e-4 + 0.9e-3 * 0.5,  # half way through the cosine
+        100: 1e-4,  # 0.1 x peak at the end
+        150: 1e-4,  # and stays there
+    }
+    for step, value in expect.items():
+        assert float(lr(step)) == pytest.approx(value, rel=1e-5, abs=1e-12), step
+    s = 32
+    cos = 1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * (s - 10) / 90))
+    assert float(lr(s)) == pytest.approx(cos, rel=1e-5)
+    values = np.asarray(jax.jit(jax.vmap(lr))(jnp.arange(10, 101)))
+    assert np.all(np.diff(values) <= 1e-12)  # monotone decay after warmup
+
+
+def test_schedule_from_config_rounds_warmup_and_allows_none():
+    c = _config(lr=2e-3, steps=300, warmup_fraction=0.1, final_lr_fraction=0.1)
+    lr = optim.schedule_from_config(c)
+    assert float(lr(30)) == pytest.approx(2e-3)
+    assert float(lr(15)) == pytest.approx(1e-3)
+    flat = optim.warmup_cosine(1.0, steps=10, warmup_fraction=0.0, final_fraction=0.5)
+    assert float(flat(0)) == pytest.approx(1.0)
+    assert float(flat(10)) == pytest.approx(0.5)
+
+
+PARAMS = {
+    "embed": jnp.ones((4, 2)),
+    "blocks": {"attn_norm": jnp.ones((2, 2)), "mlp": {"up": jnp.ones((2, 2, 3))},
+               "residual": {"A0": jnp.ones((2, 4, 5)), "beta0": jnp.ones((2, 4))}},
+    "final_norm": {"scale": jnp.ones((2,))},
+}
+
+
+def test_decay_mask_exempts_family_and_configured_names():
+    hc = family_of(ModelSpec.from_shape(Shape(2, 32, 64, 4, 4, 64), family="hc"))
+    assert {"A0", "beta0"} <= set(hc.no_decay)
+    mask = optim.decay_mask(PARAMS, optim.no_decay_names(_config(), hc))
+    assert mask["blocks"]["residual"] == {"A0": False, "beta0": False}
+    assert mask["embed"] and mask["blocks"]["mlp"]["up"] and mask["final_norm"]["scale"]
+    extra = optim.no_decay_names(_config(no_decay="scale, attn_norm"), hc)
+    mask = optim.decay_mask(PARAMS, extra)
+    assert not mask["final_norm"]["scale"] and not mask["blocks"]["attn_norm"]
+    assert mask["embed"]
+
+
+def test_decay_is_decoupled_masked_and_scaled_by_lr():
+    """Zero gradients: the update is exactly -lr * wd * p on decayed leaves, 0 elsewhere."""
+    mask = optim.decay_mask(PARAMS, {"A0", "beta0"})
+    tx = optim.adamw(lambda s: 0.5, weight_decay=0.1, mask=mask)
+    state = tx.init(PARAMS)
+    zeros = jax.tree.map(jnp.zeros_like, PARAMS)
+    updates, _ = jax.jit(tx.update)(zeros, state, PARAMS)
+    np.testing.assert_allclose(updates["embed"], -0.05 * np.ones((4, 2)), rtol=1e-6)
+    np.testing.assert_allclose(updates["blocks"]["mlp"]["up"], -0.05, rtol=1e-6)
+    np.testing.assert_array_equal(updates["blocks"]["residual"]["A0"], 0.0)
+    np.testing.assert_array_equal(updates["blocks"]["residual"]["beta0"], 0.0)
+
+
+def test_chain_equals_clip_plus_optax_adamw():
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), PARAMS)
+    mask = optim.decay_mask(params, {"A0"})
+    sched = optim.warmup_cosine(1e-2, steps=10)
+    ours = optim.adamw(sched, mask=mask)
+    ref = optax.chain(optax.clip_by_global_norm(1.0),
+                      optax.adamw(sched, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, mask=mask))
+
+    @jax.jit
+    def both(g, s1, s2, p1, p2):
+        u1, s1 = ours.update(g, s1, p1)
+        u2, s2 = ref.update(g, s2, p2)
+        return s1, s2, optax.apply_updates(p1, u1), optax.apply_updates(p2, u2)
+
+    s1, s2, p1, p2 = ours.init(params), ref.init(params), params, params
+    for _ in range(4):  # gradient norms ~ 9: clipping is active
+        g = jax.tree.map(lambda p: jnp.asarray(3 * rng.normal(size=p.shape), jnp.float32), params)
+        s1, s2, p1, p2 = both(g, s1, s2, p1, p2)
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(p1["embed"], params["embed"])
+
+
+def test_clipping_bounds_the_first_adam_step_input():
+    """Global-norm clipping at 1.0: a huge gradient is rescaled to norm 1 before Adam."""
+    tx = optax.clip_by_global_norm(1.0)
+    g = {"a": jnp.full((4,), 100.0)}
+    clipped, _ = jax.jit(tx.update)(g, tx.init(g))
+    assert float(optax.tree.norm(clipped)) == pytest.approx(1.0, rel=1e-6)
+
+
+def test_completep_lr_rule_scales_block_updates_only():
+    config = config_lib.base_config()
+    config.model.family = "completep"
+    config.model.residual.completep_alpha = 0.5
+    config.model.residual.completep_base_depth = 2
+    config.train.lr_rule = "completep"
+    spec = ModelSpec.from_shape(Shape(8, 32, 64, 4, 4, 64), family="completep",
+                                residual=tuple(sorted(config.model.residual.to_dict().items())))
+    fam = family_of(spec)
+    mults = optim.lr_multipliers(config, fam, PARAMS)
+    factor = (8 / 2) ** (0.5 - 1.0)  # (L / L_base)^(alpha - 1) = 0.5
+    assert mults["blocks"]["mlp"]["up"] == pytest.approx(factor)
+    assert mults["embed"] == 1.0 and mults["final_norm"]["scale"] == 1.0
+    g = jax.tree.map(lambda p: jnp.full(p.shape, 0.01), PARAMS)
+    plain = optim.adamw(lambda s: 1e-2, mask=optim.decay_mask(PARAMS))
+    scaled = optim.adamw(lambda s: 1e-2, mask=optim.decay_mask(PARAMS), multipliers=mults)
+    u0, _ = jax.jit(plain.update)(g, plain.init(PARAMS), PARAMS)
+    u1, _ = jax.jit(scaled.update)(g, scaled.init(PARAMS), PARAMS)
+    np.testing.assert_allclose(u1["blocks"]["mlp"]["up"], factor * u0["blocks"]["mlp"]["up"],
+                               rtol=1e-6)
+    np.testing.assert_allclose(u1["embed"], u0["embed"], rtol=1e-6)
+    # lr_rule "none" ignores the family's rule.
+    config.train.lr_rule = "none"
+    assert optim.lr_multipliers(config, fam, PARAMS) is None
+
+
+def test_lr_rule_needs_a_family_that_defines_it():
+    config = _config(lr_rule="completep")
+    fam = family_of(ModelSpec.from_shape(Shape(2, 32, 64, 4, 4, 64), family="pre_ln"))
+    with pytest.raises(ConfigError, match=r"config\.train\.lr_rule"):
+        optim.lr_multipliers(config, fam, PARAMS)

@@ -11,6 +11,7 @@ formulas of spec/residuals.md at several depths.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -65,14 +66,19 @@ def init_params(spec: ModelSpec):
     return init(jax.random.key(0), TOKENS)["params"]
 
 
-def model_logits(spec: ModelSpec, params, ident=None):
+@functools.cache
+def compiled_forward(spec: ModelSpec):
+    """``(params, ident) -> logits`` on TOKENS, compiled once per spec."""
     model = Transformer(spec)
-    ident = jnp.arange(spec.depth, dtype=jnp.int32) if ident is None else jnp.asarray(ident)
+    params = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), TOKENS)["params"]))
+    ident = jax.ShapeDtypeStruct((spec.depth,), jnp.int32)
+    return jax.jit(lambda p, i: model.apply({"params": p}, TOKENS, ident=i)).lower(
+        params, ident).compile(FAST)
 
-    def fwd(p, t, i):
-        return model.apply({"params": p}, t, ident=i)
 
-    return jax.jit(fwd).lower(params, TOKENS, ident).compile(FAST)(params, TOKENS, ident)
+def model_logits(spec: ModelSpec, params, ident=None):
+    ident = np.arange(spec.depth) if ident is None else ident
+    return compiled_forward(spec)(params, jnp.asarray(ident, jnp.int32))
 
 
 # ------------------------------------------------------ the hand-written side
@@ -106,6 +112,8 @@ def reference_logits(spec: ModelSpec, params, block_fn):
 
 
 def assert_matches(spec, params, block_fn, ident=None):
+    """The model equals the hand-written forward; with ``ident``, ``params`` hold
+    permuted blocks and ``block_fn`` sees positions (its ``b``)."""
     got = model_logits(spec, params, ident)
     want = reference_logits(spec, params, block_fn)
     assert float(jnp.std(want)) > 0.1  # the comparison is not between near-zero logits
@@ -239,6 +247,9 @@ def test_keel_matches_reference():
         return rms(alpha * h + mlp(rms(h, bp["mlp_norm"])), r["mlp_post_norm"])
 
     assert_matches(spec, params, block)
+    # "Block 0" is the first position: a permuted stack keeps the structure in place.
+    order = np.array([2, 0, 3, 1])
+    assert_matches(spec, permute_blocks(params, order), block, ident=order)
 
 
 # ---------------------------------------------------------- post_ln, mix_ln
@@ -282,6 +293,9 @@ def test_mix_ln_matches_reference(fraction):
         return x + mlp(rms(x, r["mlp_norm"]))
 
     assert_matches(spec, params, block)
+    # Post- or pre-LN is decided by position: a permuted block takes its slot's placement.
+    order = np.array([3, 2, 1, 0])
+    assert_matches(spec, permute_blocks(params, order), block, ident=order)
 
 
 # -------------------------------------------------------------- completep

@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -291,36 +292,52 @@ for name in registry.names():
 """
 
 
-@pytest.fixture(scope="module", autouse=True)
-def sharded_job(request):
-    """Start the 8-device subprocess as this module starts (if its test is selected)."""
-    wanted = any(item.name == "test_sharded_matches_single_device"
-                 for item in request.session.items)
-    if not wanted:
-        yield None
-        return
+def _start_sharded_job() -> subprocess.Popen:
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {FAST_FLAGS}")
     shape = [TINY.depth, TINY.d_model, TINY.d_ff, TINY.n_heads, TINY.n_kv_heads,
              TINY.vocab_size]
+    # stderr goes to a file: a full pipe would stall the job until the test reads it.
+    errors = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen([sys.executable, "-c", _SHARDED_SCRIPT, json.dumps(shape)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-        proc.communicate()
+                            stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
+    proc.errors = errors
+    return proc
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sharded_job(request):
+    """A one-element list holding the 8-device subprocess, started as this module
+    starts when its test is selected, so that it runs beside the single-device
+    tests.  Under pytest-xdist every worker would start one, so there the test
+    starts it itself."""
+    job: list[subprocess.Popen] = []
+    wanted = any(item.name == "test_sharded_matches_single_device"
+                 for item in request.session.items)
+    if wanted and not os.environ.get("PYTEST_XDIST_WORKER"):
+        job.append(_start_sharded_job())
+    yield job
+    for proc in job:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def test_sharded_matches_single_device(sharded_job):
     """(data 2, fsdp 2, tensor 2) mesh with the project's logical rules == one device."""
+    if not sharded_job:
+        sharded_job.append(_start_sharded_job())
+    proc = sharded_job[0]
     start = time.monotonic()
     try:
-        stdout, stderr = sharded_job.communicate(timeout=600)
+        stdout, _ = proc.communicate(timeout=600)
     except subprocess.TimeoutExpired:
-        sharded_job.kill()
+        proc.kill()
         pytest.fail("sharded subprocess timed out")
-    assert sharded_job.returncode == 0, stderr[-3000:]
-    results = {r["family"]: r for r in map(json.loads, stdout.splitlines())}
+    proc.errors.seek(0)
+    assert proc.returncode == 0, proc.errors.read()[-3000:]
+    results = {r["family"]: r for r in map(json.loads, (
+        line for line in stdout.splitlines() if line.startswith('{"family"')))}
     assert sorted(results) == sorted(FAMILIES)
     bad = {}
     for name, r in results.items():

@@ -219,12 +219,22 @@ def _sharded_main() -> None:
                               "param_diff": diff, "sharded_leaves": sharded}), flush=True)
 
 
-@pytest.fixture(scope="module")
-def sharded_job():
+@pytest.fixture(scope="module", autouse=True)
+def sharded_job(request):
+    """Start the 8-device subprocess as this module starts (if its test is
+    selected), so it compiles while the tests above run."""
+    wanted = any(item.name == "test_sharded_step_matches_single_device"
+                 for item in request.session.items)
+    if not wanted:
+        yield None
+        return
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
            "JAX_PLATFORMS": "cpu"}
-    return subprocess.Popen([sys.executable, __file__], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen([sys.executable, __file__], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    yield job
+    if job.poll() is None:
+        job.kill()
 
 
 def test_sharded_step_matches_single_device(sharded_job):

@@ -215,6 +215,37 @@ def test_kill_then_resume_is_exact(finished, overrides, tmp_path, monkeypatch):
     assert ("train/loss", STEPS) in tags
 
 
+class _SignallingIterator(_DyingIterator):
+    """Sends ``signum`` to this process while batch ``n`` is being fetched."""
+
+    def __init__(self, it, n, signum):
+        super().__init__(it, -1)
+        self.at, self.signum = n, signum
+
+    def __next__(self):
+        if self.served + 1 == self.at:
+            os.kill(os.getpid(), self.signum)
+        return super().__next__()
+
+
+def test_sigint_right_after_a_periodic_checkpoint(finished, overrides, tmp_path, monkeypatch):
+    """Ctrl-C during step 16 (a checkpoint step): the run saves step 16 once,
+    returns "preempted", and the re-run matches the uninterrupted run."""
+    reference, _ = finished
+    workdir = tmp_path / "int"
+    real = data.train_iterator
+    monkeypatch.setattr(data, "train_iterator", lambda *a, **k: _SignallingIterator(
+        real(*a, **k), EVERY, signal.SIGINT))
+    r = loop.run(_config(overrides), workdir, progress=False)
+    assert r["status"] == "preempted" and r["step"] == EVERY
+    assert r["message"].startswith(f"preempted at step {EVERY}; re-run the same command")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert not (workdir / "result.json").exists()
+    monkeypatch.setattr(data, "train_iterator", real)
+    assert loop.run(_config(overrides), workdir, progress=False)["status"] == "finished"
+    assert _losses(workdir) == _losses(reference)
+
+
 # -------------------------------------------------------------- divergence
 
 

@@ -17,8 +17,8 @@ examples:
   depthbench train --config experiments/micro.py --workdir runs/demo
   depthbench train --config experiments/micro.py --workdir runs/hc-L8 \\
       --config.model.family=hc --config.model.depth=8 --config.train.lr=2e-3
-  depthbench train --config experiments/paper_400m.py --workdir gs://bucket/runs/pre_ln-L24 \\
-      --config.parallel.fsdp=8
+  depthbench train --config experiments/paper_400m.py --workdir /mnt/runs/pre_ln-L24 \\
+      --config.parallel.fsdp=8 --config.model.depth=24
 
 Re-running the same command on the same --workdir resumes from the latest
 checkpoint (exactly: same batches, same losses); a finished run is not retrained.
@@ -38,7 +38,8 @@ def register(subparsers) -> None:
                         help="experiment spec file, e.g. experiments/micro.py; fields can be "
                              "overridden with --config.section.field=value")
     parser.add_argument("--workdir", required=True, metavar="DIR",
-                        help="run directory (created; an existing one is resumed)")
+                        help="run directory (created; an existing one is resumed); on several "
+                             "hosts, a path they all share")
     parser.add_argument("--json", action="store_true",
                         help="print result.json on stdout instead of the summary table")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -34,6 +34,7 @@ class Checkpoints:
         options = ocp.CheckpointManagerOptions(max_to_keep=max(1, int(keep)), create=True,
                                                enable_async_checkpointing=async_save)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self._saved: int | None = None  # the last step saved by this process (maybe in flight)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -43,11 +44,12 @@ class Checkpoints:
 
     def save(self, step: int, state: TrainState, data_arg: Any, meta: dict) -> None:
         """Save ``state`` (``data_arg``: the data module's save arg for the iterator)."""
-        if step in self.manager.all_steps():
-            return  # e.g. a final save right after a periodic one
+        if step == self._saved or step in self.manager.all_steps():
+            return  # e.g. a preemption right after a periodic save (perhaps still in flight)
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=data_arg,
                                   meta=ocp.args.JsonSave(meta))
         self.manager.save(step, args=args, force=True)
+        self._saved = step
 
     def restore(self, step: int, abstract_state: TrainState, data_arg: Any
                 ) -> tuple[TrainState, dict]:

@@ -77,13 +77,18 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def config_difference(saved: dict, config: dict) -> tuple[str, Any, Any] | None:
-    """The first field (dotted) whose value differs between two config dicts,
-    ignoring :data:`RUNTIME_FIELDS`; None when they describe the same run."""
+    """The first field (dotted) whose value differs between a run's saved
+    config and ``config``, ignoring :data:`RUNTIME_FIELDS`; None when they
+    describe the same run.  A field added to base.py after the run was saved
+    matches if ``config`` keeps its default."""
+    from depthbench.config import base_config
+
     a, b = _flatten(saved), _flatten(config)
+    defaults = _flatten(base_config().to_dict())
     for key in sorted(set(a) | set(b)):
         if key.startswith("resolved.") or any(key.startswith(f) for f in RUNTIME_FIELDS):
             continue
-        va, vb = a.get(key), b.get(key)
+        va, vb = a.get(key, defaults.get(key)), b.get(key)
         if isinstance(va, list):
             va = tuple(va)
         if isinstance(vb, list):
@@ -222,6 +227,9 @@ def run(config, workdir: str | Path, *, progress: bool = True) -> dict:
     Bad input raises :class:`~depthbench.config.ConfigError`.
     """
     wall_start = time.time()
+    if "://" in str(workdir):
+        raise ConfigError(f"--workdir: {str(workdir)!r} is a URL; runs write to a filesystem "
+                          "path (shared by all hosts: NFS, Lustre, a gcsfuse mount of a bucket)")
     workdir = Path(workdir).expanduser().resolve()
     parallel.maybe_initialize_distributed(config.parallel.distributed)
     done = check_workdir(config, workdir)

@@ -64,8 +64,7 @@ def grads_and_loss(s: TrainSetup, params: Any, batch: Batch, key: jax.Array,
         return loss, jax.tree.map(lambda g: g.astype(jnp.float32), grads)
     micro = jax.tree.map(lambda x: _split_micro(x, microbatches), batch)
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    zeros = jax.lax.with_sharding_constraint(zeros, jax.tree.map(lambda x: x.spec,
-                                                                 s.param_shardings))
+    zeros = jax.lax.with_sharding_constraint(zeros, s.param_shardings)  # laid out like params
 
     def body(carry, xs):
         g_acc, l_acc = carry
@@ -80,13 +79,18 @@ def grads_and_loss(s: TrainSetup, params: Any, batch: Batch, key: jax.Array,
     return l_sum / microbatches, jax.tree.map(lambda g: g / microbatches, g_sum)
 
 
+def global_norm(tree: Any) -> jax.Array:
+    """sqrt(sum of squares) over every leaf, in fp32 (what clipping measures)."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
 def train_step(s: TrainSetup, state: TrainState, batch: Batch,
                microbatches: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer update.  Metrics: loss, grad_norm (before clipping) and
     the learning rate this update used."""
     key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     loss, grads = grads_and_loss(s, state.params, batch, key, microbatches)
-    grad_norm = optax.tree.norm(grads)
+    grad_norm = global_norm(grads)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
     updates, opt_state = s.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)

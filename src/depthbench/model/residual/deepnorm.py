@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
+
 from depthbench.model.residual.base import ResidualFamily, gate, layer_norm, norm_param
 from depthbench.model.residual.fields import check_number
 
@@ -55,7 +57,9 @@ class DeepNorm(ResidualFamily):
         return self.beta if matrix in _BETA_MATRICES else 1.0
 
     def write(self, p, state, y, site, aux, active):
-        new = layer_norm(self.alpha * state + y, p[_LN[site.sub]], self.spec.norm_eps)
+        # alpha * x + F(x) in fp32, so that bf16 does not round the branch away.
+        total = self.alpha * state.astype(jnp.float32) + y.astype(jnp.float32)
+        new = layer_norm(total, p[_LN[site.sub]], self.spec.norm_eps).astype(state.dtype)
         return gate(active, new, state)
 
     # Two post-LNs replace the two pre-norms: extra_block_params() stays 0.

@@ -50,10 +50,12 @@ class Keel(ResidualFamily):
         return {k: norm_param(mod, k, self.spec.d_model) for k in _POST}
 
     def write(self, p, state, y, site, aux, active):
-        eps = self.spec.norm_eps
-        first = site.pos == 1
-        carry = jnp.where(first, 1.0, self.alpha).astype(state.dtype)
-        new = rms_norm(carry * state + y, p[_POST[site.sub]], eps)
+        first = site.pos == 0
+        carry = jnp.where(first, 1.0, self.alpha)
+        # The sum is formed in fp32: with alpha = 2L the branch is a small
+        # correction to alpha * x that bf16 would round away before the norm.
+        total = carry * state.astype(jnp.float32) + y.astype(jnp.float32)
+        new = rms_norm(total, p[_POST[site.sub]], self.spec.norm_eps).astype(state.dtype)
         if site.sub == 0:  # block 0's attention sublayer has no post-norm
             new = jnp.where(first, state + y, new)
         return gate(active, new, state)

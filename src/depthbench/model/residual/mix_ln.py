@@ -56,9 +56,9 @@ class MixLN(ResidualFamily):
 
     def write(self, p, state, y, site, aux, active):
         post = site.pos < self.n_post
-        new = state + y
-        new = jnp.where(post, rms_norm(new, p[_NORM[site.sub]], self.spec.norm_eps), new)
-        return gate(active, new, state)
+        total = state.astype(jnp.float32) + y.astype(jnp.float32)
+        normed = rms_norm(total, p[_NORM[site.sub]], self.spec.norm_eps)
+        return gate(active, jnp.where(post, normed, total).astype(state.dtype), state)
 
     # One norm per sublayer, like pre_ln: extra_block_params() stays 0.
 

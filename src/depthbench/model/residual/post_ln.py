@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
+
 from depthbench.model.residual.base import ResidualFamily, gate, norm_param, rms_norm
 
 _NORM = ("attn_post_norm", "mlp_post_norm")
@@ -25,4 +27,6 @@ class PostLN(ResidualFamily):
         return {k: norm_param(mod, k, self.spec.d_model) for k in _NORM}
 
     def write(self, p, state, y, site, aux, active):
-        return gate(active, rms_norm(state + y, p[_NORM[site.sub]], self.spec.norm_eps), state)
+        total = state.astype(jnp.float32) + y.astype(jnp.float32)  # the norm's input in fp32
+        new = rms_norm(total, p[_NORM[site.sub]], self.spec.norm_eps).astype(state.dtype)
+        return gate(active, new, state)

@@ -35,7 +35,7 @@ from depthbench.shapes import Shape
 SHAPE = Shape(depth=4, d_model=32, d_ff=96, n_heads=4, n_kv_heads=4, vocab_size=64)
 EPS = 1e-6
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-TOKENS = jax.random.randint(jax.random.key(5), (2, 8), 0, SHAPE.vocab_size)
+TOKENS = np.random.default_rng(5).integers(0, SHAPE.vocab_size, (2, 8)).astype(np.int32)
 
 
 def make_spec(family: str, shape: Shape = SHAPE, **residual) -> ModelSpec:

@@ -153,6 +153,11 @@ def test_bad_sweeps_are_one_line_errors(tmp_path):
     dup.write_text(SPEC.replace("(1e-3, 2.5e-3)", "(1e-3, 1e-3)"))
     with pytest.raises(ConfigError, match="runs 0 and 1 have the same name 'pre_ln-L2-lr1e-03'"):
         sweeplib.expand(dup)
+    listed = tmp_path / "listed.py"
+    listed.write_text("from depthbench.config import base_config as get_config\n"
+                      "def get_sweep():\n    return [['model.depth', 2]]\n")
+    with pytest.raises(ConfigError, match=r"entry 0 must be a dict \{'section.field': value\}"):
+        sweeplib.expand(listed)
     single = tmp_path / "single.py"
     single.write_text("from depthbench.config import base_config as get_config\n")
     with pytest.raises(ConfigError, match="has no get_sweep"):
@@ -266,6 +271,21 @@ def test_changed_config_is_refused_but_execution_fields_may_change(spec_file, sw
     runner = FakeRunner()
     sweeplib.run_sweep(moved, tmp_path, runner=runner, progress=False)
     assert runner.calls == []
+
+
+def test_a_new_spec_adds_runs_to_a_sweep_directory(sweep, tmp_path):
+    """Swapping in a spec with a new aspect ratio trains only the new runs, and
+    results.csv keeps every run the directory holds."""
+    sweeplib.run_sweep(sweep, tmp_path, runner=FakeRunner(), progress=False)
+    more = tmp_path / "more.py"
+    more.write_text(SPEC.replace("(2, 4)", "(10,)").replace('("pre_ln", "hc")', '("hc",)'))
+    runner = FakeRunner()
+    sweeplib.run_sweep(sweeplib.expand(more), tmp_path, runner=runner, progress=False)
+    assert runner.calls == ["hc-L10-lr1e-03", "hc-L10-lr2.5e-03"]
+    rows = read_csv(tmp_path / "results.csv")
+    assert list(rows) == ["hc-L10-lr1e-03", "hc-L10-lr2.5e-03", *sorted(NAMES)]
+    assert {r["status"] for r in rows.values()} == {"done"}
+    assert float(rows["pre_ln-L4-lr1e-03"]["aspect_ratio"]) == 30.0
 
 
 def test_execution_fields_match_the_trainer():

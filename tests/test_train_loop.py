@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -156,6 +157,16 @@ def test_a_different_config_is_bad_input(finished, overrides):
                     progress=False)["already_done"]
 
 
+def test_a_run_being_trained_elsewhere_is_refused(finished, overrides, tmp_path):
+    workdir = tmp_path / "locked"
+    workdir.mkdir()
+    (workdir / loop.LOCK_FILE).write_text(json.dumps(
+        {"host": socket.gethostname(), "pid": os.getppid()}))  # a live process, not this one
+    with pytest.raises(ConfigError, match=r"^--workdir: .* is being trained by process"):
+        loop.run(_config(overrides), workdir, progress=False)
+    assert not (workdir / "config.json").exists()
+
+
 # ------------------------------------------------------------------ resume
 
 
@@ -249,7 +260,7 @@ def test_sigint_right_after_a_periodic_checkpoint(finished, overrides, tmp_path,
 # -------------------------------------------------------------- divergence
 
 
-def test_nan_diverges_with_exit_status_3(overrides, tmp_path, monkeypatch):
+def test_nan_diverges_with_exit_status_3(overrides, tmp_path, monkeypatch, capsys):
     """NaN weights (forced into the initial state) make the first loss NaN."""
     workdir = tmp_path / "nan"
     real_init = state_lib.init_state
@@ -268,8 +279,11 @@ def test_nan_diverges_with_exit_status_3(overrides, tmp_path, monkeypatch):
     last = read_jsonl(workdir / "metrics.jsonl")[-1]
     assert last["step"] == 1 and last["loss"] is None  # NaN is null in JSON
     assert not (workdir / "checkpoints" / "1").exists()  # a diverged state is not saved
-    # A diverged run is recorded, not retrained: the same command reports it again.
-    assert cli_main(args) == 3
+    # A diverged run is recorded, not retrained: the same command reports it again
+    # (with --json, stdout is exactly the recorded result).
+    capsys.readouterr()
+    assert cli_main([*args, "--json"]) == 3
+    assert json.loads(capsys.readouterr().out) == {**r, "already_done": True}
 
 
 def test_loss_above_the_bound_diverges(finished, overrides, tmp_path):

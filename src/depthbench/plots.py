@@ -201,32 +201,37 @@ def training_curves(curves: Sequence[dict], path: str | epath.Path) -> bool:
 
 
 def costs_vs_aspect(cost_rows: Sequence[dict], path: str | epath.Path) -> bool:
-    """Prefill FLOPs, KV cache and residual-state bytes per token vs aspect ratio."""
+    """Prefill FLOPs, KV cache and residual-state bytes per token vs aspect
+    ratio, one line per family, one row of panels per suite."""
     if not cost_rows:
         return False
-    many_suites = len({r["suite"] for r in cost_rows}) > 1
-    keys = list(dict.fromkeys((r["suite"], r["family"]) for r in cost_rows))
-    color = _colors(list(dict.fromkeys(r["family"] for r in cost_rows)))
+    suites = list(dict.fromkeys(r["suite"] for r in cost_rows))
+    families = list(dict.fromkeys(r["family"] for r in cost_rows))
+    color = _colors(families)
     markers = "os^vDP<>Xhp*d"
     panels = (("prefill_flops", 1e9, "prefill GFLOPs per sequence"),
               ("kv_cache_bytes", 2**20, "KV cache MiB per sequence (bf16)"),
               ("state_bytes_per_token", 1.0, "residual state bytes per token (bf16)"))
-    fig = Figure(figsize=(16, 4.6), layout="constrained")
-    seqs = sorted({r["seq_len"] for r in cost_rows})
-    for k, (field, scale, label) in enumerate(panels):
-        ax = fig.add_subplot(1, 3, k + 1)
-        for i, (suite, family) in enumerate(keys):
-            pts = sorted((r["aspect_ratio"], r[field] / scale, r["depth"]) for r in cost_rows
-                         if (r["suite"], r["family"]) == (suite, family))
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], ls="-",
-                    marker=markers[i % len(markers)], color=color[family], ms=5, lw=1.2,
-                    alpha=0.85, label=f"{family} ({suite})" if many_suites else family)
-        ars = {r["aspect_ratio"]: r["depth"] for r in cost_rows}
-        _aspect_axis(ax, list(ars), None if many_suites else list(ars.values()))
-        ax.set_ylabel(label)
-        if k == 0:
-            ax.legend(fontsize=7, ncol=2)
-    fig.suptitle(f"costs per shape at T = {', '.join(map(str, seqs))} tokens (no training)")
+    fig = Figure(figsize=(16, 4.4 * len(suites)), layout="constrained")
+    for row, suite in enumerate(suites):
+        rows = [r for r in cost_rows if r["suite"] == suite]
+        seqs = ", ".join(str(t) for t in sorted({r["seq_len"] for r in rows}))
+        for k, (field, scale, label) in enumerate(panels):
+            ax = fig.add_subplot(len(suites), 3, 3 * row + k + 1)
+            for i, family in enumerate(families):
+                pts = sorted((r["aspect_ratio"], r[field] / scale) for r in rows
+                             if r["family"] == family)
+                if pts:
+                    # Families with equal costs overlap; the marker tells them apart.
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], ls="-",
+                            marker=markers[i % len(markers)], color=color[family], ms=5,
+                            lw=1.2, alpha=0.85, label=family)
+            ars = {r["aspect_ratio"]: r["depth"] for r in rows}
+            _aspect_axis(ax, list(ars), list(ars.values()))
+            ax.set_ylabel(label)
+            ax.set_title(f"{suite or 'shape rule'}, T = {seqs}", fontsize=9)
+            if k == 0:
+                ax.legend(fontsize=7, ncol=2)
     _save(fig, path)
     return True
 

@@ -16,12 +16,10 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import json
 import math
 from collections.abc import Sequence
 from typing import Any
 
-import ml_collections
 from etils import epath
 
 from depthbench import reference, shapes
@@ -82,13 +80,7 @@ def load_rows(workdir: str | epath.Path) -> list[dict]:
 
 def run_of(run_dir: epath.Path) -> sweeplib.Run | None:
     """The sweep Run recorded in a run directory (sweep_run.json), if any."""
-    try:
-        record = json.loads((run_dir / sweeplib.RUN_RECORD).read_text())
-    except (FileNotFoundError, json.JSONDecodeError, OSError):
-        return None
-    config = ml_collections.ConfigDict(record["config"])
-    return sweeplib.Run(int(record.get("index", -1)), record["name"],
-                        tuple(record.get("overrides", {}).items()), config)
+    return sweeplib.recorded_run(run_dir)
 
 
 # ------------------------------------------------------------------ summary

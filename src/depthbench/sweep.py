@@ -226,7 +226,7 @@ def expand(spec: str | os.PathLike, cli_overrides: Iterable[str] = ()) -> Sweep:
     for k, entry in enumerate(entries):
         if not isinstance(entry, dict) or not all(isinstance(key, str) for key in entry):
             raise ConfigError(f"config: get_sweep() in {str(spec)!r}: entry {k} must be a dict "
-                              "{'section.field': value}, got {entry!r}")
+                              f"{{'section.field': value}}, got {entry!r}")
     swept = {key for entry in entries for key in entry}
     for text in cli_overrides:
         key = _override_key(text)
@@ -490,15 +490,40 @@ def rows_to_csv(rows: Sequence[dict], columns: Sequence[str] = RESULT_COLUMNS) -
     return buf.getvalue()
 
 
+def recorded_run(run_dir: epath.Path) -> Run | None:
+    """The Run a sweep recorded in ``run_dir`` (sweep_run.json), if any."""
+    record = _read_json(run_dir / RUN_RECORD)
+    if record is None or "config" not in record:
+        return None
+    return Run(int(record.get("index", -1)), str(record.get("name", run_dir.name)),
+               tuple(record.get("overrides", {}).items()),
+               ml_collections.ConfigDict(record["config"]))
+
+
+def other_runs(sweep: Sweep, workdir: epath.Path) -> list[Run]:
+    """Runs in ``workdir`` that earlier sweeps (other specs) recorded: a
+    directory is the union of the sweeps run into it, so a spec that adds an
+    aspect ratio or a family need not repeat the runs already there."""
+    mine = {r.name for r in sweep.runs}
+    found = []
+    for record in sorted(workdir.glob(f"*/{RUN_RECORD}")):
+        if record.parent.name not in mine:
+            run = recorded_run(record.parent)
+            if run is not None:
+                found.append(dataclasses.replace(run, name=record.parent.name))
+    return found
+
+
 def write_results(sweep: Sweep, workdir: epath.Path, *, stale_after: float = 600.0,
                   cache: dict[str, dict] | None = None) -> list[dict]:
-    """Rebuild results.csv from the run directories (atomically) and return its rows.
+    """Rebuild results.csv from the run directories (atomically) and return its rows:
+    the sweep's runs in order, then those earlier sweeps left in ``workdir``.
 
     ``cache`` keeps rows of finished runs between calls, so a long sweep does
     not re-read every result.json after each run.
     """
     rows = []
-    for run in sweep.runs:
+    for run in [*sweep.runs, *other_runs(sweep, workdir)]:
         if cache is not None and run.name in cache:
             rows.append(cache[run.name])
             continue
@@ -751,5 +776,6 @@ def _progress_bar(total: int, enabled: bool):
 __all__ = [
     "FINISHED", "RESULT_COLUMNS", "STATUSES", "Run", "RunLock", "Sweep", "SweepOutcome",
     "atomic_write", "config_changes", "default_runner", "expand", "fmt_lr", "parse_shard",
-    "read_row", "rows_to_csv", "run_name", "run_sweep", "write_results",
+    "other_runs", "read_row", "recorded_run", "rows_to_csv", "run_name", "run_sweep",
+    "write_results",
 ]

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -122,6 +123,48 @@ def check_workdir(config, workdir: Path) -> dict | None:
     if result_path.exists():
         return json.loads(result_path.read_text())
     return None
+
+
+LOCK_FILE = ".train.lock"
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: Path, enabled: bool = True) -> Iterator[None]:
+    """Refuse to train a run directory that another live process on this host
+    is training (two writers would interleave checkpoints and metrics).
+
+    A lock left by a dead process, or by another host (which this host cannot
+    check, e.g. a preempted VM), is taken over.
+    """
+    if not enabled:
+        yield
+        return
+    path, host, pid = workdir / LOCK_FILE, socket.gethostname(), os.getpid()
+    try:
+        held = json.loads(path.read_text())
+    except (OSError, ValueError):
+        held = None
+    if held and held.get("host") == host and held.get("pid") != pid and _alive(held.get("pid")):
+        raise ConfigError(f"--workdir: {str(workdir)!r} is being trained by process "
+                          f"{held['pid']} on this host; wait for it or stop it first")
+    workdir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"host": host, "pid": pid, "started": time.time()})
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(path.read_text()).get("pid") == pid:
+                path.unlink()
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, TypeError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # ---------------------------------------------------------------- signals
@@ -238,7 +281,7 @@ def run(config, workdir: str | Path, *, progress: bool = True) -> dict:
     preempt = Preemption()
     # Installed before start-up: a signal during data preparation or
     # compilation stops the run at its first step boundary.
-    with preempt.installed():
+    with workdir_lock(workdir, enabled=jax.process_index() == 0), preempt.installed():
         session = _Session(config, workdir, progress, wall_start)
         try:
             session.train(preempt)
@@ -296,7 +339,8 @@ class _Session:
         self.status, self.diverged_at, self.val_loss, self.last_loss = "finished", None, None, None
         self.bar = summary_lib.progress_bar(progress and self.main, self.start, self.steps, spec)
         if self.main and self.start:
-            self.bar.write(f"resuming {workdir} from step {self.start}")
+            # Messages go to stderr with the bar: stdout is the summary (or --json).
+            self.bar.write(f"resuming {workdir} from step {self.start}", file=sys.stderr)
 
     # ------------------------------------------------------------ pieces
     def evaluate(self) -> float:
@@ -358,7 +402,8 @@ class _Session:
             if bad:
                 self.status, self.diverged_at = "diverged", self.step
                 self.bar.write(f"diverged at step {self.step}: loss {loss:.4g}, grad norm "
-                               f"{grad_norm:.4g} (train.max_loss {float(t.max_loss):g})")
+                               f"{grad_norm:.4g} (train.max_loss {float(t.max_loss):g})",
+                               file=sys.stderr)
                 return
             if self.due(int(t.layer_stats_every)):
                 stats = self.stats_fn(self.state.params, self.val[0]["inputs"])

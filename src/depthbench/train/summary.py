@@ -15,8 +15,8 @@ class _NoBar:
     def set_postfix_str(self, s: str, refresh: bool = True) -> None:
         pass
 
-    def write(self, s: str) -> None:
-        print(s, file=sys.stderr, flush=True)
+    def write(self, s: str, file=None) -> None:
+        print(s, file=file or sys.stderr, flush=True)
 
     def close(self) -> None:
         pass

@@ -80,7 +80,11 @@ if [[ "$MODE" == task ]]; then
   (($#)) || die "--task needs the command to run after it"
   : "${SLURM_PROCID:?--task runs inside srun (SLURM_PROCID is not set)}"
   nodelist=${SLURM_STEP_NODELIST:-${SLURM_JOB_NODELIST:?SLURM_JOB_NODELIST is not set}}
-  coordinator=$(scontrol show hostnames "$nodelist" | head -n 1)
+  # Read every name, then take the first: `| head -n 1` would close the pipe early and
+  # (with pipefail) turn scontrol's SIGPIPE into a failure.
+  hosts=()
+  mapfile -t hosts < <(scontrol show hostnames "$nodelist")
+  coordinator=${hosts[0]:-}
   [[ -n "$coordinator" ]] || die "scontrol gave no host for node list '$nodelist'"
   # jax.distributed.initialize() reads JAX_COORDINATOR_ADDRESS; the process count and id
   # come from SLURM_NTASKS / SLURM_PROCID (exported below under JAX's names as well).

@@ -14,6 +14,8 @@
 #   --stage-data: copies token shards from a bucket to the same local directory on every
 #      worker (the data pipeline reads local files; point --config.data.paths there);
 #   4. lists finished runs in the bucket (one `gcloud storage ls`) and skips them;
+#   --workdir gs://BUCKET/DIR is mounted with gcsfuse at $DEPTHBENCH_GCS_MOUNT/BUCKET (default
+#      /tmp/depthbench-gcs) on every worker; the workers read and write the runs there;
 #   5. for each remaining run: `depthbench sweep --run NAME --no-lock` on ALL workers at
 #      once (one multi-host job: jax.distributed.initialize() finds the slice by itself);
 #      run directories (Orbax checkpoints, TensorBoard events, result.json) go to the bucket;
@@ -64,6 +66,7 @@ ACCEL="${TPU_ACCELERATOR:-}" VERSION="${TPU_VERSION:-tpu-ubuntu2204-base}"
 CREATE=0 SPOT=0 DELETE=0 INSTALL=0 DRY=0 RETRIES=3 SHARD=""
 REMOTE_DIR="depthbench" JAX_REQ='jax[tpu]>=0.10,<0.12'
 STAGE_DATA="" STAGE_DIR=/tmp/depthbench-data
+MOUNT_ROOT="${DEPTHBENCH_GCS_MOUNT:-/tmp/depthbench-gcs}"
 RUN_ARGS=() OVERRIDES=()
 
 while (($#)); do
@@ -169,8 +172,30 @@ install() {
   setup+="(test -x .venv/bin/python || python3 -m venv .venv) && "
   setup+=".venv/bin/pip install -q -U pip && "
   setup+=".venv/bin/pip install -q -e . $(q "$JAX_REQ") gcsfs google-cloud-storage"
+  if [[ "$WORKDIR" == gs://* ]]; then  # gcsfuse mounts the bucket (see mount_bucket)
+    setup+=" && (command -v gcsfuse >/dev/null || (sudo apt-get update -qq && "
+    setup+="sudo apt-get install -y -qq gcsfuse))"
+  fi
   on_workers all "$setup"
   ((DRY)) || rm -f "$tarball"
+}
+
+# The trainer writes its run directory with ordinary file I/O (append-only metrics, atomic
+# renames, lock files), so a gs:// work directory is mounted with gcsfuse at the same path
+# on every worker and the workers are given that path; listing finished runs still asks
+# the bucket directly.
+RUN_WORKDIR="$WORKDIR"
+if [[ "$WORKDIR" == gs://* ]]; then
+  BUCKET=${WORKDIR#gs://}
+  BUCKET=${BUCKET%%/*}
+  RUN_WORKDIR="$MOUNT_ROOT/${WORKDIR#gs://}"
+fi
+
+mount_bucket() {
+  [[ "$WORKDIR" == gs://* ]] || return 0
+  local at
+  at=$(q "$MOUNT_ROOT/$BUCKET")
+  on_workers all "mkdir -p $at && (mountpoint -q $at || gcsfuse --implicit-dirs $(q "$BUCKET") $at)"
 }
 
 stage_data() {  # every worker gets the same local copy of the token shards
@@ -195,6 +220,7 @@ if ((CREATE)); then
   fi
 fi
 ((INSTALL)) && install
+mount_bucket
 stage_data
 
 # 4. finished runs (result.json in the bucket) are skipped without starting a job
@@ -220,6 +246,7 @@ recover() {  # after a failed run: 0 = retry it, 1 = the run itself failed (slic
   [[ -z "$state" ]] || run "${GCLOUD_TPU[@]}" delete "$TPU" "${WHERE[@]}" --quiet
   create_slice
   install
+  mount_bucket
   stage_data
   return 0
 }
@@ -234,7 +261,7 @@ for k in "${!RUNS[@]}"; do
     continue
   fi
   echo "[$((k + 1))/${#RUNS[@]}] $name" >&2
-  cmd=$(remote "$REMOTE_BIN" sweep --config "$REL_SPEC" --workdir "$WORKDIR" --run "$name" \
+  cmd=$(remote "$REMOTE_BIN" sweep --config "$REL_SPEC" --workdir "$RUN_WORKDIR" --run "$name" \
     --no-lock --no-progress "${OVERRIDES[@]}")
   attempt=0
   until on_workers all "$cmd"; do
@@ -249,7 +276,7 @@ for k in "${!RUNS[@]}"; do
 done
 
 # 6. the report, written by worker 0 next to the runs
-on_workers 0 "$(remote "$REMOTE_BIN" report "$WORKDIR")" || true
+on_workers 0 "$(remote "$REMOTE_BIN" report "$RUN_WORKDIR")" || true
 ((DELETE)) && run "${GCLOUD_TPU[@]}" delete "$TPU" "${WHERE[@]}" --quiet
 
 echo "tpu_sweep.sh: $DONE/${#RUNS[@]} runs finished${FAILED:+, failed: ${FAILED[*]}}" >&2

@@ -140,6 +140,12 @@ def test_tpu_dry_run_prints_every_command_and_runs_none(fakes):
     install = lines[3]
     assert install[:6] == tpu + ["ssh", "tpu1"] and "--worker=all" in install
     assert "pip install -q -e ." in install[-1] and "jax[tpu]" in install[-1]
+    assert "gcsfuse" in install[-1]
+    mount = lines.pop(4)  # the bucket, mounted at the same path on every worker
+    assert mount[:6] == tpu + ["ssh", "tpu1"] and "--worker=all" in mount
+    assert mount[-1] == ("mkdir -p /tmp/depthbench-gcs/bkt && (mountpoint -q "
+                         "/tmp/depthbench-gcs/bkt || gcsfuse --implicit-dirs bkt "
+                         "/tmp/depthbench-gcs/bkt)")
     stage = lines[4]
     assert stage[:6] == tpu + ["ssh", "tpu1"] and "--worker=all" in stage
     assert stage[-1] == ("mkdir -p /tmp/depthbench-data && gcloud storage rsync --recursive "
@@ -151,8 +157,10 @@ def test_tpu_dry_run_prints_every_command_and_runs_none(fakes):
         assert line[:6] == tpu + ["ssh", "tpu1"] and "--worker=all" in line
         assert shlex.split(line[-1]) == [
             "cd", "depthbench", "&&", ".venv/bin/depthbench", "sweep", "--config", SPEC,
-            "--workdir", "gs://bkt/qs", "--run", name, "--no-lock", "--no-progress", OVERRIDE]
-    assert lines[8][-1] == "cd depthbench && .venv/bin/depthbench report gs://bkt/qs"
+            "--workdir", "/tmp/depthbench-gcs/bkt/qs", "--run", name, "--no-lock",
+            "--no-progress", OVERRIDE]
+    assert lines[8][-1] == ("cd depthbench && .venv/bin/depthbench report "
+                            "/tmp/depthbench-gcs/bkt/qs")
     assert "--worker=0" in lines[8]
     assert lines[9] == tpu + ["delete", "tpu1", *WHERE, "--quiet"]
     assert len(lines) == 10
@@ -163,7 +171,8 @@ def test_tpu_remote_command_survives_the_remote_shell(fakes, tmp_path):
     r = sh("tpu_sweep.sh", *TPU_ARGS, "--dry-run", "--", OVERRIDE, "--config.name=it's a run",
            env={"DEPTHBENCH": REAL_DEPTHBENCH})
     assert r.returncode == 0, r.stderr
-    command = shlex.split(r.stdout.splitlines()[1][2:])[-1]
+    # lines: mount the bucket, list finished runs, then the first run
+    command = shlex.split(r.stdout.splitlines()[2][2:])[-1]
     home = tmp_path / "home"
     fake_bin = home / "depthbench" / ".venv" / "bin"
     fake_bin.mkdir(parents=True)
@@ -172,8 +181,8 @@ def test_tpu_remote_command_survives_the_remote_shell(fakes, tmp_path):
     (fake_bin / "depthbench").chmod(0o755)
     out = subprocess.run(["bash", "-c", command], cwd=home, capture_output=True, text=True)
     assert json.loads(out.stdout) == [
-        "sweep", "--config", SPEC, "--workdir", "gs://bkt/qs", "--run", PRE_LN[0], "--no-lock",
-        "--no-progress", OVERRIDE, "--config.name=it's a run"]
+        "sweep", "--config", SPEC, "--workdir", "/tmp/depthbench-gcs/bkt/qs", "--run", PRE_LN[0],
+        "--no-lock", "--no-progress", OVERRIDE, "--config.name=it's a run"]
 
 
 def test_tpu_sweep_skips_finished_and_resumes_after_preemption(fakes):
@@ -184,10 +193,10 @@ def test_tpu_sweep_skips_finished_and_resumes_after_preemption(fakes):
     assert r.returncode == 0, r.stderr
     verbs = [c["args"][3] if c["args"][0] == "compute" else "storage-ls"
              for c in calls(fakes, "gcloud")]
-    # create (no slice yet), install, list finished, run 2 (preempted), recover: delete,
-    # create, install; run 2 again, run 3, report.
-    assert verbs == ["describe", "create", "scp", "ssh", "storage-ls", "ssh", "describe",
-                     "delete", "create", "scp", "ssh", "ssh", "ssh", "ssh"]
+    # create (no slice yet), install, mount, list finished, run 2 (preempted), recover:
+    # delete, create, install, mount; run 2 again, run 3, report.
+    assert verbs == ["describe", "create", "scp", "ssh", "ssh", "storage-ls", "ssh", "describe",
+                     "delete", "create", "scp", "ssh", "ssh", "ssh", "ssh", "ssh"]
     ssh = [c["args"][-1] for c in calls(fakes, "gcloud") if c["args"][3:4] == ["ssh"]]
     ran = [name for cmd in ssh for name in PRE_LN if f"--run {name} " in cmd]
     assert ran == [PRE_LN[1], PRE_LN[1], PRE_LN[2]]  # the finished run is never started
@@ -227,7 +236,7 @@ def test_tpu_slice_settings_from_the_environment(fakes):
     r = sh("tpu_sweep.sh", "--config", SPEC, "--workdir", "gs://b/x", "--run", PRE_LN[0],
            "--dry-run", env=env)
     assert r.returncode == 0, r.stderr
-    line = shlex.split(r.stdout.splitlines()[1][2:])
+    line = shlex.split(r.stdout.splitlines()[0][2:])
     assert line[4:9] == ["ssh", "envtpu", "--zone", "envzone", "--project"]
 
 

@@ -40,8 +40,9 @@ def get_config() -> ml_collections.ConfigDict:
     m.attention_impl = "xla"  # passed to jax.nn.dot_product_attention
     # Layer stack.
     m.scan_unroll = 1  # 1: rolled nn.scan; depth: fully unrolled (same params)
-    m.remat_policy = "nothing_saveable"  # "none" | "nothing_saveable" | "dots_saveable" | "everything_saveable"
-    m.impl = "xla"  # "xla" | "pallas": residual-routing kernels
+    # "none" | "nothing_saveable" | "dots_saveable" | "everything_saveable"
+    m.remat_policy = "nothing_saveable"
+    m.impl = "xla"  # residual-routing implementation ("pallas" once pallas_kernels/ lands)
     # Residual-family fields (spec/residuals.md); each family reads its own.
     r = m.residual = ml_collections.ConfigDict()
     r.hc_n = 4  # hc/mhc expansion (number of streams)

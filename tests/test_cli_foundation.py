@@ -162,7 +162,7 @@ def test_costs_human_table(capsys):
     assert run(["costs", "--suite", "paper-400m", "--seq-len", "4096"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == "family pre_ln, sequence length 4096"
-    assert "prefill TFLOPs" in lines[2] and "KV cache MiB" in lines[2]
+    assert "prefill FLOPs" in lines[2] and "KV cache" in lines[2]
     assert len(lines) == 4 + 7 and len({len(line) for line in lines[2:]}) == 1
     row24 = lines[6].split()
     spec = ModelSpec.from_shape(shapes.suite("paper-400m").shape(24))

@@ -1,4 +1,4 @@
-"""Backbone known answers: init, RoPE, attention (GQA, depth keys), loss, scan/remat, permutation."""
+"""Backbone known answers: init, RoPE, GQA and depth attention, loss, scan/remat, permutation."""
 
 import jax
 import jax.numpy as jnp
@@ -101,8 +101,11 @@ def test_causality(tiny):
 def test_scan_vs_unrolled_and_remat(tiny):
     spec, model, tokens, params, apply = tiny
     ref = apply(params, tokens)
-    for variant in (spec.replace(scan_unroll=spec.depth), spec.replace(remat_policy="none"),
-                    spec.replace(remat_policy="dots_saveable", scan_unroll=spec.depth)):
+    for variant in (
+        spec.replace(scan_unroll=spec.depth),
+        spec.replace(remat_policy="none"),
+        spec.replace(remat_policy="dots_saveable", scan_unroll=spec.depth),
+    ):
         out = Transformer(variant).apply({"params": params}, tokens)
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
 
@@ -142,8 +145,9 @@ def test_capture_returns_depth_states(tiny):
     # pre_ln: the last depth state fed through N_out and the head gives the logits.
     zl = z[-1]
     x = zl * jax.lax.rsqrt(jnp.mean(zl**2, -1, keepdims=True) + spec.norm_eps)
-    np.testing.assert_allclose((x * params["final_norm"]["scale"]) @ params["head"], logits,
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        (x * params["final_norm"]["scale"]) @ params["head"], logits, rtol=1e-4, atol=1e-5
+    )
 
 
 def test_param_dtypes_and_logical_axes(tiny):

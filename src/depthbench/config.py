@@ -129,7 +129,9 @@ def _lookup(config: ml_collections.ConfigDict, dotted: str) -> tuple[Any, str]:
         node = node[key]
     leaf = parts[-1]
     if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
-        known = ", ".join(sorted(node.keys())) if isinstance(node, ml_collections.ConfigDict) else ""
+        known = (
+            ", ".join(sorted(node.keys())) if isinstance(node, ml_collections.ConfigDict) else ""
+        )
         raise ConfigError(f"--config.{dotted}: unknown field; known fields here: {known}")
     return node, leaf
 
@@ -166,11 +168,66 @@ def _split(override: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+# ------------------------------------------------------------- comparison
+
+# Fields that say how a run executes, not what it computes: a run may resume
+# with other values (another mesh after a preemption, another cache).  A
+# trailing "." names a whole section.
+RUNTIME_FIELDS = (
+    "parallel.",
+    "data.cache_dir",
+    "data.prefetch",
+    "data.worker_count",
+    "train.keep_checkpoints",
+    "train.checkpoint_every",
+    "train.log_every",
+    "train.eval_every",
+    "train.layer_stats_every",
+)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def is_runtime_field(dotted: str) -> bool:
+    return any(dotted == f or (f.endswith(".") and dotted.startswith(f)) for f in RUNTIME_FIELDS)
+
+
+def config_changes(
+    old: dict, new: dict, *, ignore_prefixes: tuple[str, ...] = ()
+) -> list[tuple[str, Any, Any]]:
+    """(field, old, new) for every field outside RUNTIME_FIELDS whose value differs.
+
+    A field missing from ``old`` (added to base.py after ``old`` was saved)
+    counts as its base.py default, so old run directories stay resumable."""
+    defaults = flatten(base_config().to_dict())
+    a, b = flatten(old), flatten(new)
+    changes = []
+    for key in sorted(set(a) | set(b)):
+        if is_runtime_field(key) or key.startswith(ignore_prefixes):
+            continue
+        va, vb = a.get(key, defaults.get(key)), b.get(key, defaults.get(key))
+        va = tuple(va) if isinstance(va, list) else va
+        vb = tuple(vb) if isinstance(vb, list) else vb
+        if va != vb:
+            changes.append((key, va, vb))
+    return changes
+
+
 # --------------------------------------------------------------- validation
 
 
-def _check_known_keys(config: ml_collections.ConfigDict, schema: ml_collections.ConfigDict,
-                      prefix: str = "") -> None:
+def _check_known_keys(
+    config: ml_collections.ConfigDict, schema: ml_collections.ConfigDict, prefix: str = ""
+) -> None:
     for key in config.keys():
         where = f"{prefix}{key}"
         if key not in schema:
@@ -185,8 +242,10 @@ def _check_known_keys(config: ml_collections.ConfigDict, schema: ml_collections.
 def _positive(config: ml_collections.ConfigDict, dotted: str, *, allow_zero: bool = False) -> None:
     node, leaf = _lookup(config, dotted)
     value = node[leaf]
-    ok = isinstance(value, (int, float)) and math.isfinite(value) and (
-        value >= 0 if allow_zero else value > 0
+    ok = (
+        isinstance(value, (int, float))
+        and math.isfinite(value)
+        and (value >= 0 if allow_zero else value > 0)
     )
     if not ok:
         bound = ">= 0" if allow_zero else "> 0"
@@ -211,21 +270,49 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _choice(config, "model.param_dtype", ("float32", "bfloat16"))
     _choice(config, "model.compute_dtype", ("float32", "bfloat16", "float16"))
     _choice(config, "model.remat_policy", REMAT_POLICIES)
-    _choice(config, "model.impl", ("xla", "pallas"))
+    # "pallas" joins when pallas_kernels/ has the fused kernels; until then it is refused
+    # rather than silently running the XLA path.
+    _choice(config, "model.impl", ("xla",))
+    _choice(config, "model.attention_impl", ("xla", "cudnn"))
     _choice(config, "model.residual.readout", ("norm_then_sum", "sum_then_norm"))
     _choice(config, "train.lr_rule", ("none", "completep"))
     _choice(config, "parallel.distributed", ("auto", "on", "off"))
-    for field in ("model.depth", "model.vocab_size", "model.norm_eps", "model.rope_theta",
-                  "model.init_std", "model.scan_unroll", "model.residual.hc_n",
-                  "model.residual.sinkhorn_iters", "model.residual.sinkhorn_temperature",
-                  "model.residual.attnres_blocks", "train.steps", "train.batch_size",
-                  "train.microbatches", "train.seq_len", "train.lr", "train.log_every",
-                  "train.eval_every", "train.checkpoint_every", "train.max_loss",
-                  "train.clip_norm", "train.eps"):
+    for field in (
+        "model.depth",
+        "model.vocab_size",
+        "model.norm_eps",
+        "model.rope_theta",
+        "model.init_std",
+        "model.scan_unroll",
+        "model.residual.hc_n",
+        "model.residual.sinkhorn_iters",
+        "model.residual.sinkhorn_temperature",
+        "model.residual.attnres_blocks",
+        "train.steps",
+        "train.batch_size",
+        "train.microbatches",
+        "train.seq_len",
+        "train.lr",
+        "train.log_every",
+        "train.eval_every",
+        "train.checkpoint_every",
+        "train.max_loss",
+        "train.clip_norm",
+        "train.eps",
+    ):
         _positive(config, field)
-    for field in ("model.d_model", "model.d_ff", "model.n_heads", "model.n_kv_heads",
-                  "model.budget", "train.weight_decay", "train.warmup_fraction",
-                  "train.final_lr_fraction", "train.seed", "model.residual.attnres_block_size"):
+    for field in (
+        "model.d_model",
+        "model.d_ff",
+        "model.n_heads",
+        "model.n_kv_heads",
+        "model.budget",
+        "train.weight_decay",
+        "train.warmup_fraction",
+        "train.final_lr_fraction",
+        "train.seed",
+        "model.residual.attnres_block_size",
+    ):
         _positive(config, field, allow_zero=True)
     if config.train.batch_size % config.train.microbatches:
         raise ConfigError(
@@ -237,15 +324,22 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     for axis in ("data", "fsdp", "tensor"):
         size = config.parallel[axis]
         if not isinstance(size, int) or (size < 1 and size != -1):
-            raise ConfigError(f"config.parallel.{axis}: must be a positive integer or -1, got {size!r}")
+            raise ConfigError(
+                f"config.parallel.{axis}: must be a positive integer or -1, got {size!r}"
+            )
     # The shape must exist: suite row, budget reachable, heads dividing width.
     shapes.resolve_shape(config)
     registry.get(config.model.family).validate(config)
     return config
 
 
-REMAT_POLICIES = ("none", "nothing_saveable", "dots_saveable", "everything_saveable",
-                  "dots_with_no_batch_dims_saveable")
+REMAT_POLICIES = (
+    "none",
+    "nothing_saveable",
+    "dots_saveable",
+    "everything_saveable",
+    "dots_with_no_batch_dims_saveable",
+)
 
 
 def load(spec: str | Path, overrides: Iterable[str] = ()) -> ml_collections.ConfigDict:

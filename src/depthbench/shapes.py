@@ -71,8 +71,16 @@ def rule_d_ff(d_model: int) -> int:
     return 16 * math.ceil(math.ceil(8 * d_model / 3) / 16)
 
 
-def from_rule(budget: float, vocab_size: int, depth: int, *, n_heads: int = 16,
-              fix: str = "total", n_kv_heads: int = 0, max_head_dim: int = 1024) -> Shape:
+def from_rule(
+    budget: float,
+    vocab_size: int,
+    depth: int,
+    *,
+    n_heads: int = 16,
+    fix: str = "total",
+    n_kv_heads: int = 0,
+    max_head_dim: int = 1024,
+) -> Shape:
     """The even head_dim whose count (total or backbone) is closest to ``budget``."""
     if depth < 1:
         raise ConfigError(f"config.model.depth: must be >= 1, got {depth}")
@@ -93,8 +101,9 @@ def from_rule(budget: float, vocab_size: int, depth: int, *, n_heads: int = 16,
             f"parameters (the narrowest shape, d_model {smallest.d_model}, already has "
             f"{count(smallest):.3g}); lower the depth or raise config.model.budget"
         )
-    best = min((make(h) for h in range(2, max_head_dim + 1, 2)),
-               key=lambda s: abs(count(s) - budget))
+    best = min(
+        (make(h) for h in range(2, max_head_dim + 1, 2)), key=lambda s: abs(count(s) - budget)
+    )
     return best
 
 
@@ -113,8 +122,10 @@ class Suite:
     rows: tuple[tuple[int, int, int], ...]  # (depth, d_model, d_ff)
 
     def shapes(self) -> list[Shape]:
-        return [Shape(L, d, ff, self.n_heads, self.n_kv_heads, self.vocab_size)
-                for L, d, ff in self.rows]
+        return [
+            Shape(L, d, ff, self.n_heads, self.n_kv_heads, self.vocab_size)
+            for L, d, ff in self.rows
+        ]
 
     def shape(self, depth: int) -> Shape:
         for s in self.shapes():
@@ -138,23 +149,69 @@ MICRO_HEADS = 4
 SUITES: dict[str, Suite] = {
     s.name: s
     for s in [
-        Suite("paper-400m", "fixed total ~400M (the original benchmark's main suite)", 400e6,
-              "total", PAPER_VOCAB, 16, 16,
-              _table("16/1216/3248 20/1120/2992 24/1024/2736 28/960/2560 32/896/2400 "
-                     "42/800/2144 70/640/1712")),
-        Suite("paper-300m-backbone", "fixed backbone ~300M (Kaplan-style count)", 300e6,
-              "backbone", PAPER_VOCAB, 16, 16,
-              _table("16/1248/3328 24/1024/2736 32/896/2400 42/768/2048 70/608/1632 "
-                     "84/544/1456")),
-        Suite("paper-200m", "multi-scale: fixed total ~200M", 200e6, "total", PAPER_VOCAB, 16, 16,
-              _table("12/896/2400 18/768/2048 24/672/1792")),
-        Suite("paper-300m", "multi-scale: fixed total ~300M", 300e6, "total", PAPER_VOCAB, 16, 16,
-              _table("14/1056/2816 21/896/2400 28/800/2144")),
-        Suite("paper-500m", "multi-scale: fixed total ~500M", 500e6, "total", PAPER_VOCAB, 16, 16,
-              _table("17/1344/3584 26/1120/2992 34/992/2656")),
-        Suite("paper-1p6b", "fixed total ~1.6B, GQA (16 query / 8 KV heads), d_ff = 3d", 1.6e9,
-              "total", PAPER_VOCAB, 16, 8,
-              _table("28/2048/6144 40/1728/5184 54/1504/4512")),
+        Suite(
+            "paper-400m",
+            "fixed total ~400M (the original benchmark's main suite)",
+            400e6,
+            "total",
+            PAPER_VOCAB,
+            16,
+            16,
+            _table(
+                "16/1216/3248 20/1120/2992 24/1024/2736 28/960/2560 32/896/2400 "
+                "42/800/2144 70/640/1712"
+            ),
+        ),
+        Suite(
+            "paper-300m-backbone",
+            "fixed backbone ~300M (Kaplan-style count)",
+            300e6,
+            "backbone",
+            PAPER_VOCAB,
+            16,
+            16,
+            _table("16/1248/3328 24/1024/2736 32/896/2400 42/768/2048 70/608/1632 84/544/1456"),
+        ),
+        Suite(
+            "paper-200m",
+            "multi-scale: fixed total ~200M",
+            200e6,
+            "total",
+            PAPER_VOCAB,
+            16,
+            16,
+            _table("12/896/2400 18/768/2048 24/672/1792"),
+        ),
+        Suite(
+            "paper-300m",
+            "multi-scale: fixed total ~300M",
+            300e6,
+            "total",
+            PAPER_VOCAB,
+            16,
+            16,
+            _table("14/1056/2816 21/896/2400 28/800/2144"),
+        ),
+        Suite(
+            "paper-500m",
+            "multi-scale: fixed total ~500M",
+            500e6,
+            "total",
+            PAPER_VOCAB,
+            16,
+            16,
+            _table("17/1344/3584 26/1120/2992 34/992/2656"),
+        ),
+        Suite(
+            "paper-1p6b",
+            "fixed total ~1.6B, GQA (16 query / 8 KV heads), d_ff = 3d",
+            1.6e9,
+            "total",
+            PAPER_VOCAB,
+            16,
+            8,
+            _table("28/2048/6144 40/1728/5184 54/1504/4512"),
+        ),
     ]
 }
 
@@ -164,8 +221,16 @@ def _micro_suite() -> Suite:
     for depth in (2, 3, 4, 6, 8, 10):
         s = from_rule(MICRO_BUDGET, MICRO_VOCAB, depth, n_heads=MICRO_HEADS, fix="total")
         rows.append((s.depth, s.d_model, s.d_ff))
-    return Suite("micro", "CPU-sized: ~1.2M parameters, 4 heads, vocabulary 2048",
-                 MICRO_BUDGET, "total", MICRO_VOCAB, MICRO_HEADS, MICRO_HEADS, tuple(rows))
+    return Suite(
+        "micro",
+        "CPU-sized: ~1.2M parameters, 4 heads, vocabulary 2048",
+        MICRO_BUDGET,
+        "total",
+        MICRO_VOCAB,
+        MICRO_HEADS,
+        MICRO_HEADS,
+        tuple(rows),
+    )
 
 
 SUITES["micro"] = _micro_suite()
@@ -190,13 +255,21 @@ def resolve_shape(config) -> Shape:
             raise ConfigError(
                 f"config.model.n_heads: {n_heads} heads do not divide d_model {m.d_model}"
             )
-        shape = Shape(int(m.depth), int(m.d_model), int(m.d_ff) or rule_d_ff(m.d_model),
-                      n_heads, m.n_kv_heads or n_heads, vocab)
+        shape = Shape(
+            int(m.depth),
+            int(m.d_model),
+            int(m.d_ff) or rule_d_ff(m.d_model),
+            n_heads,
+            m.n_kv_heads or n_heads,
+            vocab,
+        )
     elif m.suite:
         s = suite(m.suite) if m.suite in SUITES else None
         if s is None:
-            raise ConfigError(f"config.model.suite: {m.suite!r} is unknown; allowed: "
-                              f"{', '.join(SUITES)} or '' (shape rule)")
+            raise ConfigError(
+                f"config.model.suite: {m.suite!r} is unknown; allowed: "
+                f"{', '.join(SUITES)} or '' (shape rule)"
+            )
         row = s.shape(int(m.depth))
         n_heads = m.n_heads or row.n_heads
         n_kv = m.n_kv_heads or (row.n_kv_heads if n_heads == row.n_heads else n_heads)
@@ -207,10 +280,18 @@ def resolve_shape(config) -> Shape:
             )
     else:
         if m.budget <= 0:
-            raise ConfigError("config.model.budget: must be > 0 when config.model.suite is '' "
-                              "and config.model.d_model is 0")
-        shape = from_rule(float(m.budget), vocab, int(m.depth), n_heads=m.n_heads or 16,
-                          fix=m.fix, n_kv_heads=m.n_kv_heads)
+            raise ConfigError(
+                "config.model.budget: must be > 0 when config.model.suite is '' "
+                "and config.model.d_model is 0"
+            )
+        shape = from_rule(
+            float(m.budget),
+            vocab,
+            int(m.depth),
+            n_heads=m.n_heads or 16,
+            fix=m.fix,
+            n_kv_heads=m.n_kv_heads,
+        )
     if shape.n_heads % shape.n_kv_heads:
         raise ConfigError(
             f"config.model.n_kv_heads: {shape.n_kv_heads} must divide n_heads {shape.n_heads}"
@@ -222,5 +303,13 @@ def resolve_shape(config) -> Shape:
     return shape
 
 
-__all__ = ["Shape", "Suite", "SUITES", "from_rule", "parse_count", "resolve_shape", "rule_d_ff",
-           "suite"]
+__all__ = [
+    "Shape",
+    "Suite",
+    "SUITES",
+    "from_rule",
+    "parse_count",
+    "resolve_shape",
+    "rule_d_ff",
+    "suite",
+]

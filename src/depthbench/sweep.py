@@ -66,14 +66,8 @@ RUN_RECORD = "sweep_run.json"
 MANIFEST = "sweep.json"
 RESULTS_CSV = "results.csv"
 
-# Fields that change how a run executes but not what it computes: a run may
-# resume with other values (another mesh after a preemption).  The same list
-# as the trainer's (depthbench.train.loop.RUNTIME_FIELDS), which checks again.
-EXECUTION_FIELDS = (
-    "parallel.", "data.cache_dir", "data.prefetch", "data.worker_count",
-    "train.keep_checkpoints", "train.checkpoint_every", "train.log_every", "train.eval_every",
-    "train.layer_stats_every",
-)
+# Fields a run may resume with other values of (the trainer checks the same list).
+EXECUTION_FIELDS = cfglib.RUNTIME_FIELDS
 
 Runner = Callable[..., dict]
 
@@ -284,26 +278,9 @@ def _read_json(path: epath.Path) -> dict | None:
         return None
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def config_changes(old: dict, new: dict) -> list[str]:
-    """Fields (outside EXECUTION_FIELDS) whose values differ between two configs."""
-    a, b = _flatten(old), _flatten(new)
-    changed = []
-    for key in sorted(set(a) | set(b)):
-        if any(key == f or (f.endswith(".") and key.startswith(f)) for f in EXECUTION_FIELDS):
-            continue
-        if a.get(key) != b.get(key):
-            changed.append(f"{key} {a.get(key)!r} -> {b.get(key)!r}")
-    return changed
+    """Fields (outside EXECUTION_FIELDS) whose values differ, as 'field old -> new'."""
+    return [f"{key} {a!r} -> {b!r}" for key, a, b in cfglib.config_changes(old, new)]
 
 
 # -------------------------------------------------------------------- lock

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from depthbench.config import EXIT_BAD_INPUT, ConfigError
@@ -64,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         sys.stderr.write(f"depthbench: error: {e}\n")
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # `depthbench shapes ... | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

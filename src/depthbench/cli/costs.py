@@ -32,7 +32,6 @@ columns (per sequence of --seq-len tokens unless stated):
 families: {families}
 """
 
-_MIB = 2.0**20
 
 
 def _families(name: str) -> list[str]:
@@ -43,17 +42,37 @@ def _families(name: str) -> list[str]:
     return [name]
 
 
+def _three_digits(v: float) -> str:
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def fmt_si(x: float, unit: str = "") -> str:
+    """3.3e12 -> '3.30T', 5.2e6 -> '5.20M' (FLOPs span twelve orders from micro to 1.6B)."""
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{_three_digits(x / scale)}{prefix}{unit}"
+    return f"{_three_digits(x)}{unit}"
+
+
+def fmt_bytes(n: float) -> str:
+    """Binary units: 318767104 -> '304 MiB', 2432 -> '2.38 KiB'."""
+    for scale, suffix in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= scale:
+            return f"{_three_digits(n / scale)} {suffix}"
+    return f"{int(n)} B"
+
+
 def _human(rows: list[dict], title: str) -> str:
     headers = [
         "depth",
         "d_model",
         "aspect",
         "params",
-        "prefill TFLOPs",
-        "LM-head TFLOPs",
-        "train GFLOPs/token",
-        "KV cache MiB",
-        "state B/token",
+        "prefill FLOPs",
+        "LM-head FLOPs",
+        "train FLOPs/token",
+        "KV cache",
+        "state/token",
     ]
     cells = [
         [
@@ -61,11 +80,11 @@ def _human(rows: list[dict], title: str) -> str:
             str(r["d_model"]),
             f"{r['aspect_ratio']:.2f}",
             fmt_count(r["params"]),
-            f"{r['prefill_flops'] / 1e12:.3f}",
-            f"{r['lm_head_flops'] / 1e12:.3f}",
-            f"{r['train_flops_per_token'] / 1e9:.3f}",
-            f"{r['kv_cache_bytes'] / _MIB:.1f}",
-            str(r["state_bytes_per_token"]),
+            fmt_si(r["prefill_flops"]),
+            fmt_si(r["lm_head_flops"]),
+            fmt_si(r["train_flops_per_token"]),
+            fmt_bytes(r["kv_cache_bytes"]),
+            fmt_bytes(r["state_bytes_per_token"]),
         ]
         for r in rows
     ]

@@ -68,14 +68,7 @@ def _run(args: argparse.Namespace) -> int:
         json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    headers = [
-        "family",
-        "extra/block",
-        "extra global",
-        "state floats/token",
-        "description",
-        "reference",
-    ]
+    headers = ["family", "extra/block", "extra global", "state floats/token", "description"]
     cells = [
         [
             r["name"],
@@ -83,12 +76,16 @@ def _run(args: argparse.Namespace) -> int:
             f"{r['extra_global_params']:,}",
             f"{r['state_floats_per_token']:,}",
             r["description"],
-            r["reference"],
         ]
         for r in rows
     ]
     print(f"{len(rows)} residual families; extra parameters at d_model {d_model}, depth {depth}")
-    print(table(headers, cells, align="lrrrll"))
+    print(table(headers, cells, align="lrrrl"))
+    # References are long: one line each under the table keeps the table readable.
+    print("\nreferences:")
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        print(f"  {r['name']:<{width}}  {r['reference']}")
     return 0
 
 

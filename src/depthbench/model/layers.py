@@ -20,14 +20,21 @@ def trunc_normal(std: float, cutoff: float = 3.0):
     """Truncated normal with the given std before truncation, cut at +-cutoff std."""
 
     def init(key, shape, dtype=jnp.float32):
-        return (jax.random.truncated_normal(key, -cutoff, cutoff, shape, jnp.float32) * std
-                ).astype(dtype)
+        return (jax.random.truncated_normal(key, -cutoff, cutoff, shape, jnp.float32) * std).astype(
+            dtype
+        )
 
     return init
 
 
-def weight(mod: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str, ...],
-           spec: ModelSpec, scale: float = 1.0) -> jax.Array:
+def weight(
+    mod: nn.Module,
+    name: str,
+    shape: tuple[int, ...],
+    axes: tuple[str, ...],
+    spec: ModelSpec,
+    scale: float = 1.0,
+) -> jax.Array:
     """A backbone matrix: truncated-normal init, logical axes, param dtype."""
     init = nn.with_logical_partitioning(trunc_normal(spec.init_std * scale), axes)
     return mod.param(name, init, shape, spec.pdtype)
@@ -57,8 +64,9 @@ def rope(x_bthd: jax.Array, positions_t: jax.Array, theta: float) -> jax.Array:
     return out.astype(x_bthd.dtype)
 
 
-def attention_with_depth(q_btnh, k_btkh, v_btkh, q_raw_btnh, depth_k_btmkh, depth_v_btmkh,
-                         depth_valid_m):
+def attention_with_depth(
+    q_btnh, k_btkh, v_btkh, q_raw_btnh, depth_k_btmkh, depth_v_btmkh, depth_valid_m
+):
     """Causal attention whose softmax also covers depth keys at the same token.
 
     Sequence logits use rotated q, k; depth logits use the unrotated query
@@ -112,8 +120,12 @@ class Attention(nn.Module):
         qr, kr = rope(q, positions_t, s.rope_theta), rope(k, positions_t, s.rope_theta)
         if depth_kv is None:
             out = jax.nn.dot_product_attention(
-                qr, kr, v, is_causal=True,
-                implementation=None if s.attention_impl == "xla" else s.attention_impl)
+                qr,
+                kr,
+                v,
+                is_causal=True,
+                implementation=None if s.attention_impl == "xla" else s.attention_impl,
+            )
         else:
             out = attention_with_depth(qr, kr, v, q, *depth_kv)
         y = jnp.einsum("btnh,nhd->btd", out, wo.astype(s.dtype))

@@ -41,8 +41,9 @@ class ModelSpec:
 
     @property
     def shape(self) -> Shape:
-        return Shape(self.depth, self.d_model, self.d_ff, self.n_heads, self.n_kv_heads,
-                     self.vocab_size)
+        return Shape(
+            self.depth, self.d_model, self.d_ff, self.n_heads, self.n_kv_heads, self.vocab_size
+        )
 
     @property
     def dtype(self):
@@ -67,12 +68,22 @@ class ModelSpec:
         m = config.model
         s = resolve_shape(config)
         return cls(
-            family=m.family, depth=s.depth, d_model=s.d_model, d_ff=s.d_ff, n_heads=s.n_heads,
-            n_kv_heads=s.n_kv_heads, vocab_size=s.vocab_size, norm_eps=float(m.norm_eps),
-            rope_theta=float(m.rope_theta), init_std=float(m.init_std),
-            param_dtype=m.param_dtype, compute_dtype=m.compute_dtype,
-            attention_impl=m.attention_impl, scan_unroll=int(m.scan_unroll),
-            remat_policy=m.remat_policy, impl=m.impl,
+            family=m.family,
+            depth=s.depth,
+            d_model=s.d_model,
+            d_ff=s.d_ff,
+            n_heads=s.n_heads,
+            n_kv_heads=s.n_kv_heads,
+            vocab_size=s.vocab_size,
+            norm_eps=float(m.norm_eps),
+            rope_theta=float(m.rope_theta),
+            init_std=float(m.init_std),
+            param_dtype=m.param_dtype,
+            compute_dtype=m.compute_dtype,
+            attention_impl=m.attention_impl,
+            scan_unroll=int(m.scan_unroll),
+            remat_policy=m.remat_policy,
+            impl=m.impl,
             residual=tuple(sorted(m.residual.to_dict().items())),
         )
 
@@ -83,6 +94,13 @@ class ModelSpec:
 
         residual = tuple(sorted(base_config().model.residual.to_dict().items()))
         kw.setdefault("residual", residual)
-        return cls(family=family, depth=shape.depth, d_model=shape.d_model, d_ff=shape.d_ff,
-                   n_heads=shape.n_heads, n_kv_heads=shape.n_kv_heads,
-                   vocab_size=shape.vocab_size, **kw)
+        return cls(
+            family=family,
+            depth=shape.depth,
+            d_model=shape.d_model,
+            d_ff=shape.d_ff,
+            n_heads=shape.n_heads,
+            n_kv_heads=shape.n_kv_heads,
+            vocab_size=shape.vocab_size,
+            **kw,
+        )

@@ -53,8 +53,10 @@ class Block(nn.Module):
         p = _FamilyParams(fam, True, name="residual")(ident)
         attn = Attention(s, tuple(fam.init_scale(m) for m in "qkvo"), name="attn")
         mlp = MLP(s, tuple(fam.init_scale(m) for m in ("gate", "up", "down")), name="mlp")
-        norms = [norm_param(self, f"{k}_norm", s.d_model) if fam.pre_norm else None
-                 for k in ("attn", "mlp")]
+        norms = [
+            norm_param(self, f"{k}_norm", s.d_model) if fam.pre_norm else None
+            for k in ("attn", "mlp")
+        ]
         for sub in (0, 1):
             site = Site(sub, pos, ident)
             h, ctx = fam.read(p, state, site)
@@ -95,15 +97,20 @@ class Transformer(nn.Module):
         fam = family_of(s)
         L = s.depth
         embed = self.param(
-            "embed", nn.with_logical_partitioning(trunc_normal(s.init_std), ("vocab", "embed")),
-            (s.vocab_size, s.d_model), s.pdtype)
+            "embed",
+            nn.with_logical_partitioning(trunc_normal(s.init_std), ("vocab", "embed")),
+            (s.vocab_size, s.d_model),
+            s.pdtype,
+        )
         x0 = jnp.take(embed, tokens_bt, axis=0).astype(s.dtype)
         x0 = nn.with_logical_constraint(x0, BTD)
         g = _FamilyParams(fam, False, name="residual")()
         state = fam.init_state(g, x0)
         xs = {
             "pos": jnp.arange(L, dtype=jnp.int32),
-            "ident": jnp.arange(L, dtype=jnp.int32) if ident is None else jnp.asarray(ident, jnp.int32),
+            "ident": jnp.arange(L, dtype=jnp.int32)
+            if ident is None
+            else jnp.asarray(ident, jnp.int32),
             "active": jnp.ones((L,), bool) if active is None else jnp.asarray(active, bool),
         }
         block = Block
@@ -123,11 +130,16 @@ class Transformer(nn.Module):
         final_norm = RMSNorm(s, name="final_norm")
         x = fam.readout(g, state, final_norm)
         head = self.param(
-            "head", nn.with_logical_partitioning(trunc_normal(s.init_std), ("embed", "vocab")),
-            (s.d_model, s.vocab_size), s.pdtype)
+            "head",
+            nn.with_logical_partitioning(trunc_normal(s.init_std), ("embed", "vocab")),
+            (s.d_model, s.vocab_size),
+            s.pdtype,
+        )
         logits = jnp.einsum("btd,dv->btv", x.astype(s.dtype), head.astype(s.dtype))
         logits = nn.with_logical_constraint(
-            logits.astype(jnp.float32), ("activation_batch", "activation_length", "activation_vocab"))
+            logits.astype(jnp.float32),
+            ("activation_batch", "activation_length", "activation_vocab"),
+        )
         if not capture:
             return logits
         z0 = fam.depth_state(g, fam.init_state(g, x0))

@@ -35,6 +35,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from depthbench import config as config_lib
 from depthbench import costs, data, parallel
 from depthbench.config import ConfigError
 from depthbench.model.spec import ModelSpec
@@ -51,11 +52,7 @@ CONFIG_FILE = "config.json"
 RESULT_FILE = "result.json"
 CHECKPOINT_DIR = "checkpoints"
 
-# Fields that say how a run executes, not what it computes: they may change
-# when a run is resumed (e.g. on a different mesh after a preemption).
-RUNTIME_FIELDS = ("parallel.", "data.cache_dir", "data.prefetch", "data.worker_count",
-                  "train.keep_checkpoints", "train.checkpoint_every", "train.log_every",
-                  "train.eval_every", "train.layer_stats_every")
+RUNTIME_FIELDS = config_lib.RUNTIME_FIELDS
 
 
 # ------------------------------------------------------------------ files
@@ -67,36 +64,12 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def config_difference(saved: dict, config: dict) -> tuple[str, Any, Any] | None:
     """The first field (dotted) whose value differs between a run's saved
-    config and ``config``, ignoring :data:`RUNTIME_FIELDS`; None when they
-    describe the same run.  A field added to base.py after the run was saved
-    matches if ``config`` keeps its default."""
-    from depthbench.config import base_config
-
-    a, b = _flatten(saved), _flatten(config)
-    defaults = _flatten(base_config().to_dict())
-    for key in sorted(set(a) | set(b)):
-        if key.startswith("resolved.") or any(key.startswith(f) for f in RUNTIME_FIELDS):
-            continue
-        va, vb = a.get(key, defaults.get(key)), b.get(key)
-        if isinstance(va, list):
-            va = tuple(va)
-        if isinstance(vb, list):
-            vb = tuple(vb)
-        if va != vb:
-            return key, va, vb
-    return None
+    config and ``config``, ignoring runtime fields and what the run resolved;
+    None when they describe the same run."""
+    changes = config_lib.config_changes(saved, config, ignore_prefixes=("resolved.",))
+    return changes[0] if changes else None
 
 
 def check_workdir(config, workdir: Path) -> dict | None:
@@ -218,7 +191,7 @@ def _compiled(config) -> tuple:
     """Setup and jitted functions (init, train, eval, layer stats) for
     ``config`` on its mesh, memoised: running the same model and recipe again
     in one process (a resume, a sweep retry, tests) compiles nothing new."""
-    fields = {k: v for k, v in _flatten(config.to_dict()).items()
+    fields = {k: v for k, v in config_lib.flatten(config.to_dict()).items()
               if not any(k.startswith(h) for h in _HOST_ONLY)}
     key = json.dumps([fields, [d.id for d in jax.devices()]], sort_keys=True, default=str)
     if key not in _COMPILED:

@@ -85,8 +85,9 @@ def layer_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 
 def norm_param(mod: nn.Module, name: str, d: int) -> jax.Array:
     """A norm weight (init 1) with logical axis 'norm'."""
-    return mod.param(name, nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), (d,),
-                     jnp.float32)
+    return mod.param(
+        name, nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), (d,), jnp.float32
+    )
 
 
 def with_axes(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
@@ -143,8 +144,9 @@ class ResidualFamily:
         """Applied to the (normalised) sublayer input; lns scales it by 1/sqrt(l)."""
         return x_in
 
-    def write(self, p: Any, state: State, y: jax.Array, site: Site, aux: dict,
-              active: jax.Array) -> State:
+    def write(
+        self, p: Any, state: State, y: jax.Array, site: Site, aux: dict, active: jax.Array
+    ) -> State:
         return gate(active, state + y, state)
 
     def readout(self, g: Any, state: State, final_norm) -> jax.Array:
@@ -176,6 +178,10 @@ class ResidualFamily:
         return self.spec.d_model
 
     def describe(self) -> dict:
-        return {"name": self.name, "description": self.description, "reference": self.reference,
-                "extra_block_params": self.extra_block_params(),
-                "extra_global_params": self.extra_global_params()}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "reference": self.reference,
+            "extra_block_params": self.extra_block_params(),
+            "extra_global_params": self.extra_global_params(),
+        }

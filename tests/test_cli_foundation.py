@@ -167,8 +167,10 @@ def test_costs_human_table(capsys):
     row24 = lines[6].split()
     spec = ModelSpec.from_shape(shapes.suite("paper-400m").shape(24))
     assert row24[:4] == ["24", "1024", "42.67", "405.4M"]
-    assert float(row24[4]) == pytest.approx(costs.prefill_flops(spec, 4096) / 1e12, abs=5e-4)
-    assert row24[7] == "384.0" and row24[8] == "2048"
+    assert row24[4] == "3.30T"
+    assert costs.prefill_flops(spec, 4096) == pytest.approx(3.30e12, rel=2e-3)
+    # 2 * 24 * 4096 * 1024 * 2 B = 384 MiB of KV cache; 1024 * 2 B of state per token.
+    assert row24[7:] == ["384", "MiB", "2.00", "KiB"]
 
 
 def test_costs_budget_and_all_families(capsys):
@@ -274,7 +276,10 @@ def test_families_human_table(capsys):
         f"{len(registry.names())} residual families; extra parameters at d_model 1024, depth 24"
     )
     assert lines[1].split()[0] == "family"
-    assert {line.split()[0] for line in lines[3:]} == set(registry.names())
+    n = len(registry.names())
+    assert [line.split()[0] for line in lines[3 : 3 + n]] == registry.names()
+    assert lines[3 + n : 5 + n] == ["", "references:"]
+    assert [line.split()[0] for line in lines[5 + n :]] == registry.names()
 
 
 @pytest.mark.parametrize(

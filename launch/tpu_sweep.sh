@@ -112,7 +112,10 @@ REL_SPEC=$(realpath --relative-to="$REPO" "$SPEC")
 [[ "$REL_SPEC" != ../* ]] || die "--config: '$SPEC' is outside this checkout ($REPO);" \
   "the workers get a copy of the checkout, so put the spec under experiments/"
 
-read -r -a DEPTHBENCH_CMD <<<"${DEPTHBENCH:-depthbench}"
+# The checkout's own virtualenv (README's install) unless DEPTHBENCH says otherwise.
+DEFAULT_DEPTHBENCH=depthbench
+[[ -x "$REPO/.venv/bin/depthbench" ]] && DEFAULT_DEPTHBENCH="$REPO/.venv/bin/depthbench"
+read -r -a DEPTHBENCH_CMD <<<"${DEPTHBENCH:-$DEFAULT_DEPTHBENCH}"
 GCLOUD_TPU=(gcloud compute tpus tpu-vm)
 WHERE=(--zone "$ZONE")
 [[ -z "$PROJECT" ]] || WHERE+=(--project "$PROJECT")
@@ -279,5 +282,9 @@ done
 on_workers 0 "$(remote "$REMOTE_BIN" report "$RUN_WORKDIR")" || true
 ((DELETE)) && run "${GCLOUD_TPU[@]}" delete "$TPU" "${WHERE[@]}" --quiet
 
-echo "tpu_sweep.sh: $DONE/${#RUNS[@]} runs finished${FAILED:+, failed: ${FAILED[*]}}" >&2
+if ((DRY)); then
+  echo "tpu_sweep.sh: dry run: ${#RUNS[@]} runs listed, nothing was run" >&2
+else
+  echo "tpu_sweep.sh: $DONE/${#RUNS[@]} runs finished${FAILED:+, failed: ${FAILED[*]}}" >&2
+fi
 ((${#FAILED[@]} == 0))

@@ -54,11 +54,10 @@ def paper_config(suite: str, *, batch: int = BATCH, seq_len: int = SEQ_LEN):
     m.vocab_size = s.vocab_size
     m.n_heads = 0  # the suite's heads (16; GQA with 8 KV heads at 1.6B)
     m.n_kv_heads = 0
-    m.param_dtype = "float32"
-    m.compute_dtype = "bfloat16"
+    m.compute_dtype = "bfloat16"  # fp32 master weights: base.py's param_dtype
     d = c.data
     d.corpus = "tokens"
-    d.paths = ""  # required: --config.data.paths='gs://.../train_*.npy' (or local files)
+    d.paths = ""  # required: --config.data.paths='/data/train_*.npy' (local files on every host)
     d.tokens_dtype = "uint16"  # vocabulary 50280 < 2**16
     d.eos_id = 0  # GPT-NeoX tokenizer's <|endoftext|>
     d.val_fraction = 0.001  # held-out documents: ~8M tokens at 8B
@@ -69,15 +68,11 @@ def paper_config(suite: str, *, batch: int = BATCH, seq_len: int = SEQ_LEN):
     t.seq_len = seq_len
     t.steps = steps_for(s.budget, batch, seq_len)
     t.lr = 2e-3  # typical best at 400M; swept per run
-    t.warmup_fraction = 0.1
-    t.final_lr_fraction = 0.1
-    t.b1, t.b2, t.eps = 0.9, 0.95, 1e-8
-    t.weight_decay = 0.1
-    t.clip_norm = 1.0
+    # AdamW (0.9, 0.95, 1e-8), weight decay 0.1, 10% warmup, cosine to 0.1x and
+    # clipping at 1.0 are base.py's defaults: the spec's recipe at every scale.
     t.log_every = 50
     t.eval_every = 500
     t.checkpoint_every = 500
-    t.keep_checkpoints = 2
     t.layer_stats_every = 500
     return c
 

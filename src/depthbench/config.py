@@ -12,6 +12,8 @@ line naming the field and what is allowed; the CLI prints it and exits 2.
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 import hashlib
 import importlib.util
 import math
@@ -60,9 +62,15 @@ def base_spec_path() -> Path:
     return _BASE_SPEC
 
 
+@functools.lru_cache(maxsize=1)
+def _base_defaults() -> dict:
+    return import_spec(_BASE_SPEC).get_config().to_dict()
+
+
 def base_config() -> ml_collections.ConfigDict:
-    """The defaults of ``experiments/base.py``."""
-    return import_spec(_BASE_SPEC).get_config()
+    """The defaults of ``experiments/base.py`` (a fresh copy; the file is read once,
+    since validation, config comparison and ModelSpec.from_shape all consult it)."""
+    return ml_collections.ConfigDict(copy.deepcopy(_base_defaults()))
 
 
 # ---------------------------------------------------------------- overrides

@@ -66,15 +66,9 @@ class ModelSpec:
     @classmethod
     def from_config(cls, config) -> ModelSpec:
         m = config.model
-        s = resolve_shape(config)
-        return cls(
+        return cls.from_shape(
+            resolve_shape(config),
             family=m.family,
-            depth=s.depth,
-            d_model=s.d_model,
-            d_ff=s.d_ff,
-            n_heads=s.n_heads,
-            n_kv_heads=s.n_kv_heads,
-            vocab_size=s.vocab_size,
             norm_eps=float(m.norm_eps),
             rope_theta=float(m.rope_theta),
             init_std=float(m.init_std),
@@ -89,11 +83,11 @@ class ModelSpec:
 
     @classmethod
     def from_shape(cls, shape: Shape, family: str = "pre_ln", **kw) -> ModelSpec:
-        """A spec from a Shape with base.py's residual defaults (handy in tests)."""
+        """A spec from a Shape; residual fields default to base.py's."""
         from depthbench.config import base_config
 
-        residual = tuple(sorted(base_config().model.residual.to_dict().items()))
-        kw.setdefault("residual", residual)
+        if "residual" not in kw:
+            kw["residual"] = tuple(sorted(base_config().model.residual.to_dict().items()))
         return cls(
             family=family,
             depth=shape.depth,

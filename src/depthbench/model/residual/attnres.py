@@ -60,7 +60,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from depthbench.model.residual.base import BTD, ResidualFamily, norm_param, with_axes
+from depthbench.model.residual.base import BTD, ResidualFamily, family_param, norm_param, with_axes
 from depthbench.model.residual.fields import check_number
 
 MBTD = ("activation_sources", *BTD)
@@ -114,18 +114,15 @@ class AttnResFull(ResidualFamily):
     # ------------------------------------------------------------ parameters
     def create_block_params(self, mod, ident):
         d = self.spec.d_model
-        query = nn.with_logical_partitioning(nn.initializers.zeros, (None, "embed"))
-        key_norm = nn.with_logical_partitioning(nn.initializers.ones, (None, "norm"))
         return {
-            "query": mod.param("query", query, (2, d), jnp.float32),
-            "key_norm": mod.param("key_norm", key_norm, (2, d), jnp.float32),
+            "query": family_param(mod, "query", nn.initializers.zeros, (2, d), (None, "embed")),
+            "key_norm": family_param(mod, "key_norm", nn.initializers.ones, (2, d), (None, "norm")),
         }
 
     def create_global_params(self, mod):
         d = self.spec.d_model
-        query = nn.with_logical_partitioning(nn.initializers.zeros, ("embed",))
         return {
-            "query": mod.param("query", query, (d,), jnp.float32),
+            "query": family_param(mod, "query", nn.initializers.zeros, (d,), ("embed",)),
             "key_norm": norm_param(mod, "key_norm", d),
         }
 

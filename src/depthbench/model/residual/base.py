@@ -83,11 +83,16 @@ def layer_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return (rms_normalize(x32, eps) * weight.astype(jnp.float32)).astype(x.dtype)
 
 
+def family_param(
+    mod: nn.Module, name: str, init, shape: tuple[int, ...], axes: tuple[str | None, ...]
+) -> jax.Array:
+    """A family parameter: fp32 (routing maths stays fp32), logical axes for sharding."""
+    return mod.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
+
+
 def norm_param(mod: nn.Module, name: str, d: int) -> jax.Array:
     """A norm weight (init 1) with logical axis 'norm'."""
-    return mod.param(
-        name, nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), (d,), jnp.float32
-    )
+    return family_param(mod, name, nn.initializers.ones, (d,), ("norm",))
 
 
 def with_axes(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from depthbench.model.residual.base import gate, with_axes
+from depthbench.model.residual.base import family_param, gate, with_axes
 from depthbench.model.residual.streams import NBTD, StreamFamily, add_weighted, mix_streams
 
 HC_EPS = 1e-8  # the stream norm's eps (spec: 1e-8, no weight)
@@ -62,20 +62,18 @@ class HC(StreamFamily):
     def create_block_params(self, mod, ident):
         n, d = self.n, self.spec.d_model
         s0 = float(self.spec.r("hc_scale_init"))
-        f32 = jnp.float32
-
-        def param(name, init, shape, axes):
-            return mod.param(name, nn.with_logical_partitioning(init, axes), shape, f32)
 
         return {
-            "A0": param(
-                "A0", hc_static_init(ident, n), (2, n, n + 1), (None, "streams", "routing")
+            "A0": family_param(
+                mod, "A0", hc_static_init(ident, n), (2, n, n + 1), (None, "streams", "routing")
             ),
-            "beta0": param("beta0", nn.initializers.ones, (2, n), (None, "streams")),
-            "W_a": param("W_a", nn.initializers.zeros, (2, d, n + 1), (None, "embed", "routing")),
-            "w_b": param("w_b", nn.initializers.zeros, (2, d), (None, "embed")),
-            "s_a": param("s_a", nn.initializers.constant(s0), (2,), (None,)),
-            "s_b": param("s_b", nn.initializers.constant(s0), (2,), (None,)),
+            "beta0": family_param(mod, "beta0", nn.initializers.ones, (2, n), (None, "streams")),
+            "W_a": family_param(
+                mod, "W_a", nn.initializers.zeros, (2, d, n + 1), (None, "embed", "routing")
+            ),
+            "w_b": family_param(mod, "w_b", nn.initializers.zeros, (2, d), (None, "embed")),
+            "s_a": family_param(mod, "s_a", nn.initializers.constant(s0), (2,), (None,)),
+            "s_b": family_param(mod, "s_b", nn.initializers.constant(s0), (2,), (None,)),
         }
 
     # ------------------------------------------------------------ routing

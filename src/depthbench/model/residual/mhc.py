@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from depthbench.model.residual.base import gate, with_axes
+from depthbench.model.residual.base import family_param, gate, with_axes
 from depthbench.model.residual.fields import check_number
 from depthbench.model.residual.sinkhorn import sinkhorn, sinkhorn_flops
 from depthbench.model.residual.streams import NBTD, StreamFamily, add_weighted, mix_streams
@@ -83,24 +83,26 @@ class MHC(StreamFamily):
         s0 = float(self.spec.r("hc_scale_init"))
         bias = float(self.spec.r("mhc_bias"))
 
-        def param(name, init, shape, axes):
-            return mod.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
-
         gate_init = nn.initializers.constant(s0)
         return {
-            "phi": param(
+            "phi": family_param(
+                mod,
                 "phi",
                 nn.initializers.zeros,
                 (2, n, d, self.width),
                 (None, "streams", "embed", "routing"),
             ),
-            "a_pre": param("a_pre", gate_init, (2,), (None,)),
-            "a_post": param("a_post", gate_init, (2,), (None,)),
-            "a_res": param("a_res", gate_init, (2,), (None,)),
-            "b_pre": param("b_pre", mhc_bias_init(ident, n, bias), (2, n), (None, "streams")),
-            "b_post": param("b_post", nn.initializers.zeros, (2, n), (None, "streams")),
+            "a_pre": family_param(mod, "a_pre", gate_init, (2,), (None,)),
+            "a_post": family_param(mod, "a_post", gate_init, (2,), (None,)),
+            "a_res": family_param(mod, "a_res", gate_init, (2,), (None,)),
+            "b_pre": family_param(
+                mod, "b_pre", mhc_bias_init(ident, n, bias), (2, n), (None, "streams")
+            ),
+            "b_post": family_param(mod, "b_post", nn.initializers.zeros, (2, n), (None, "streams")),
             # Logical names must be distinct: the target-stream axis is unnamed.
-            "B_res": param("B_res", mhc_res_init(n, bias), (2, n, n), (None, "streams", None)),
+            "B_res": family_param(
+                mod, "B_res", mhc_res_init(n, bias), (2, n, n), (None, "streams", None)
+            ),
         }
 
     # ------------------------------------------------------------ routing

@@ -59,7 +59,10 @@ def get_config() -> ml_collections.ConfigDict:
     r.keel_alpha = 0.0  # 0: 2L
     r.lns_power = 0.5  # lns: divide by l ** lns_power (l = 1-based block index)
     r.mix_ln_fraction = 0.25  # mix_ln: first round(fraction * L) blocks are post_ln
-    r.completep_alpha = 0.5  # completep: branch multiplier (L / L_base) ** -alpha
+    r.moda_kv_heads = 2  # moda: heads of the MLP's depth K/V projection (0: model's KV heads)
+    r.moda_depth_query = "rotated"  # moda: "rotated" (reference kernel) | "unrotated" query
+    r.moda_norm = "post"  # moda: "post" (x <- N(x + F(x)), the paper's best) | "pre"
+    r.completep_alpha = 1.0  # completep: branch multiplier (L / L_base) ** -alpha; 0.5 = depth-muP
     r.completep_base_depth = 4
 
     # ------------------------------------------------------------------- data

@@ -99,10 +99,14 @@ def test_cost_row_keys_and_values(small):
         "train_flops_per_token",
         "kv_cache_bytes",
         "state_bytes_per_token",
+        "params_overhead",
+        "prefill_overhead",
+        "layout",
     }
     assert row["family"] == "pre_ln" and row["depth"] == 2 and row["d_model"] == 64
     assert row["aspect_ratio"] == 32.0 and row["params"] == TOTAL
     assert row["prefill_flops"] == 3_022_848 and row["kv_cache_bytes"] == 4096
+    assert row["params_overhead"] == row["prefill_overhead"] == 0.0 and row["layout"] == ""
 
 
 # ------------------------------------------------------------------ family hooks
@@ -137,16 +141,14 @@ def test_family_hooks_feed_every_cost(toy, small):
     extra_block = 2 * 7 * 64  # L * extra_block_params
     assert costs.backbone_params(toy) == BACKBONE + extra_block
     assert costs.param_count(toy) == TOTAL + extra_block + 11
-    # Prefill: backbone extras as weights (2 * 896 * T) plus T * extra(T) = T * 100 T.
-    assert (
-        costs.prefill_flops(toy, T)
-        == costs.prefill_flops(small, T) + 2 * extra_block * T + T * 100 * T
-    )
-    # Training: 6 per extra weight and 3x the family's forward extra per token.
-    assert (
-        costs.train_flops_per_token(toy, T)
-        == costs.train_flops_per_token(small, T) + 6 * extra_block + 3 * 100 * T
-    )
+    # Prefill: the family's parameters are not counted as 2 N T weights (its
+    # hook counts their matmuls, once): only T * extra(T) = T * 100 T is added.
+    assert costs.prefill_flops(toy, T) == costs.prefill_flops(small, T) + T * 100 * T
+    # Training: 3x the family's forward extra per token, nothing per extra weight.
+    assert costs.train_flops_per_token(toy, T) == costs.train_flops_per_token(small, T) + 3 * 100 * T
+    row = costs.cost_row(toy, T)
+    assert row["params_overhead"] == pytest.approx((extra_block + 11) / TOTAL)
+    assert row["prefill_overhead"] == pytest.approx(100 * T * T / costs.prefill_flops(small, T))
     assert costs.state_bytes_per_token(toy) == 3 * 64 * 2
     # Things no family changes.
     assert costs.lm_head_flops(toy, T) == costs.lm_head_flops(small, T)

@@ -145,7 +145,8 @@ def test_family_hooks_feed_every_cost(toy, small):
     # hook counts their matmuls, once): only T * extra(T) = T * 100 T is added.
     assert costs.prefill_flops(toy, T) == costs.prefill_flops(small, T) + T * 100 * T
     # Training: 3x the family's forward extra per token, nothing per extra weight.
-    assert costs.train_flops_per_token(toy, T) == costs.train_flops_per_token(small, T) + 3 * 100 * T
+    train_small = costs.train_flops_per_token(small, T)
+    assert costs.train_flops_per_token(toy, T) == train_small + 3 * 100 * T
     row = costs.cost_row(toy, T)
     assert row["params_overhead"] == pytest.approx((extra_block + 11) / TOTAL)
     assert row["prefill_overhead"] == pytest.approx(100 * T * T / costs.prefill_flops(small, T))
@@ -168,6 +169,21 @@ def test_param_count_matches_instantiated_model_for_every_family(family):
     )
     n = sum(math.prod(x.shape) for x in jax.tree.leaves(tree["params"]))
     assert n == costs.param_count(spec), family
+
+
+def test_moda_keeps_the_budget_on_paper_400m():
+    """moda's depth K/V projection has few heads (2 of 16, as the reference's GQA
+    layout): at every paper-400m depth its parameters stay within +3% of
+    pre_ln's, and its prefill overhead is a few percent, as the paper reports."""
+    for depth, _, _ in shapes.suite("paper-400m").rows:
+        shape = shapes.suite("paper-400m").shape(depth)
+        moda = ModelSpec.from_shape(shape, family="moda")
+        pre_ln = ModelSpec.from_shape(shape, family="pre_ln")
+        ratio = costs.param_count(moda) / costs.param_count(pre_ln)
+        assert 1.0 < ratio <= 1.03, (depth, ratio)
+        row = costs.cost_row(moda, 4096)
+        assert row["params_overhead"] == pytest.approx(ratio - 1.0)
+        assert 0.0 < row["prefill_overhead"] < 0.06, (depth, row["prefill_overhead"])
 
 
 # ------------------------------------------------------------------- peaks, MFU

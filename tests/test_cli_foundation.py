@@ -170,7 +170,7 @@ def test_costs_human_table(capsys):
     assert row24[4] == "3.30T"
     assert costs.prefill_flops(spec, 4096) == pytest.approx(3.30e12, rel=2e-3)
     # 2 * 24 * 4096 * 1024 * 2 B = 384 MiB of KV cache; 1024 * 2 B of state per token.
-    assert row24[7:] == ["384", "MiB", "2.00", "KiB"]
+    assert row24[7:] == ["384", "MiB", "2.00", "KiB", "+0.00%", "+0.00%"]
 
 
 def test_costs_budget_and_all_families(capsys):

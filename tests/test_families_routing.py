@@ -332,7 +332,7 @@ def test_attnres_block_has_exactly_n_blocks_at_every_suite_depth():
                 checked += 1
     assert checked > 30
     layout = family_of(make_spec("attnres_block", depth=21)).layout()
-    assert layout == "8 blocks: 2x6 + 6x5 sublayers"
+    assert layout == "2x6+6x5"  # two blocks of 6 sublayers, then six of 5
 
 
 def test_attnres_last_depth_state_is_the_readout_mix():

@@ -29,6 +29,16 @@ columns (per sequence of --seq-len tokens unless stated):
   train     training FLOPs per token (forward + backward, MaxText convention)
   kv_cache  K and V of every layer, bf16: 2 L T n_kv head_dim * 2 bytes
   state     residual-state memory per token, bf16 (hc/mhc: n streams; attnres: its sources)
+  +params   the family's parameters over the plain backbone's (pre_ln) at the same shape
+  +prefill  the family's own forward work over the backbone's prefill (LM head excluded)
+  layout    how the family arranges depth at that shape: attnres_block's blocks as
+            runs of (blocks)x(sublayers), e.g. 4x18+4x17 = four blocks of 18 then four
+            of 17; moda's depth K/V heads (attention+MLP), norm placement and query
+Every FLOP is counted once (see depthbench.costs), and agrees with XLA's count of the
+compiled program (tests/test_costs_xla.py).  The original benchmark's "3.0 -> 4.4
+TFLOPs" (paper-400m, L16 -> L70, T 4096) is the prefill column without the LM head:
+2.98T at L16 (its 3.0) and 4.33T at L70 (with the head: 3.48T and 4.59T); its 4.4
+follows from neither form, so it is not reproduced.
 families: {families}
 """
 
@@ -73,7 +83,12 @@ def _human(rows: list[dict], title: str) -> str:
         "train FLOPs/token",
         "KV cache",
         "state/token",
+        "+params",
+        "+prefill",
     ]
+    with_layout = any(r["layout"] for r in rows)
+    if with_layout:
+        headers.append("layout")
     cells = [
         [
             str(r["depth"]),
@@ -85,7 +100,10 @@ def _human(rows: list[dict], title: str) -> str:
             fmt_si(r["train_flops_per_token"]),
             fmt_bytes(r["kv_cache_bytes"]),
             fmt_bytes(r["state_bytes_per_token"]),
+            f"{100 * r['params_overhead']:+.2f}%",
+            f"{100 * r['prefill_overhead']:+.2f}%",
         ]
+        + ([r["layout"]] if with_layout else [])
         for r in rows
     ]
     return title + "\n" + table(headers, cells)

@@ -105,15 +105,14 @@ def block_sizes(depth: int, blocks: int, block_size: int = 0) -> tuple[int, ...]
 
 
 def describe_blocks(sizes: tuple[int, ...]) -> str:
-    """``(5, 5, 4, 4)`` -> ``'4 blocks: 2x5 + 2x4 sublayers'`` (runs of equal sizes)."""
+    """``(5, 5, 4, 4)`` -> ``'2x5+2x4'``: runs of blocks x sublayers each, in order."""
     runs: list[list[int]] = []
     for size in sizes:
         if runs and runs[-1][0] == size:
             runs[-1][1] += 1
         else:
             runs.append([size, 1])
-    body = " + ".join(f"{count}x{size}" for size, count in runs)
-    return f"{len(sizes)} blocks: {body} sublayers"
+    return "+".join(f"{count}x{size}" for size, count in runs)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -234,8 +234,10 @@ class MoDA(ResidualFamily):
         return s.d_model + 2 * self.n_slots * (s.n_kv_heads + self.kv_heads) * s.head_dim
 
     def layout(self) -> str:
-        return (f"depth KV: {self.spec.n_kv_heads} attn + {self.kv_heads} MLP heads, "
-                f"{self.spec.r('moda_norm')}-norm, {self.spec.r('moda_depth_query')} query")
+        """``kv=16+2,post-norm,rotated-q``: depth K/V heads (attention + MLP), norm
+        placement, the query the depth keys meet."""
+        return (f"kv={self.spec.n_kv_heads}+{self.kv_heads},{self.spec.r('moda_norm')}-norm,"
+                f"{self.spec.r('moda_depth_query')}-q")
 
     def describe(self) -> dict:
         return {**super().describe(), "depth_slots": 2 * self.n_slots,

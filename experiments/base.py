@@ -89,14 +89,17 @@ def get_config() -> ml_collections.ConfigDict:
     t.microbatches = 1  # gradient accumulation: batch_size / microbatches per pass
     t.seq_len = 128
     t.lr = 3e-3
-    t.lr_rule = "none"  # "none" | "completep": depth-transfer learning-rate rule
+    t.lr_rule = "none"  # "none" | "completep": depth-transfer rule (block LR and Adam eps)
     t.warmup_fraction = 0.1
     t.final_lr_fraction = 0.1
     t.b1 = 0.9
     t.b2 = 0.95
     t.eps = 1e-8
     t.weight_decay = 0.1
-    t.no_decay = ""  # comma-separated param leaf names exempt from decay, beyond the family's
+    # Parameters without weight decay: "recipe" (the original's: only what a family exempts,
+    # hc/mhc static routing) | "norms_embeddings_residual" (no decay on norm gains, the input
+    # embedding, every residual-family parameter); extra leaf names may follow: "recipe,scale".
+    t.no_decay = "recipe"
     t.clip_norm = 1.0
     t.seed = 0
     t.log_every = 10

@@ -48,7 +48,7 @@ import ml_collections
 from etils import epath
 
 from depthbench import config as cfglib
-from depthbench import shapes
+from depthbench import shapes, variants
 from depthbench.config import ConfigError
 
 RESULT_COLUMNS = (
@@ -156,7 +156,8 @@ class Run:
         except Exception:  # a family without cost hooks yet: the backbone count
             params = s.total_params
         return {
-            "name": self.name, "family": c.model.family, "suite": c.model.suite,
+            "name": self.name, "family": variants.label(dict(self.overrides), c.model.family),
+            "suite": c.model.suite,
             "depth": s.depth, "d_model": s.d_model, "aspect_ratio": round(s.aspect_ratio, 4),
             "lr": float(c.train.lr), "params": int(params), "seq_len": int(c.train.seq_len),
             "steps": int(c.train.steps),
@@ -221,7 +222,10 @@ def expand(spec: str | os.PathLike, cli_overrides: Iterable[str] = ()) -> Sweep:
         if not isinstance(entry, dict) or not all(isinstance(key, str) for key in entry):
             raise ConfigError(f"config: get_sweep() in {str(spec)!r}: entry {k} must be a dict "
                               f"{{'section.field': value}}, got {entry!r}")
-    swept = {key for entry in entries for key in entry}
+    try:  # a variant's fields count as swept: a command-line value would be ignored
+        swept = {key for entry in entries for key in variants.expand_entry(entry)}
+    except ConfigError as e:
+        raise ConfigError(f"{e} (get_sweep() in {str(spec)!r})") from None
     for text in cli_overrides:
         key = _override_key(text)
         if key in swept:
@@ -235,7 +239,7 @@ def expand(spec: str | os.PathLike, cli_overrides: Iterable[str] = ()) -> Sweep:
                               f"have the same name {name!r} (identical overrides?)")
         seen[name] = k
         try:
-            config = cfglib.validate(cfglib.apply_overrides(base, entry))
+            config = cfglib.validate(cfglib.apply_overrides(base, variants.expand_entry(entry)))
         except ConfigError as e:
             raise ConfigError(f"sweep run {k} ({name}): {e}") from None
         runs.append(Run(k, name, tuple(entry.items()), config))

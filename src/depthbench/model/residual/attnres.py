@@ -239,7 +239,7 @@ class AttnResFull(ResidualFamily):
 class AttnResBlock(AttnResFull):
     name = "attnres_block"
     description = (
-        "Block Attention Residuals: sublayer outputs summed in blocks of S; each "
+        "Block Attention Residuals: sublayer outputs summed in N blocks; each "
         "sublayer mixes over the embedding, the committed blocks and the partial"
     )
     reference = "Kimi Team 2026, Attention Residuals (arXiv 2603.15031), Block AttnRes"

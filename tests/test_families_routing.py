@@ -664,7 +664,7 @@ def test_no_decay_leaves_and_logical_axes():
     )
     assert hc.HC.no_decay == {"A0", "beta0"}
     assert mhc.MHC.no_decay == {"b_pre", "b_post", "B_res"}
-    assert moda.MoDA(make_spec("moda")).n_slots == 4
+    assert moda.MoDA(make_spec("moda")).n_slots == 2  # L - 1 of each kind (attention, MLP)
 
 
 @pytest.mark.parametrize(

@@ -61,11 +61,13 @@ def _model_flops(family: str) -> float:
     return costs.prefill_flops(spec, T) + costs.lm_head_flops(spec, T)
 
 
-def test_pre_ln_calibration_is_close_to_one():
-    """XLA counts a multiply-add as 2 on this backend, plus element-wise work:
-    the convention factor is near 1, and it is what the other checks scale by."""
+def test_pre_ln_calibration_is_a_known_convention():
+    """The convention factor the other checks scale by.  jax 0.10.2's XLA:CPU
+    counts a multiply-add as 2 here (ratio 1.05 at this shape: the model's
+    matmuls plus XLA's element-wise work); a backend that counts it as 1 gives
+    about half that.  Anything else means the two counts disagree on pre_ln."""
     ratio = _xla_flops("pre_ln") / _model_flops("pre_ln")
-    assert 0.9 < ratio < 1.2, ratio
+    assert 0.45 < ratio < 0.6 or 0.95 < ratio < 1.15, ratio
 
 
 @pytest.mark.parametrize("family", [f for f in registry.names() if f != "pre_ln"])

@@ -20,7 +20,7 @@ import math
 
 import jax.numpy as jnp
 
-from depthbench.model.residual.base import ResidualFamily, gate, norm_param, rms_norm
+from depthbench.model.residual.base import ResidualFamily, gate, norm_param, post_norm, rms_norm
 from depthbench.model.residual.fields import check_number
 
 _NORM = ("attn_norm", "mlp_norm")
@@ -38,6 +38,7 @@ class MixLN(ResidualFamily):
     reference = ("Li et al. 2025, Mix-LN: Unleashing the Power of Deeper Layers by Combining "
                  "Pre-LN and Post-LN (arXiv 2412.13795)")
     pre_norm = False
+    fields = {"mix_ln_fraction": 0.25}  # the first round(fraction * L) blocks are post_ln
 
     @classmethod
     def validate(cls, config) -> None:
@@ -56,8 +57,8 @@ class MixLN(ResidualFamily):
 
     def write(self, p, state, y, site, aux, active):
         post = site.pos < self.n_post
+        normed = post_norm(rms_norm, state, y, p[_NORM[site.sub]], self.spec.norm_eps)
         total = state.astype(jnp.float32) + y.astype(jnp.float32)
-        normed = rms_norm(total, p[_NORM[site.sub]], self.spec.norm_eps)
         return gate(active, jnp.where(post, normed, total).astype(state.dtype), state)
 
     # One norm per sublayer, like pre_ln: extra_block_params() stays 0.

@@ -12,6 +12,7 @@ import json
 import signal
 import sys
 
+from depthbench import runs as runlib
 from depthbench import sweep as sweeplib
 from depthbench.errors import ConfigError
 from depthbench.formatting import fmt_count, fmt_lr, table
@@ -88,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
         for run in runs:
             print(run.name)
         return 0
-    workdir = runs.as_path(args.workdir)
+    workdir = runlib.as_path(args.workdir)
     if args.dry_run:
         rows = [sweeplib.read_row(r, workdir / r.name) for r in runs]
         if args.json:

@@ -73,7 +73,7 @@ def get_config() -> ml_collections.ConfigDict:
     t.microbatches = 1  # gradient accumulation: batch_size / microbatches per pass
     t.seq_len = 128
     t.lr = 3e-3
-    t.lr_rule = "none"  # "none" | "completep": depth-transfer learning-rate rule
+    t.lr_rule = "none"  # "none" | a family whose lr_multipliers give a depth-transfer LR rule
     t.warmup_fraction = 0.1
     t.final_lr_fraction = 0.1
     t.b1 = 0.9

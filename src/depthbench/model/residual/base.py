@@ -86,7 +86,7 @@ def layer_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 def post_norm(norm, state: jax.Array, y: jax.Array, weight: jax.Array, eps: float,
               carry: float | jax.Array | None = None) -> jax.Array:
     """``norm(carry * x + y)``, the write of the post-norm families (post_ln,
-    deepnorm, keel, mix_ln's post-LN blocks); ``carry`` None means 1.
+    deepnorm, keel); ``carry`` None means 1.
 
     The sum is formed in fp32: with a large ``carry`` (deepnorm's ``(2L)^(1/4)``,
     keel's ``2L``) the branch is a small correction that bf16 would round away

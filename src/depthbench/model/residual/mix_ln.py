@@ -20,7 +20,7 @@ import math
 
 import jax.numpy as jnp
 
-from depthbench.model.residual.base import ResidualFamily, gate, norm_param, post_norm, rms_norm
+from depthbench.model.residual.base import ResidualFamily, gate, norm_param, rms_norm
 from depthbench.model.residual.fields import check_number
 
 _NORM = ("attn_norm", "mlp_norm")
@@ -57,8 +57,10 @@ class MixLN(ResidualFamily):
 
     def write(self, p, state, y, site, aux, active):
         post = site.pos < self.n_post
-        normed = post_norm(rms_norm, state, y, p[_NORM[site.sub]], self.spec.norm_eps)
+        # Not base.post_norm: the one fp32 sum feeds both placements (a second
+        # sum for the norm changes XLA's fusion and the last bits of the loss).
         total = state.astype(jnp.float32) + y.astype(jnp.float32)
+        normed = rms_norm(total, p[_NORM[site.sub]], self.spec.norm_eps)
         return gate(active, jnp.where(post, normed, total).astype(state.dtype), state)
 
     # One norm per sublayer, like pre_ln: extra_block_params() stays 0.

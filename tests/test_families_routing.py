@@ -16,6 +16,7 @@ Every model is depth 3 (depth 2 where a removed block is compared), width
 import functools
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -391,7 +392,7 @@ def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
 
     state, *off = moda_writes(jnp.bool_(False))
     for out in off:
-        jax.tree.map(np.testing.assert_array_equal, out, state)
+        chex.assert_trees_all_equal(out, state)
     state, attn, mlp, last = moda_writes(jnp.bool_(True))
     np.testing.assert_array_equal(attn["ka"][:, :, 1], kv[0])
     np.testing.assert_array_equal(attn["va"][:, :, 1], kv[1])
@@ -406,7 +407,7 @@ def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
     total = np.asarray(x0 + y, np.float64)
     expected = total / np.sqrt(np.mean(total**2, -1, keepdims=True) + spec.norm_eps)
     np.testing.assert_allclose(attn["x"], expected, rtol=1e-5, atol=1e-6)
-    jax.tree.map(np.testing.assert_array_equal, {**last, "x": x0}, state)
+    chex.assert_trees_all_equal({**last, "x": x0}, state)
 
     afam = family_of(make_spec("attnres_block", attnres_block_size=2))
 
@@ -419,7 +420,7 @@ def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
         return state, third
 
     state, off = attnres_writes(jnp.bool_(False))
-    jax.tree.map(np.testing.assert_array_equal, off, state)
+    chex.assert_trees_all_equal(off, state)
     _, on = attnres_writes(jnp.bool_(True))
     assert int(on["count"]) == 3
     np.testing.assert_allclose(on["bank"][1], 3 * y, rtol=1e-6)  # block 0: y + 2y

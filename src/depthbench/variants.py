@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
 
 SEPARATOR = "+"
 

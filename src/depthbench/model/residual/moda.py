@@ -49,17 +49,18 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
 from depthbench.model.layers import weight
 from depthbench.model.residual.base import (
     BTD,
     ResidualFamily,
     gate,
     norm_param,
+    post_norm,
     rms_norm,
     with_axes,
 )
-from depthbench.model.residual.fields import check_number
+from depthbench.model.residual.fields import check_choice, check_number
 
 BTMKH = ("activation_batch", "activation_length", "activation_sources", "activation_kv_heads", None)
 _POST_NORM = ("attn_post_norm", "mlp_post_norm")
@@ -87,16 +88,18 @@ class MoDA(ResidualFamily):
         "the same token's keys from earlier sublayers"
     )
     reference = "Zhu et al. 2026, Mixture-of-Depths Attention (arXiv 2603.15619; hustvl/MoDA)"
+    fields = {
+        "moda_kv_heads": 2,  # heads of the MLP's depth K/V projection; 0 = the model's KV heads
+        "moda_depth_query": "rotated",  # "rotated" (the reference kernel) | "unrotated"
+        "moda_norm": "post",  # "post": x <- N(x + F(x)) (the paper's best) | "pre"
+    }
+    sharding_rules = (("activation_sources", None),)  # the depth-KV caches' slot axis
 
     @classmethod
     def validate(cls, config) -> None:
         r = config.model.residual
-        if r.moda_norm not in NORMS:
-            raise ConfigError(f"config.model.residual.moda_norm: {r.moda_norm!r} is not one of "
-                              f"{', '.join(NORMS)}")
-        if r.moda_depth_query not in DEPTH_QUERIES:
-            raise ConfigError(f"config.model.residual.moda_depth_query: {r.moda_depth_query!r} "
-                              f"is not one of {', '.join(DEPTH_QUERIES)}")
+        check_choice(config, "moda_norm", NORMS)
+        check_choice(config, "moda_depth_query", DEPTH_QUERIES)
         check_number(config, "moda_kv_heads", 0, integer=True,
                      meaning="depth K/V heads of the MLP projection; 0 = model's KV heads")
         from depthbench.model.spec import ModelSpec
@@ -166,8 +169,7 @@ class MoDA(ResidualFamily):
     def _residual(self, p, x, y, sub: int):
         if self.pre_norm:
             return x + y
-        total = x.astype(jnp.float32) + y.astype(jnp.float32)  # the norm's input in fp32
-        return rms_norm(total, p[_POST_NORM[sub]], self.spec.norm_eps).astype(x.dtype)
+        return post_norm(rms_norm, x, y, p[_POST_NORM[sub]], self.spec.norm_eps)
 
     def write(self, p, state, y, site, aux, active):
         x = with_axes(gate(active, self._residual(p, state["x"], y, site.sub), state["x"]), BTD)

@@ -451,6 +451,7 @@ def moda_by_hand(spec: ModelSpec, params):
     the residual is post-norm ``N(x + F(x))`` or pre-norm ``x + F(N(x))``."""
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
     eps, h, n = spec.norm_eps, spec.head_dim, spec.n_heads
+    spec = family_of(spec).spec  # with the family's defaults for fields not given
     post = spec.r("moda_norm") == "post"
     rotated = spec.r("moda_depth_query") == "rotated"
     x = p["embed"][np.asarray(TOKENS)]

@@ -676,6 +676,9 @@ def test_no_decay_leaves_and_logical_axes():
         ("hc", {"model.residual.hc_n": 100}, "hc_n"),
         ("hc", {"model.residual.hc_scale_init": float("nan")}, "hc_scale_init"),
         ("attnres_block", {"model.residual.attnres_block_size": -2}, "attnres_block_size"),
+        ("moda", {"model.residual.moda_kv_heads": 3}, "moda_kv_heads"),  # 4 heads at micro
+        ("moda", {"model.residual.moda_norm": "mid"}, "moda_norm"),
+        ("moda", {"model.residual.moda_depth_query": "sideways"}, "moda_depth_query"),
     ],
 )
 def test_validate_names_the_bad_field(family, override, field):

@@ -53,8 +53,18 @@ def import_spec(path: str | Path) -> ModuleType:
 
 
 def sibling(spec_file: str, name: str) -> ModuleType:
-    """The spec ``name`` beside ``spec_file`` (how specs inherit from base.py)."""
-    return import_spec(Path(spec_file).with_name(f"{name}.py"))
+    """The spec ``name`` beside ``spec_file`` (how specs inherit from base.py); a
+    name not beside it is the bundled spec of that name (``experiments/`` of this
+    checkout), so a spec kept elsewhere can build on quickstart, paper_400m, ..."""
+    beside = Path(spec_file).with_name(f"{name}.py")
+    bundled = _BASE_SPEC.with_name(f"{name}.py")
+    if beside.is_file() or not bundled.is_file():
+        if not beside.is_file():
+            raise ConfigError(f"config: sibling({name!r}): no spec {str(beside)!r} and no "
+                              f"bundled spec {str(bundled)!r}; give a path with "
+                              "depthbench.config.import_spec(PATH)")
+        return import_spec(beside)
+    return import_spec(bundled)
 
 
 def base_spec_path() -> Path:

@@ -30,7 +30,8 @@ examples:
   depthbench data prepare --config experiments/base.py
   depthbench data show --config experiments/base.py --split val --windows 2
   depthbench data prepare --config experiments/micro.py \\
-      --config.data.corpus=text --config.data.paths='docs/*.md' --config.data.split_by=paragraph
+      --config.data.corpus=text --config.data.paths='docs/**/*.md' \\
+      --config.data.split_by=paragraph --config.data.val_fraction=0.3
 
 `depthbench data ACTION --help` shows each action's options and more examples.
 """

@@ -217,6 +217,19 @@ def test_sweep_dry_run_flags_missing_data(capsys):
     assert not (REPO / "runs" / "never").exists()
 
 
+def test_launcher_dry_runs_flag_missing_data(tmp_path):
+    env = {**os.environ, "DEPTHBENCH": f"{sys.executable} -m depthbench", "HOME": str(tmp_path)}
+    env.pop("DEPTHBENCH_OVERRIDES", None)
+    for script, extra in (("tpu_sweep.sh", ["--workdir", "gs://b/x", "--tpu", "t", "--zone", "z"]),
+                          ("gpu_sweep.sh", ["--workdir", str(tmp_path / "w")])):
+        r = subprocess.run(["bash", str(REPO / "launch" / script), "--config",
+                            "experiments/paper_400m.py", *extra, "--dry-run"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (script, r.stderr)
+        assert "depthbench: error: config.data.paths: empty" in r.stderr, script
+        assert "+ srun" not in r.stdout and "tpu-vm ssh" not in r.stdout
+
+
 # ------------------------------------------------ 8. progress bars count
 
 

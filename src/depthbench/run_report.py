@@ -106,7 +106,8 @@ def loss_curves(rows: list[dict], path: Path, title: str) -> bool:
         return False
     fig = Figure(figsize=(11, 3.4))
     ax_loss, ax_lr, ax_gn = fig.subplots(1, 3)
-    ax_loss.plot(*zip(*train, strict=True), lw=1.2, label="train")
+    dots = "." if len(train) < 30 else None  # a short run's few points stay visible
+    ax_loss.plot(*zip(*train, strict=True), lw=1.2, marker=dots, label="train")
     val = [(r["step"], r["val_loss"]) for r in rows if _finite(r.get("val_loss"))]
     if val:
         ax_loss.plot(*zip(*val, strict=True), "o", ms=4, label="validation")
@@ -115,7 +116,7 @@ def loss_curves(rows: list[dict], path: Path, title: str) -> bool:
     for ax, key, label in ((ax_lr, "lr", "learning rate"), (ax_gn, "grad_norm", "gradient norm")):
         points = [(r["step"], r[key]) for r in rows if _finite(r.get(key))]
         if points:
-            ax.plot(*zip(*points, strict=True), lw=1.2)
+            ax.plot(*zip(*points, strict=True), lw=1.2, marker=dots)
         ax.set(xlabel="step", ylabel=label)
     fig.tight_layout()
     _save(fig, path)
@@ -126,6 +127,7 @@ def layer_plot(stats: dict[str, dict[int, list[float]]], path: Path, title: str)
     """One panel per statistic: value vs block index, a line per logged step
     (light = early, dark = late)."""
     from matplotlib import colormaps
+    from matplotlib.ticker import MaxNLocator
 
     from depthbench.plots import Figure, _save
 
@@ -142,6 +144,7 @@ def layer_plot(stats: dict[str, dict[int, list[float]]], path: Path, title: str)
                     label=f"step {step}" if k in (0, len(steps) - 1) else None)
         ax.set(xlabel="depth state" if stat == "state_rms" else "block", ylabel=stat,
                yscale="log" if all(v > 0 for s in steps for v in by_step[s]) else "linear")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(frameon=False, fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()

@@ -251,10 +251,11 @@ def test_progress_bars_show_the_documents_processed(tmp_path, capsys):
 
 
 def test_override_with_a_space_gets_a_hint(capsys):
-    rc, _, err = _cli(capsys, "train", "--config", "experiments/micro.py", "--workdir", "x",
-                      "--config.train.steps", "40")
-    assert rc == 2 and err.strip().splitlines() == [
-        "depthbench train: error: unrecognized arguments: 40; write --config.train.steps=40 "
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["train", "--config", "experiments/micro.py", "--workdir", "x",
+                  "--config.train.steps", "40"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.splitlines() == [
+        "depthbench: error: unrecognized arguments: 40; write --config.train.steps=40 "
         "(overrides take '=', not a space)"]
 
 
@@ -286,14 +287,25 @@ def test_quickstart_time_agrees_with_the_readme():
     assert f"about {minutes} minutes" in doc
 
 
-def test_readme_quickstart_table_has_the_report_columns():
+def test_readme_quickstart_table_is_the_reports_table():
+    """The README shows report.md's table: rebuilt from the README's own numbers by
+    the report's code, it must come out line for line (columns, bold, best lr)."""
     from depthbench import report as reportlib
 
-    headers, _ = reportlib.loss_table([])
-    readme = (REPO / "README.md").read_text()
-    row = next(ln for ln in readme.splitlines() if ln.startswith("| family | AR "))
-    shown = [c.strip() for c in row.strip("|").split("|")]
-    assert shown[0] == "family" and shown[-3:] == headers[-3:]
+    lines = (REPO / "README.md").read_text().splitlines()
+    top = next(i for i, ln in enumerate(lines) if ln.startswith("| family | AR "))
+    shown = lines[top:top + 6]
+    shapes = [tuple(map(float, re.fullmatch(r"AR ([\d.]+) \(L(\d+)\)", h).groups()))
+              for h in (c.strip() for c in shown[0].strip("|").split("|")[1:-3])]
+    rows = []
+    for line in shown[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        lr = float(cells[-1])
+        rows.append(reportlib.FamilyRow("micro", cells[0], tuple(
+            reportlib.Cell(int(depth), ar, float(text.strip("*")), lr, None, "ok")
+            for (ar, depth), text in zip(shapes, cells[1:-3], strict=True))))
+    rebuilt = reportlib._md_table(*reportlib.loss_table(rows), align="l").splitlines()
+    assert rebuilt == shown
 
 
 # ------------------------------------------------ 11. train --dry-run

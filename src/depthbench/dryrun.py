@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
 
 
 def _data_key(config) -> str:
@@ -77,12 +77,12 @@ def _data_line(config) -> str:
 
 
 def _workdir_line(config, workdir: Path) -> str:
-    from depthbench.train import loop
+    from depthbench import runs
 
-    done = loop.check_workdir(config, workdir)  # raises if it holds another config
+    done = runs.check_run_dir(config, workdir)  # raises if it holds another config
     if done is not None:
         return f"{workdir}: holds this run, finished (not retrained)"
-    ckpts = workdir / loop.CHECKPOINT_DIR
+    ckpts = workdir / runs.CHECKPOINT_DIR
     steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) \
         if ckpts.is_dir() else []
     if steps:

@@ -29,7 +29,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
 
 CONFIG_FILE, RESULT_FILE, METRICS_FILE, TB_DIR = "config.json", "result.json", "metrics.jsonl", "tb"
 LAYER_PREFIX = "layers/"

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from depthbench import report as reportlib
-from depthbench.cli.shapes import table
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
+from depthbench.formatting import table
 
 EPILOG = """\
 examples:

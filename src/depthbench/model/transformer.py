@@ -176,9 +176,18 @@ def permute_blocks(params, order):
 
 
 def cross_entropy(logits_btv, targets_bt, mask_bt=None):
-    """Mean next-token cross entropy in fp32 (optionally masked)."""
-    logp = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, targets_bt[..., None], axis=-1)[..., 0]
+    """Mean next-token cross entropy in fp32 (optionally masked):
+    ``nll = logsumexp(logits) - logits[target]``.
+
+    The target logit is picked by a compare against an iota inside a sum
+    rather than ``take_along_axis``: XLA fuses the compare into the reduction
+    and its gradient into an elementwise select, where a gather's gradient is
+    a scatter over [B, T, V] (slow on CPU); no one-hot is materialised."""
+    logits = logits_btv.astype(jnp.float32)
+    lse_bt = jax.nn.logsumexp(logits, axis=-1)
+    vocab_v = jnp.arange(logits.shape[-1], dtype=targets_bt.dtype)
+    target_bt = jnp.sum(jnp.where(vocab_v == targets_bt[..., None], logits, 0.0), axis=-1)
+    nll = lse_bt - target_bt
     if mask_bt is None:
         return jnp.mean(nll)
     mask = mask_bt.astype(jnp.float32)

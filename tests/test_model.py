@@ -75,6 +75,31 @@ def test_depth_attention_without_depth_keys_is_causal_attention():
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_causal_attention_matches_jax_reference_values_and_grads(kv_heads):
+    k = jax.random.split(jax.random.key(3), 3)
+    q = jax.random.normal(k[0], (2, 6, 4, 8))
+    kk = jax.random.normal(k[1], (2, 6, kv_heads, 8))
+    v = jax.random.normal(k[2], (2, 6, kv_heads, 8))
+
+    def loss(fn):
+        return jax.value_and_grad(lambda *a: jnp.sum(jnp.sin(fn(*a))), argnums=(0, 1, 2))
+
+    ref = loss(lambda *a: jax.nn.dot_product_attention(*a, is_causal=True))(q, kk, v)
+    got = loss(layers.causal_attention)(q, kk, v)
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
+    for g, r in zip(got[1], ref[1], strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+
+
+def test_cross_entropy_gradient_is_softmax_minus_one_hot():
+    logits = jax.random.normal(jax.random.key(0), (2, 3, 5))
+    targets = jnp.array([[0, 4, 2], [1, 1, 3]])
+    grad = jax.grad(cross_entropy)(logits, targets)
+    expected = (jax.nn.softmax(logits, -1) - jax.nn.one_hot(targets, 5)) / 6
+    np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-7)
+
+
 def test_cross_entropy_known_value():
     logits = jnp.log(jnp.array([[[0.5, 0.25, 0.25], [0.1, 0.8, 0.1]]]))
     targets = jnp.array([[0, 1]])

@@ -64,6 +64,30 @@ def rope(x_bthd: jax.Array, positions_t: jax.Array, theta: float) -> jax.Array:
     return out.astype(x_bthd.dtype)
 
 
+def causal_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array) -> jax.Array:
+    """softmax(q k^T / sqrt(d_h) + causal mask) v, GQA by grouping query heads.
+
+    Query head ``i`` uses key head ``i // (n / k)`` (as in
+    ``jax.nn.dot_product_attention``).  Written out rather than calling
+    ``jax.nn.dot_product_attention``: its XLA path repeats the key heads and
+    works in [B, T, N, H] layout, and on CPU its backward costs about 1.4x
+    this one's (bench/peer.py, profile in the README's Performance section).
+    The query is scaled before the product (one [B, T, N, H] multiply instead
+    of one over the [B, N, T, T] logits); logits and softmax stay in the
+    compute dtype's promotion with fp32 statistics as XLA's path has them.
+    """
+    b, t, n, h = q_btnh.shape
+    kv = k_btkh.shape[2]
+    q_btkgh = (q_btnh * jnp.asarray(h ** -0.5, q_btnh.dtype)).reshape(b, t, kv, n // kv, h)
+    logits_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_btkh,
+                              preferred_element_type=jnp.float32)
+    causal_ts = jnp.tril(jnp.ones((t, t), dtype=bool))
+    logits_bkgts = jnp.where(causal_ts, logits_bkgts, jnp.finfo(jnp.float32).min)
+    probs_bkgts = jax.nn.softmax(logits_bkgts, axis=-1).astype(v_btkh.dtype)
+    out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs_bkgts, v_btkh)
+    return out_btkgh.reshape(b, t, n, h)
+
+
 def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
     """Causal attention whose softmax also covers depth keys at the same token.
 
@@ -130,13 +154,11 @@ class Attention(nn.Module):
         k = with_axes(k, ("activation_batch", "activation_length", "activation_kv_heads", None))
         qr, kr = rope(q, positions_t, s.rope_theta), rope(k, positions_t, s.rope_theta)
         if depth_kv is None:
-            out = jax.nn.dot_product_attention(
-                qr,
-                kr,
-                v,
-                is_causal=True,
-                implementation=None if s.attention_impl == "xla" else s.attention_impl,
-            )
+            if s.attention_impl == "xla":
+                out = causal_attention(qr, kr, v)
+            else:  # a fused kernel jax provides ("cudnn")
+                out = jax.nn.dot_product_attention(
+                    qr, kr, v, is_causal=True, implementation=s.attention_impl)
         else:
             groups, rotated_query = depth_kv
             out = attention_with_depth(qr, kr, v, qr if rotated_query else q, groups)

@@ -1,0 +1,116 @@
+"""Shared pieces of the benchmark suite: the header every table carries, the
+interleaved timer, and building a depthbench train step at an explicit shape.
+
+Timing on a shared machine: the stacks being compared run their repetitions
+interleaved (A, B, A, B ...), so load changes hit both alike, and a table
+reports the median of each and their ratio, never one number alone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def header(title: str) -> str:
+    """One line naming the machine, the load, the jax version and the date."""
+    import jax
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"== {title} ==\n{platform.processor() or platform.machine()}, {cores} cores, "
+            f"load {load:.1f}; jax {jax.__version__} ({jax.default_backend()}); {now}")
+
+
+def table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
+    """A markdown table of ``rows`` (dicts with the same keys)."""
+    if not rows:
+        return "(no rows)"
+    columns = list(columns or rows[0])
+    cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in cells]
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if v != v:
+            return "-"
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+    return str(v)
+
+
+def interleaved(fns: dict[str, Callable[[], None]], reps: int) -> dict[str, float]:
+    """Median seconds per call of each ``fn``, calls interleaved A, B, A, B ...
+
+    Each ``fn`` must block until its work is done."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def config_at(d_model: int, depth: int, seq_len: int, batch: int, vocab: int, *,
+              family: str = "pre_ln", n_heads: int = 0, overrides: Sequence[str] = ()):
+    """The micro spec at an explicit shape (fp32, remat off), validated."""
+    from depthbench import config as config_lib
+
+    heads = n_heads or max(1, d_model // 64)
+    fields = {
+        "model.family": family, "model.depth": depth, "model.d_model": d_model,
+        "model.n_heads": heads, "model.vocab_size": vocab, "model.suite": "",
+        "model.remat_policy": "none", "train.seq_len": seq_len, "train.batch_size": batch,
+    }
+    args = [f"--config.{k}={v}" for k, v in fields.items()] + list(overrides)
+    return config_lib.load("micro", args)
+
+
+class DepthbenchStep:
+    """The trainer's own ``setup`` + ``make_train_step`` at a config, with a
+    random batch; calling it runs one step and blocks on its metrics."""
+
+    def __init__(self, config, seed: int = 0):
+        import jax
+        import numpy as np
+
+        from depthbench import parallel
+        from depthbench.train import state as state_lib
+        from depthbench.train import step as step_lib
+
+        self.config = config
+        self.setup = state_lib.setup(config, parallel.mesh_from_config(config))
+        self.step = step_lib.make_train_step(self.setup, int(config.train.microbatches))
+        self.state = state_lib.init_state(self.setup, seed)
+        rng = np.random.default_rng(seed)
+        b, t = int(config.train.batch_size), int(config.train.seq_len)
+        v = self.setup.spec.vocab_size
+        tokens = rng.integers(0, v, (b, t + 1), dtype=np.int32)
+        self.batch = {"inputs": jax.numpy.asarray(tokens[:, :-1]),
+                      "targets": jax.numpy.asarray(tokens[:, 1:])}
+        self.tokens = b * t
+
+    def compile_seconds(self) -> float:
+        """Seconds to lower and compile the step (the first call's extra cost)."""
+        t0 = time.perf_counter()
+        with self.setup.context():
+            self.step.jitted.lower(self.state, self.batch).compile()
+        return time.perf_counter() - t0
+
+    def __call__(self) -> None:
+        import jax
+
+        self.state, metrics = self.step(self.state, self.batch)
+        jax.block_until_ready(metrics)
+        self.metrics = metrics

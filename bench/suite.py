@@ -1,0 +1,113 @@
+"""The depthbench tables other than the peer comparison: compile time against
+depth, per-family step time and memory relative to pre_ln, throughput and MFU.
+
+Step times of the rows being compared are measured interleaved (one step of
+each in turn, repeated) and reported as medians and ratios.  Memory is XLA's
+own account of the compiled step (``memory_analysis``: arguments + outputs +
+temporaries), which does not depend on machine load.  On a CPU there is no
+published peak, so MFU is given against the fp32 matmul rate measured in the
+same run (a 1024^3 product) and labelled so; ``costs.mfu`` is used where the
+device's peak is known.
+"""
+
+from __future__ import annotations
+
+import time
+
+from bench import common
+
+
+def _families(only=None) -> list[str]:
+    from depthbench.model.residual import registry
+
+    return [f for f in registry.names() if not only or f in only]
+
+
+def compile_vs_depth(families=None, d_model: int = 64, depths=(8, 64)) -> str:
+    """Seconds to lower and compile the train step at each depth, per family."""
+    rows = []
+    for fam in _families(families):
+        row = {"family": fam}
+        for depth in depths:
+            step = common.DepthbenchStep(common.config_at(d_model, depth, 64, 4, 512, family=fam))
+            row[f"L {depth} (s)"] = step.compile_seconds()
+        deep, shallow = row[f"L {depths[-1]} (s)"], row[f"L {depths[0]} (s)"]
+        row[f"L {depths[-1]} / L {depths[0]}"] = f"{deep / shallow:.2f}x"
+        rows.append(row)
+    return "\n".join([common.header(f"compile time vs depth (d {d_model}, T 64, B 4, V 512)"),
+                      common.table(rows), "flat in depth means the layer scan compiles one block"])
+
+
+def _memory_bytes(step: common.DepthbenchStep) -> int:
+    with step.setup.context():
+        m = step.step.jitted.lower(step.state, step.batch).compile().memory_analysis()
+    if m is None:
+        return 0
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+               - m.alias_size_in_bytes)
+
+
+def families_vs_pre_ln(families=None, reps: int = 3) -> str:
+    """Step time and compiled memory of every family relative to pre_ln."""
+    out = [common.header("step time and memory per family relative to pre_ln (fp32, interleaved)")]
+    for label, (d, depth) in (("shallow-wide", (256, 4)), ("deep-narrow", (64, 32))):
+        steps = {}
+        for fam in ["pre_ln", *[f for f in _families(families) if f != "pre_ln"]]:
+            steps[fam] = common.DepthbenchStep(common.config_at(d, depth, 128, 8, 2048, family=fam))
+            steps[fam]()  # compile
+        sec = common.interleaved(steps, reps)
+        base_s, base_m = sec["pre_ln"], _memory_bytes(steps["pre_ln"])
+        rows = []
+        for fam, step in steps.items():
+            mem = _memory_bytes(step)
+            rows.append({"family": fam, "step (ms)": 1e3 * sec[fam],
+                         "time / pre_ln": f"{sec[fam] / base_s:.2f}x",
+                         "memory (MiB)": mem / 2**20, "memory / pre_ln": f"{mem / base_m:.2f}x"})
+        out += [f"\n{label}: d {d}, L {depth}, T 128, B 8, V 2048 (median of {reps})",
+                common.table(rows)]
+    out.append("memory: XLA memory_analysis of the compiled step "
+               "(arguments + outputs + temporaries)")
+    return "\n".join(out)
+
+
+def _matmul_rate() -> float:
+    """fp32 FLOP/s of a 1024^3 matmul on this machine (median of 5)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((1024, 1024), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    sec = common.interleaved({"mm": lambda: f(a).block_until_ready()}, 5)["mm"]
+    return 2 * 1024**3 / sec
+
+
+def throughput(reps: int = 3) -> str:
+    """Tokens/s and MFU of the micro config and a 100M-class config."""
+    import jax
+
+    from depthbench import config as config_lib
+    from depthbench import costs
+
+    shapes = {"micro (pre_ln L4)": config_lib.load("micro", []),
+              "100M-class (d 768, L 12, V 32000)": common.config_at(768, 12, 256, 2, 32000)}
+    steps = {k: common.DepthbenchStep(c) for k, c in shapes.items()}
+    for s in steps.values():
+        s()
+    sec = common.interleaved(steps, reps)
+    peak = _matmul_rate()
+    dev = jax.devices()[0]
+    rows = []
+    for name, s in steps.items():
+        spec = s.setup.spec
+        flops = costs.model_flops_per_step(spec, int(s.config.train.seq_len), s.tokens)
+        known = costs.mfu(flops / sec[name], dev.device_kind, jax.device_count())
+        rows.append({"config": name, "params": costs.param_count(spec),
+                     "tok/s": s.tokens / sec[name], "model TFLOP/s": flops / sec[name] / 1e12,
+                     "MFU": "-" if known is None else f"{100 * known:.1f}%",
+                     "of matmul rate": f"{100 * flops / sec[name] / peak:.1f}%"})
+    return "\n".join([
+        common.header("throughput and MFU (fp32)"), common.table(rows),
+        f"device {dev.device_kind}: MFU needs a published peak ('-' when unknown); "
+        f"'of matmul rate' divides by this run's 1024^3 fp32 matmul rate, {peak / 1e9:.1f} GFLOP/s "
+        f"(median of {reps} steps, at {time.strftime('%H:%M')})"])

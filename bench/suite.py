@@ -53,7 +53,7 @@ def families_vs_pre_ln(families=None, reps: int = 3) -> str:
     for label, (d, depth) in (("shallow-wide", (256, 4)), ("deep-narrow", (64, 32))):
         steps = {}
         for fam in ["pre_ln", *[f for f in _families(families) if f != "pre_ln"]]:
-            steps[fam] = common.DepthbenchStep(common.config_at(d, depth, 128, 8, 2048, family=fam))
+            steps[fam] = common.DepthbenchStep(common.config_at(d, depth, 64, 8, 2048, family=fam))
             steps[fam]()  # compile
         sec = common.interleaved(steps, reps)
         base_s, base_m = sec["pre_ln"], _memory_bytes(steps["pre_ln"])
@@ -63,7 +63,7 @@ def families_vs_pre_ln(families=None, reps: int = 3) -> str:
             rows.append({"family": fam, "step (ms)": 1e3 * sec[fam],
                          "time / pre_ln": f"{sec[fam] / base_s:.2f}x",
                          "memory (MiB)": mem / 2**20, "memory / pre_ln": f"{mem / base_m:.2f}x"})
-        out += [f"\n{label}: d {d}, L {depth}, T 128, B 8, V 2048 (median of {reps})",
+        out += [f"\n{label}: d {d}, L {depth}, T 64, B 8, V 2048 (median of {reps})",
                 common.table(rows)]
     out.append("memory: XLA memory_analysis of the compiled step "
                "(arguments + outputs + temporaries)")

@@ -13,6 +13,7 @@ import importlib
 import os
 import sys
 
+from depthbench import faults
 from depthbench.config import EXIT_BAD_INPUT, ConfigError
 
 # Sub-command modules, in the order `depthbench --help` lists them.
@@ -32,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="depthbench",
         description="Residual-connection designs at a fixed parameter budget, from width to depth.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit status: 0 ok, 2 bad input (one line on stderr), 3 training diverged.",
+        epilog="Exit status: 0 ok, 2 bad input (one line on stderr), 3 training diverged,\n"
+               "4 disk full or read-only (one line on stderr; free space and re-run).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
@@ -68,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `depthbench shapes ... | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:
+        if not (isinstance(e, faults.StorageError) or faults.is_storage_error(e)):
+            raise
+        if not isinstance(e, faults.StorageError):
+            e = faults.storage_error(e, f"could not write {e.filename or 'a file'}",
+                                     "free space and re-run the same command")
+        sys.stderr.write(f"depthbench: error: {e}\n")
+        return faults.EXIT_STORAGE
 
 
 if __name__ == "__main__":

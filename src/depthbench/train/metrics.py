@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from depthbench import faults
+
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
 
@@ -83,8 +85,14 @@ class MetricsWriter:
         row = {"step": int(step), **{k: _clean(v) for k, v in scalars.items()}}
         if not self.enabled:
             return row
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+        except OSError as e:
+            # A row torn by a full disk is dropped on resume (read_jsonl stops there).
+            raise faults.storage_error(e, f"metrics: could not write {self.path}",
+                                       "earlier checkpoints are intact: free space and re-run "
+                                       "the same command to resume") from e
         for key, value in row.items():
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 group = "eval" if key.startswith("val_") else "train"

@@ -352,7 +352,13 @@ REMAT_POLICIES = (
 
 def load(spec: str | Path, overrides: Iterable[str] = ()) -> ml_collections.ConfigDict:
     """Load a spec file, apply overrides and validate: what every command starts from."""
-    config = import_spec(spec).get_config()
+    try:
+        config = import_spec(spec).get_config()
+    except ConfigError:
+        raise
+    except Exception as e:  # a spec failing when called is bad input, as when it fails to load
+        raise ConfigError(f"config: get_config() in {str(spec)!r} failed: "
+                          f"{type(e).__name__}: {e}") from e
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"config: get_config() in {str(spec)!r} must return a ConfigDict")
     config = apply_overrides(config, overrides)

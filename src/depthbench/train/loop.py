@@ -94,7 +94,11 @@ def check_workdir(config, workdir: Path) -> dict | None:
                           f"{new!r}; use the same config to resume it or a new --workdir")
     result_path = workdir / RESULT_FILE
     if result_path.exists():
-        return json.loads(result_path.read_text())
+        try:
+            return json.loads(result_path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"--workdir: {result_path} is unreadable ({e}); delete it to "
+                              "finish the run again from its last checkpoint") from e
     return None
 
 
@@ -120,6 +124,7 @@ def workdir_lock(workdir: Path, enabled: bool = True) -> Iterator[None]:
     if held and held.get("host") == host and held.get("pid") != pid and _alive(held.get("pid")):
         raise ConfigError(f"--workdir: {str(workdir)!r} is being trained by process "
                           f"{held['pid']} on this host; wait for it or stop it first")
+    created = not workdir.exists()
     workdir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"host": host, "pid": pid, "started": time.time()})
     try:
@@ -128,6 +133,9 @@ def workdir_lock(workdir: Path, enabled: bool = True) -> Iterator[None]:
         with contextlib.suppress(OSError, ValueError):
             if json.loads(path.read_text()).get("pid") == pid:
                 path.unlink()
+        with contextlib.suppress(OSError):
+            if created and not any(workdir.iterdir()):
+                workdir.rmdir()  # bad input found before anything was written: leave no trace
 
 
 def _alive(pid) -> bool:

@@ -70,6 +70,7 @@ class MetricsWriter:
         self.enabled = enabled
         self.path = Path(workdir) / METRICS_FILE
         self._tb = None
+        self._failed = False  # a write failed (disk full): closing may fail the same way
         if not enabled:
             return
         truncate_jsonl(self.path, start_step)
@@ -90,6 +91,7 @@ class MetricsWriter:
             self._file.flush()
         except OSError as e:
             # A row torn by a full disk is dropped on resume (read_jsonl stops there).
+            self._failed = True
             raise faults.storage_error(e, f"metrics: could not write {self.path}",
                                        "earlier checkpoints are intact: free space and re-run "
                                        "the same command to resume") from e
@@ -117,6 +119,11 @@ class MetricsWriter:
             self._tb.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        if not self.enabled:
+            return
+        try:
             self._file.close()
             self._tb.close()
+        except OSError:
+            if not self._failed:
+                raise  # else: the write that failed has been reported already

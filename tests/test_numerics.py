@@ -30,8 +30,8 @@ import pytest
 from depthbench import config as config_lib
 from depthbench import parallel
 from depthbench.cli import main as cli_main
+from depthbench.errors import EXIT_DIVERGED
 from depthbench.model.residual import registry
-from depthbench.train import loop
 from depthbench.train import state as state_lib
 from depthbench.train import step as step_lib
 from depthbench.train.metrics import read_jsonl
@@ -78,7 +78,7 @@ def test_divergence_is_recorded(family, overrides, tmp_path, capsys):
             "--no-progress", *(f"--config.{o}" for o in overrides),
             f"--config.model.family={family}", "--config.train.lr=1e3",
             "--config.train.warmup_fraction=0"]
-    assert cli_main(args) == loop.EXIT_DIVERGED == 3, capsys.readouterr().err[-3000:]
+    assert cli_main(args) == EXIT_DIVERGED == 3, capsys.readouterr().err[-3000:]
     r = json.loads((workdir / "result.json").read_text())
     assert r["diverged"] is True and r["status"] == "diverged" and r["family"] == family
     step = r["diverged_at_step"]

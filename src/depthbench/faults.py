@@ -13,7 +13,9 @@ import errno
 import os
 import re
 
-EXIT_STORAGE = 4
+from depthbench.errors import EXIT_STORAGE
+
+__all__ = ["EXIT_STORAGE", "StorageError", "is_storage_error", "os_error_code", "storage_error"]
 
 # The errors a full or read-only disk produces (EFBIG: RLIMIT_FSIZE or the
 # filesystem's largest file; EDQUOT: a quota).

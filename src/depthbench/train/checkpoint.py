@@ -48,7 +48,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 
 from depthbench import faults
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
 from depthbench.train.state import TrainState
 
 INTEGRITY_FILE = "integrity.json"

@@ -5,18 +5,21 @@ Both run the real trainer (``depthbench train``) on a tiny model and a
 pre-tokenised shard of arithmetic progressions (no tokenizer, no network).
 
 bf16 against fp32.  Same initial parameters (fp32 master weights in both),
-same batches; only ``model.compute_dtype`` differs, so every matmul input is
-rounded to bf16 (8 significant bits: unit roundoff u = 2^-8 ~ 0.4%) while
-accumulation, the loss and the optimizer stay fp32 (train/step.py).  A
-rounding error of relative size u on the logits moves a cross-entropy of
-~4 nats by about u * |logits| ~ 0.01-0.02 nats per step; over a short run
-(STEPS updates at a moderate learning rate) the trajectories drift apart
-slowly, so we allow :data:`BF16_TOL` = 0.05 nats (~1.5% of the initial loss
-ln 64 = 4.16) at every step.  Measured on this model the worst family stays
-well inside it (see the assertion message on failure).  The check can fail
-both ways: a family whose bf16 path loses precision somewhere (e.g. a
-Sinkhorn or softmax over depth run in bf16) exceeds the bound, and a family
-that silently ignores ``compute_dtype`` shows a difference of exactly zero.
+same 12 batches, learning rate 3e-3; only ``model.compute_dtype`` differs, so
+every matmul input is rounded to bf16 (8 significant bits: unit roundoff
+u = 2^-8 ~ 0.004) while accumulation, the loss and the optimizer stay fp32
+(train/step.py).  Rounding logits of size ~1 by a relative u moves a
+cross-entropy of ~4 nats by ~u ~ 0.004 nats, and over a dozen stable updates
+the two trajectories drift apart slowly, so we allow :data:`BF16_TOL` =
+0.02 nats (~5 u, 0.5% of the initial loss ln 64) at every step.  Measured on
+this model (2-core CPU, jax 0.10): the largest difference of any family is
+about 0.001 nats (pre_ln 0.0006, sandwich_ln 0.0012, hc 0.0010).  At lr 1e-2
+sandwich_ln's fp32 loss oscillates (4.07 -> 4.21) and the difference reached
+0.05: an unstable run amplifies rounding, which is why the comparison runs at
+a stable learning rate.  The check fails both ways: a family whose bf16 path
+loses precision (a Sinkhorn or a softmax over depth run in bf16) exceeds the
+bound, and a family that ignores ``compute_dtype`` gives a difference of
+exactly zero.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from depthbench.train.metrics import read_jsonl
 
 FAMILIES = registry.names()
 STEPS = 12
-BF16_TOL = 0.05  # nats, at every step; see the module docstring
+BF16_TOL = 0.02  # nats, at every step; see the module docstring
 # These tests check numerics, not LLVM's code generation: compile at XLA's
 # backend optimisation level 0 (as tests/test_families_shared.py does).
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
@@ -120,7 +123,7 @@ def test_bf16_tracks_fp32(family, overrides):
     for dtype in ("float32", "bfloat16"):
         config = config_lib.load(config_lib.base_spec_path(), [
             *overrides, f"model.family={family}", f"model.compute_dtype={dtype}",
-            "train.lr=1e-2"])
+            "train.lr=3e-3"])
         losses[dtype] = _train_losses(config, batches)
     fp32, bf16 = losses["float32"], losses["bfloat16"]
     diff = np.abs(bf16 - fp32)

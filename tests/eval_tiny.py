@@ -51,7 +51,8 @@ def tiny_run(run_dir: Path, *, seq_len: int = 32, vocab_size: int = 320, family:
 
 
 RECORDS = {
-    "mbpp": [{"text": "Write a function to add two numbers.", "code": "def add(a, b):\n    return a + b",
+    "mbpp": [{"text": "Write a function to add two numbers.",
+              "code": "def add(a, b):\n    return a + b",
               "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]}],
     "humaneval": [{"prompt": "def inc(x):\n    \"\"\"Return x + 1.\"\"\"\n",
                    "canonical_solution": "    return x + 1\n"}],

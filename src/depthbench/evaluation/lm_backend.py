@@ -105,7 +105,8 @@ class DepthbenchLM(TemplateLM):
         return ids[-left:] if left else ids
 
     def tok_decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
-        del skip_special_tokens
+        if getattr(self.tokenizer, "kind", "") == "huggingface":
+            return self.tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
         return self.tokenizer.decode(list(tokens))
 
     # ------------------------------------------------------------ requests
@@ -133,7 +134,7 @@ class DepthbenchLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 
-        eos = self.tok_decode([self.eot_token_id])
+        eos = self.tok_decode([self.eot_token_id], skip_special_tokens=False)
         # Requests sharing generation settings run as one batched call.
         groups: dict[tuple, list[int]] = {}
         settings = []

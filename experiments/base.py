@@ -103,6 +103,15 @@ def get_config() -> ml_collections.ConfigDict:
     t.max_loss = 20.0  # a loss above this counts as divergence
     t.layer_stats_every = 100  # per-block residual RMS / update norms to TensorBoard
 
+    # ------------------------------------------------------------------- eval
+    # Downstream evaluation after a sweep trains each run (docs/EVAL.md); runtime
+    # fields: changing them never blocks resuming.
+    e = c.eval = ml_collections.ConfigDict()
+    e.suites = ""  # comma-separated: nll-code-stem-math, commonsense, bbh-reasoning
+    e.data_dir = ""  # local records (DIR/<task>.jsonl or .parquet); "" = the hub
+    e.limit = 0  # records per task (0: all)
+    e.batch_size = 8
+
     # --------------------------------------------------------------- parallel
     p = c.parallel = ml_collections.ConfigDict()
     p.data = -1  # mesh axis sizes; -1 = all remaining devices

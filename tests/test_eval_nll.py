@@ -146,3 +146,24 @@ def test_missing_data_and_bad_arguments_are_one_line(run_dir, tmp_path, capsys):
     with pytest.raises(ConfigError, match="lacks field 'support'"):
         nll_suite.examples(nll_suite.TASKS["sciq"], [{"question": "q", "correct_answer": "a"}],
                            "sciq.jsonl")
+
+
+def test_sweep_hook_evaluates_finished_runs_only(run_dir, tmp_path):
+    from analysis_tiny import tiny_config
+
+    from depthbench.evaluation.after_training import maybe_evaluate
+
+    data = write_records(tmp_path / "data", {k: RECORDS[k] for k in ("gsm8k",)})
+    config = tiny_config(**{"eval.suites": "nll-code-stem-math", "eval.data_dir": str(data)})
+    (run_dir / "eval" / "nll-code-stem-math.json").unlink(missing_ok=True)  # other tests' result
+    assert maybe_evaluate(config, run_dir, {"status": "finished", "diverged": True}) == {}
+    with pytest.raises(ConfigError, match="mbpp.jsonl"):  # every task of the suite is needed
+        maybe_evaluate(config, run_dir, {"status": "finished", "diverged": False},
+                       progress=False)
+    data = write_records(tmp_path / "data")
+    written = maybe_evaluate(config, run_dir, {"status": "finished", "diverged": False},
+                             progress=False)
+    assert written == {"nll-code-stem-math": str(run_dir / "eval" / "nll-code-stem-math.json")}
+    saved = json.loads((run_dir / "eval" / "nll-code-stem-math.json").read_text())
+    assert saved["aggregate"]["num_target_tokens"] > 0
+    assert maybe_evaluate(config, run_dir, {"status": "finished"}) == {}  # already there

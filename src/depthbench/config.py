@@ -183,6 +183,7 @@ def _split(override: str) -> tuple[str, str]:
 # trailing "." names a whole section.
 RUNTIME_FIELDS = (
     "parallel.",
+    "eval.",
     "data.cache_dir",
     "data.prefetch",
     "data.worker_count",

@@ -38,24 +38,12 @@ def save_random_llama(path, *, seed=0, dtype=None, **overrides):
 
 
 def restored_logits(run_dir, tokens_bt):
-    """Logits of the imported run, restored from its checkpoint as a trainer run is."""
-    import jax
-    import ml_collections
-    import orbax.checkpoint as ocp
+    """Logits of the imported run through the public loader (as analyze and eval use it)."""
+    from depthbench import load_run
 
-    from depthbench import config as config_lib
-    from depthbench import parallel
-    from depthbench.train import state as state_lib
-
-    saved = json.loads((run_dir / "config.json").read_text())
-    saved.pop("resolved")
-    config = config_lib.validate(ml_collections.ConfigDict(saved))
-    s = state_lib.setup(config, parallel.mesh_from_config(config))
-    mgr = ocp.CheckpointManager(run_dir / "checkpoints")
-    state = mgr.restore(mgr.latest_step(), args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(s.abstract_state)))["state"]
-    with s.context():
-        return np.asarray(jax.jit(s.model.apply)({"params": state.params}, tokens_bt))
+    run = load_run(run_dir)
+    assert run.step == 0 and run.spec.family == "pre_ln"
+    return run.logits(tokens_bt)
 
 
 def hf_logits(model, tokens_bt):

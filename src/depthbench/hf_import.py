@@ -116,7 +116,7 @@ def run_config(fields: dict[str, Any], max_len: int):
     m.param_dtype = m.compute_dtype = "float32"
     m.remat_policy = "none"
     c.train.seq_len = int(max_len)
-    c.train.steps = 0 + 1  # a fine-tune would set its own; validation needs > 0
+    c.train.steps = 1  # nothing was trained here; validation needs > 0 (a fine-tune sets its own)
     return validate(c)
 
 

@@ -167,3 +167,33 @@ def test_sweep_hook_evaluates_finished_runs_only(run_dir, tmp_path):
     saved = json.loads((run_dir / "eval" / "nll-code-stem-math.json").read_text())
     assert saved["aggregate"]["num_target_tokens"] > 0
     assert maybe_evaluate(config, run_dir, {"status": "finished"}) == {}  # already there
+
+
+def test_sentencepiece_runs_score_with_eos_as_prefix(run_dir, tmp_path):
+    """A depthbench run (SentencePiece tokenizer recorded in config.json): the suite
+    uses that tokenizer, and an empty prompt is conditioned on EOS."""
+    import shutil
+
+    from eval_tiny import CORPUS
+
+    from depthbench.data import spm_tokenizer
+
+    spm_dir = tmp_path / "spm_run"
+    shutil.copytree(run_dir, spm_dir, ignore=shutil.ignore_patterns("tokenizer*", "eval"))
+    model = spm_tokenizer.train(CORPUS * 5, 318, tmp_path / "tok.model", num_threads=1)
+    cfg = json.loads((spm_dir / "config.json").read_text())
+    cfg["resolved"] = {"tokenizer": {"tokenizer_path": str(model)}}
+    (spm_dir / "config.json").write_text(json.dumps(cfg))
+    run = load_run(spm_dir)
+    tok = run.tokenizer
+    assert getattr(tok, "kind", "sentencepiece") != "huggingface"
+    assert runner.prefix_token_id(tok) == tok.eos_id == spm_tokenizer.EOS_ID
+    records = {"humaneval": [{"prompt": "", "canonical_solution": "def f(x):\n    return x\n"}]}
+    result, _ = runner.evaluate(spm_dir, suite="nll-code-stem-math", only=["humaneval"],
+                                data_dir=write_records(tmp_path / "data", records),
+                                progress=False)
+    ids = tok.encode("def f(x):\n    return x\n")
+    expected = -direct_logp(run, [tok.eos_id] + ids).sum()
+    r = result["tasks"]["humaneval"]
+    assert r["num_target_tokens"] == len(ids)
+    np.testing.assert_allclose(r["nll_sum"], expected, rtol=1e-5)

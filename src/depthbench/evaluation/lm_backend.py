@@ -60,11 +60,11 @@ class DepthbenchLM(TemplateLM):
             run, step=None if step in (None, "") else int(step))
         self.tokenizer = self.run.tokenizer
         self.scorer = Scorer(self.run, batch_size=_int_or_default(batch_size, 8),
-                             max_length=None if max_length in (None, "") else int(max_length),
-                             progress=progress)
+                             max_length=None if max_length in (None, "") else int(max_length))
         self._max_gen_toks = int(max_gen_toks)
         self.add_bos_token = str(add_bos_token).lower() in ("1", "true", "yes")
-        self.progress = progress
+        self.progress = str(progress).lower() not in ("0", "false", "no")
+        self.scorer.progress = self.progress
 
     # ------------------------------------------------------------ tokens
     @property

@@ -109,9 +109,14 @@ def lm_eval_suite(lm, tasks, *, include_path=None, limit=None, num_fewshot=None
     if missing:
         raise ConfigError(f"--tasks: {missing[0]!r} is not an lm-eval task"
                           f"{' (nor in --include-path)' if include_path else ''}")
-    out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot,
-                                  limit=limit, task_manager=manager, log_samples=False,
-                                  batch_size=lm.batch_size)
+    try:
+        out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot,
+                                      limit=limit, task_manager=manager, log_samples=False,
+                                      batch_size=lm.batch_size)
+    except ConnectionError as e:  # datasets' "Couldn't reach '...' on the Hub"
+        raise ConfigError(f"--tasks: {str(e).splitlines()[0][:160]}; run where the hub is "
+                          "reachable, or define the tasks with local data files and pass "
+                          "--include-path") from None
     results = {task: {k: v for k, v in metrics.items() if k != "alias"}
                for task, metrics in out.get("results", {}).items()}
     return {"tasks": results, "n_samples": out.get("n-samples", {}),

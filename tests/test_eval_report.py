@@ -56,7 +56,7 @@ def test_downstream_table_and_plot(tmp_path):
     assert "9.9000" not in md
     assert md.index("## Downstream evaluation") < md.index("## All runs")
     png = tmp_path / "downstream_vs_aspect.png"
-    assert rep.files["downstream_vs_aspect"] == str(png)
+    assert rep.files["downstream"] == str(png)
     img = mpimg.imread(png)
     assert img.shape[1] > 1.5 * img.shape[0]  # two panels side by side
 

@@ -140,5 +140,5 @@ def section(workdir: epath.Path, summary: dict, *, draw: bool = True
     if draw and plot(collected, epath.Path(workdir) / PLOT):
         caption = "Downstream metrics vs aspect ratio (best learning rate per shape)"
         lines += [f"![{caption}]({PLOT})", "", f"*{caption}.*", ""]
-        files["downstream_vs_aspect"] = str(epath.Path(workdir) / PLOT)
+        files["downstream"] = str(epath.Path(workdir) / PLOT)
     return lines, files

@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from depthbench.config import ConfigError, base_config, validate
+from depthbench.config import base_config, validate
+from depthbench.errors import ConfigError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "generation_config.json")
@@ -251,8 +252,7 @@ def import_hf(src: str | Path, out: str | Path, *, progress: bool = True) -> dic
     the config dict written to ``out/config.json``."""
     import jax
 
-    from depthbench import parallel
-    from depthbench.train import loop
+    from depthbench import parallel, runs
     from depthbench.train import state as state_lib
     from depthbench.train.checkpoint import Checkpoints
 
@@ -298,11 +298,11 @@ def import_hf(src: str | Path, out: str | Path, *, progress: bool = True) -> dic
                        "max_position_embeddings": hf.get("max_position_embeddings"),
                        "copied": copied}}
     written = {**config.to_dict(), "resolved": resolved}
-    ckpt = Checkpoints(out / loop.CHECKPOINT_DIR, keep=1, async_save=False)
+    ckpt = Checkpoints(out / runs.CHECKPOINT_DIR, keep=1, async_save=False)
     try:
         ckpt.save(0, state, None, {"train_seconds": 0.0, "timed_tokens": 0,
                                    "wall_seconds": 0.0, "imported_from": str(src)})
     finally:
         ckpt.close()
-    loop.atomic_write_json(out / loop.CONFIG_FILE, written)
+    runs.atomic_write_json(out / runs.CONFIG_FILE, written)
     return written

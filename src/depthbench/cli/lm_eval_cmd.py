@@ -24,7 +24,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def passthrough(lm_eval_args: list[str]) -> int:
     """Run lm-eval's CLI on ``lm_eval_args`` with the depthbench model registered."""
-    from depthbench.config import EXIT_BAD_INPUT
+    from depthbench.errors import EXIT_BAD_INPUT
 
     try:
         from lm_eval.__main__ import cli_evaluate

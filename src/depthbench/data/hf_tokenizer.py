@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
 
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eot_id|>")
 

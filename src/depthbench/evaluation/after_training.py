@@ -18,7 +18,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
 
 
 def requested(config) -> list[str]:

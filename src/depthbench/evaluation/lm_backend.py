@@ -52,7 +52,7 @@ class DepthbenchLM(TemplateLM):
                  progress: bool = True, **unused: Any):
         super().__init__()
         from depthbench.analysis.run import Run, load_run
-        from depthbench.config import ConfigError
+        from depthbench.errors import ConfigError
 
         if run is None:
             raise ConfigError("--model_args: run=RUN_DIR is required for the depthbench model")

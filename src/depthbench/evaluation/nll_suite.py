@@ -52,7 +52,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
 
 SUITE = "nll-code-stem-math"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
 
 
 def local_file(data_dir: str | Path, name: str) -> Path:

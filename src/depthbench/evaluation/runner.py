@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
 
 COMMONSENSE = ("openbookqa", "winogrande", "arc_challenge", "arc_easy", "hellaswag",
                "social_iqa", "piqa")
@@ -132,7 +132,7 @@ def evaluate(run_dir: str | Path, *, suite: str | None = None, tasks: list[str] 
     """Evaluate ``run_dir``; return (the result dict, the JSON path written)."""
     from depthbench.analysis.run import load_run
     from depthbench.evaluation.scoring import Scorer
-    from depthbench.train.loop import atomic_write_json
+    from depthbench.runs import atomic_write_json
 
     if (suite is None) == (not tasks):
         raise ConfigError(f"eval: give exactly one of --suite ({', '.join(SUITES)}) or --tasks")

@@ -9,12 +9,13 @@ from matplotlib import image as mpimg
 
 from depthbench import report
 from depthbench import sweep as sweeplib
+from depthbench.formatting import fmt_lr
 
 AR = {2: 76.0, 4: 30.0}
 
 
 def _row(family, depth, lr, loss):
-    return {"name": f"{family}-L{depth}-lr{sweeplib.fmt_lr(lr)}", "family": family,
+    return {"name": f"{family}-L{depth}-lr{fmt_lr(lr)}", "family": family,
             "suite": "micro", "depth": depth, "d_model": 0, "aspect_ratio": AR[depth], "lr": lr,
             "params": 1_200_000, "seq_len": 128, "steps": 200, "tokens": 409_600,
             "final_val_loss": loss, "tokens_per_sec": 5000.0, "mfu": None,

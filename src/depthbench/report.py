@@ -377,7 +377,8 @@ def write_report(workdir: str | epath.Path, *, plots: bool = True) -> Report:
             drawn[key + "_why"] = "--no-plots"
     from depthbench.evaluation import report_section
 
-    downstream, downstream_files = report_section.section(workdir, summary, draw=plots)
+    downstream, downstream_files = report_section.section(workdir, summary, _md_table,
+                                                                  draw=plots)
     files.update(downstream_files)
     runlib.atomic_write(workdir / sweeplib.RESULTS_CSV, sweeplib.rows_to_csv(rows))
     text = markdown(str(workdir), rows, summary, costs_rows, drawn, downstream)

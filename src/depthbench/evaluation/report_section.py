@@ -120,10 +120,10 @@ def plot(collected: dict, path: epath.Path) -> bool:
     return True
 
 
-def section(workdir: epath.Path, summary: dict, *, draw: bool = True
+def section(workdir: epath.Path, summary: dict, md_table, *, draw: bool = True
             ) -> tuple[list[str], dict[str, str]]:
     """(markdown lines, {what: path}) of the downstream section; empty when nothing
-    was evaluated."""
+    was evaluated.  ``md_table(headers, rows, align)`` renders a table (the report's)."""
     collected = collect(workdir, summary)
     if not collected:
         return [], {}
@@ -132,10 +132,8 @@ def section(workdir: epath.Path, summary: dict, *, draw: bool = True
              "learning rate.  `nll-code-stem-math`: completion-only NLL (nats per target "
              "token, lower is better; **bold** the family's best shape); lm-eval suites: mean "
              "accuracy over the suite's tasks (higher is better).", ""]
-    from depthbench.report import _md_table  # late: report imports this module lazily
-
     for title, headers, rows in tables(collected):
-        lines += [f"### {title}", "", _md_table(headers, rows, align="ll"), ""]
+        lines += [f"### {title}", "", md_table(headers, rows, align="ll"), ""]
     files = {}
     if draw and plot(collected, epath.Path(workdir) / PLOT):
         caption = "Downstream metrics vs aspect ratio (best learning rate per shape)"

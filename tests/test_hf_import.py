@@ -17,7 +17,7 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers not installed (pip install -e '.[test-hf]')")
 
 
-def save_random_llama(path, *, seed=0, dtype=None, **overrides):
+def save_random_llama(path, *, seed=0, dtype=None, max_shard_size=None, **overrides):
     """A small random LlamaForCausalLM saved with save_pretrained (safetensors).
     Norm weights are perturbed too, so a mis-mapped norm cannot pass."""
     fields = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
@@ -33,7 +33,7 @@ def save_random_llama(path, *, seed=0, dtype=None, **overrides):
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
     if dtype is not None:
         model = model.to(dtype)
-    model.save_pretrained(path)
+    model.save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     return model
 
 
@@ -56,9 +56,13 @@ def hf_logits(model, tokens_bt):
     dict(num_key_value_heads=4, tie_word_embeddings=True, rope_theta=500000.0,
          rms_norm_eps=1e-6),  # MHA, tied, another theta/eps
     dict(num_key_value_heads=1, tie_word_embeddings=True),  # MQA, tied
-], ids=["gqa-untied", "mha-tied", "mqa-tied"])
+    dict(num_key_value_heads=2, tie_word_embeddings=False, max_shard_size="40KB"),  # sharded
+], ids=["gqa-untied", "mha-tied", "mqa-tied", "gqa-sharded"])
 def test_logits_match_transformers(tmp_path, overrides):
     model = save_random_llama(tmp_path / "hf", **overrides)
+    if "max_shard_size" in overrides:
+        assert len(list((tmp_path / "hf").glob("*.safetensors"))) > 1
+        assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
     assert cli_main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 0
     tokens = np.random.default_rng(1).integers(0, 97, size=(2, 19)).astype(np.int32)
     ours, ref = restored_logits(tmp_path / "run", tokens), hf_logits(model, tokens)

@@ -156,3 +156,18 @@ def test_multiple_choice_accuracy_matches_the_hf_backend(models, tmp_path):
     assert o["acc,none"] == r["acc,none"] and o["acc_norm,none"] == r["acc_norm,none"]
     saved = json.loads((root / "run" / "eval" / "tiny_mc.json").read_text())
     assert saved["tasks"]["tiny_mc"]["acc,none"] == r["acc,none"]
+
+
+def test_registering_keeps_lm_evals_own_models():
+    """In a fresh interpreter: importing the backend first must not hide lm-eval's
+    built-in models (lm-eval loads them only into an empty registry)."""
+    import subprocess
+    import sys
+
+    code = ("import depthbench.evaluation.lm_backend\n"
+            "from lm_eval.api.registry import model_registry\n"
+            "print(sorted(k for k in model_registry.keys() if k in ('hf', 'vllm', 'depthbench')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "['depthbench', 'hf', 'vllm']"

@@ -30,6 +30,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# lm-eval loads its built-in model names only into an empty registry: load them
+# first, so that registering ours does not hide them (`depthbench lm-eval --model hf`).
+import lm_eval.models  # noqa: F401
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm

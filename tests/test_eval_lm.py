@@ -171,3 +171,25 @@ def test_registering_keeps_lm_evals_own_models():
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "['depthbench', 'hf', 'vllm']"
+
+
+@pytest.mark.slow
+def test_depthbench_lm_eval_runs_lm_evals_cli_with_the_backend(models, tmp_path, capsys):
+    _, _, _, root = models
+    data = tmp_path / "tiny_mc.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in MC_RECORDS))
+    (tmp_path / "tiny_mc.yaml").write_text(MC_YAML.format(data=data))
+    rc = cli_main(["lm-eval", "--model", "depthbench", "--model_args", f"run={root / 'run'}",
+                   "--batch_size", "4", "--tasks", "tiny_mc", "--include_path", str(tmp_path),
+                   "--output_path", str(tmp_path / "out")])
+    assert rc == 0
+    (path,) = (tmp_path / "out").rglob("results_*.json")
+    saved = json.loads(path.read_text())
+    from lm_eval.tasks import TaskManager
+
+    direct = lm_eval.simple_evaluate(
+        model=DepthbenchLM(run=str(root / "run"), batch_size=4, progress=False),
+        tasks=["tiny_mc"], task_manager=TaskManager(include_path=str(tmp_path),
+                                                    include_defaults=False))
+    assert saved["results"]["tiny_mc"]["acc,none"] == direct["results"]["tiny_mc"]["acc,none"]
+    assert saved["n-samples"]["tiny_mc"]["effective"] == len(MC_RECORDS)

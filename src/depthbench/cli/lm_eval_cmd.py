@@ -12,7 +12,7 @@ import sys
 
 EPILOG = """\
 examples:
-  depthbench lm-eval --model depthbench --model_args run=runs/demo,batch_size=16 \\
+  depthbench lm-eval --model depthbench --model_args run=runs/demo --batch_size 16 \\
       --tasks arc_easy,piqa
   depthbench lm-eval ls tasks
 """

@@ -1,6 +1,6 @@
 """The ``depthbench`` model backend of lm-evaluation-harness.
 
-    lm_eval --model depthbench --model_args run=RUN_DIR,batch_size=16 --tasks arc_easy
+    lm_eval --model depthbench --model_args run=RUN_DIR --batch_size 16 --tasks arc_easy
 
 evaluates any run directory (trained, or made by ``import-hf``) through
 :func:`depthbench.load_run` and :class:`~depthbench.evaluation.scoring.Scorer`

@@ -21,7 +21,7 @@ from typing import Any
 
 from etils import epath
 
-from depthbench import reference, shapes
+from depthbench import reference, shapes, variants
 from depthbench import runs as runlib
 from depthbench import sweep as sweeplib
 from depthbench.errors import ConfigError
@@ -281,7 +281,7 @@ def cost_rows(workdir: epath.Path, rows: Sequence[dict]) -> list[dict]:
         except (ConfigError, KeyError):
             continue  # a family this checkout does not know
         seen.add(key)
-        out.append({**row, "suite": key[0], "seq_len": seq_len})
+        out.append({**row, "family": r["family"], "suite": key[0], "seq_len": seq_len})
     return out
 
 
@@ -294,6 +294,12 @@ def markdown(workdir: str, rows: Sequence[dict], summary: dict[str, list[FamilyR
            f"{len(rows)} runs: {status}.  Metric: validation loss at the end of training "
            "(nats per token); each cell is the best learning rate's run, **bold** the family's "
            "best aspect ratio (d_model / L).", ""]
+    labelled = sorted({r["family"] for r in rows if variants.SEPARATOR in str(r["family"])})
+    if labelled:
+        out += ["Rows named `family+variant` (" + ", ".join(f"`{f}`" for f in labelled) + ") "
+                "train the plain family with the variant's config overrides "
+                "(`depthbench.variants`): the difference from the family's own row is the "
+                "variant's effect at the same recipe, shapes and seed.", ""]
     for suite, family_rows in summary.items():
         title = f"suite `{suite}`" if suite else "shape rule"
         out += [f"## Validation loss by aspect ratio, {title}", ""]

@@ -80,7 +80,10 @@ def get_config() -> ml_collections.ConfigDict:
     t.b2 = 0.95
     t.eps = 1e-8
     t.weight_decay = 0.1
-    t.no_decay = ""  # comma-separated param leaf names exempt from decay, beyond the family's
+    # Parameters without weight decay: "recipe" (the original's: only what a family exempts,
+    # hc/mhc static routing) | "norms_embeddings_residual" (no decay on norm gains, the input
+    # embedding, every residual-family parameter); extra leaf names may follow: "recipe,scale".
+    t.no_decay = "recipe"
     t.clip_norm = 1.0
     t.seed = 0
     t.log_every = 10

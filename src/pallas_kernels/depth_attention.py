@@ -75,22 +75,22 @@ def _fwd_kernel(valid_ref, qw_ref, v_ref, h_ref, lse_ref, *, d_true: int, eps: f
     tile = h_ref.shape[0]
 
     def step(s, carry):
-        m, l, acc = carry
+        m, denom, acc = carry
         v, _, logit = _source_logit(v_ref, s, qw, d_true, eps)
         logit = jnp.where(valid_ref[s] > 0, logit, -jnp.inf)
         m_new = jnp.maximum(m, logit)
         alpha = jnp.exp(m - m_new)
         p = jnp.exp(logit - m_new)
-        return m_new, alpha * l + p, alpha * acc + p * v
+        return m_new, alpha * denom + p, alpha * acc + p * v
 
     init = (
         jnp.full((tile, 1), _NEG_BIG, jnp.float32),
         jnp.zeros((tile, 1), jnp.float32),
         jnp.zeros(h_ref.shape, jnp.float32),
     )
-    m, l, acc = jax.lax.fori_loop(0, v_ref.shape[0], step, init)
-    h_ref[...] = (acc / l).astype(h_ref.dtype)
-    lse_ref[...] = m + jnp.log(l)
+    m, denom, acc = jax.lax.fori_loop(0, v_ref.shape[0], step, init)
+    h_ref[...] = (acc / denom).astype(h_ref.dtype)
+    lse_ref[...] = m + jnp.log(denom)
 
 
 def _bwd_kernel(

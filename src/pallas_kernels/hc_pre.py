@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.backend import Target, column, pad_axis, place, resolve, round_up
+from pallas_kernels.backend import column, pad_axis, place, resolve, round_up
 from pallas_kernels.mhc_pre import _NT, _TN, pre_tile
 
 HC_EPS = 1e-8  # the stream norm's eps (hc.HC_EPS)

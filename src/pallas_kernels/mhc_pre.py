@@ -219,3 +219,18 @@ def mhc_pre(h_snd, phi, scale_m, bias_m, *, iters, temperature, eps, backend="au
     p = jnp.moveaxis(p_tk[:n_tok, : n * n].reshape(n_tok, n, n), 1, 0).reshape(n, *lead, n)
     post = b_tk[:n_tok, :n].T.reshape(n, *lead)
     return x, p, post
+
+
+def mhc_operands(phi, a_pre, a_post, a_res, b_pre, b_post, b_res):
+    """The kernel's folded parameters from one connector's: ``phi [n, d, n^2+2n]``,
+    ``scale`` and ``bias`` ``[n^2 + 2n]`` (differentiable back to each)."""
+    n = b_pre.shape[0]
+    scale = jnp.concatenate(
+        [
+            jnp.broadcast_to(a_pre, (n,)),
+            jnp.broadcast_to(a_post, (n,)),
+            jnp.broadcast_to(a_res, (n * n,)),
+        ]
+    )
+    bias = jnp.concatenate([b_pre, b_post, b_res.reshape(n * n)])
+    return phi.astype(jnp.float32), scale.astype(jnp.float32), bias.astype(jnp.float32)

@@ -172,8 +172,8 @@ def hc_operands(a0, beta0, w_a, w_b, s_a, s_b):
 
 def hc_pre_reference(h_snd, w, base, scale, use_tanh: bool):
     """``HC.coefficients`` + ``read`` in plain jnp: ``(x, P[s, N, t], beta[s, N])``."""
-    n = h_snd.shape[0]
-    h32 = h_snd.astype(jnp.float32)
+    n, *lead, d = h_snd.shape
+    h32 = h_snd.reshape(n, -1, d).astype(jnp.float32)
     hn = h32 * jax.lax.rsqrt(jnp.mean(jnp.square(h32), axis=-1, keepdims=True) + HC_EPS)
     dyn = jnp.einsum("snd,du->snu", hn, w.astype(jnp.float32))
     if use_tanh:
@@ -182,7 +182,8 @@ def hc_pre_reference(h_snd, w, base, scale, use_tanh: bool):
     x = coef[0, :, :1] * h32[0]
     for s in range(1, n):
         x = x + coef[s, :, :1] * h32[s]
-    return x.astype(h_snd.dtype), coef[..., 1 : n + 1], coef[..., n + 1]
+    mix, beta = coef[..., 1 : n + 1].reshape(n, *lead, n), coef[..., n + 1].reshape(n, *lead)
+    return x.astype(h_snd.dtype).reshape(*lead, d), mix, beta
 
 
 def hc_pre(h_snd, w, base, scale, *, use_tanh: bool, backend="auto"):

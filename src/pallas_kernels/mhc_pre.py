@@ -182,15 +182,17 @@ def mhc_pre_reference(h_snd, phi, scale_m, bias_m, n, iters, temperature, eps):
     """``MHC.coefficients`` + ``read`` in plain jnp: ``(x, P[s, N, t], post[t, N])``."""
     from depthbench.model.residual.sinkhorn import sinkhorn
 
-    h32 = h_snd.astype(jnp.float32)
+    _, *lead, d = h_snd.shape
+    h32 = h_snd.reshape(n, -1, d).astype(jnp.float32)
     inv_r = jax.lax.rsqrt(jnp.mean(jnp.square(h32), axis=(0, 2)) + eps)
     u = jnp.einsum("snd,sdm->nm", h32, phi.astype(jnp.float32)) * inv_r[:, None]
     z = u * scale_m + bias_m
     pre = jax.nn.sigmoid(z[:, :n])
     post = 2.0 * jax.nn.sigmoid(z[:, n : 2 * n])
     p_ntst = sinkhorn(z[:, 2 * n :].reshape(-1, n, n), iters, temperature)
-    x = jnp.sum(pre.T[..., None] * h32, axis=0).astype(h_snd.dtype)
-    return x, jnp.moveaxis(p_ntst, 1, 0), post.T
+    x = jnp.sum(pre.T[..., None] * h32, axis=0).astype(h_snd.dtype).reshape(*lead, d)
+    mix = jnp.moveaxis(p_ntst, 1, 0).reshape(n, *lead, n)
+    return x, mix, post.T.reshape(n, *lead)
 
 
 def mhc_pre(h_snd, phi, scale_m, bias_m, *, iters, temperature, eps, backend="auto"):

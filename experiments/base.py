@@ -42,7 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
     m.scan_unroll = 1  # 1: rolled nn.scan; depth: fully unrolled (same params)
     # "none" | "nothing_saveable" | "dots_saveable" | "everything_saveable"
     m.remat_policy = "nothing_saveable"
-    m.impl = "xla"  # residual-routing implementation ("pallas" once pallas_kernels/ lands)
+    m.impl = "xla"  # routing: "xla" | "pallas" (fused kernels) | "auto" (pallas on 1 TPU/GPU)
     # Residual-family fields (spec/residuals.md); each family reads its own.
     r = m.residual = ml_collections.ConfigDict()
     r.hc_n = 4  # hc/mhc expansion (number of streams)

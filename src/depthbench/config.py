@@ -278,9 +278,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _choice(config, "model.param_dtype", ("float32", "bfloat16"))
     _choice(config, "model.compute_dtype", ("float32", "bfloat16", "float16"))
     _choice(config, "model.remat_policy", REMAT_POLICIES)
-    # "pallas" joins when pallas_kernels/ has the fused kernels; until then it is refused
-    # rather than silently running the XLA path.
-    _choice(config, "model.impl", ("xla",))
+    _choice(config, "model.impl", ("xla", "pallas", "auto"))  # model/residual/fused.py
     _choice(config, "model.attention_impl", ("xla", "cudnn"))
     _choice(config, "model.residual.readout", ("norm_then_sum", "sum_then_norm"))
     _choice(config, "train.lr_rule", ("none", "completep"))

@@ -18,11 +18,14 @@ iterations).  On CPU the kernels run in the Pallas *interpreter*, so their
 times measure the interpreter, not the kernel; the run says so, and its
 default shapes are small (a smoke test of the benchmark that finishes in
 about a minute).  ``--realistic`` uses 16k tokens, d 1024 (the issue's
-shapes; minutes on CPU).
+shapes; minutes on CPU).  ``--model`` adds the train-step time of hc, mhc,
+attnres_block and attnres_full relative to pre_ln, with ``model.impl`` xla
+and pallas (goals on an accelerator: mhc within 6%, attnres_block within 3%).
 
     python bench/kernels.py                    # small shapes (CPU: interpreter)
     python bench/kernels.py --realistic        # tokens 16384, d 1024, S 9 and 17, n 4
     python bench/kernels.py --realistic --json out.json
+    python bench/kernels.py --model            # + train-step time vs pre_ln, xla vs pallas
 """
 
 from __future__ import annotations
@@ -152,6 +155,48 @@ def cases(tokens: int, d: int, sources: list[int], n: int, dtype, backend: str):
     return out
 
 
+MODEL_FAMILIES = ("hc", "mhc", "attnres_block", "attnres_full")
+
+
+def model_level(a, repeats: int, target) -> None:
+    """Train-step time (loss and gradients) of each routing family relative to
+    pre_ln at the same shape, with ``model.impl`` xla and pallas."""
+    import optax
+    from flax import linen as nn
+
+    from depthbench.model.spec import ModelSpec
+    from depthbench.model.transformer import Transformer
+    from depthbench.shapes import Shape
+
+    depth, d = a.model_depth, a.model_d
+    shape = Shape(depth, d, 4 * d, max(1, d // 64), max(1, d // 128), 256)
+    tokens = jax.random.randint(jax.random.key(0), (a.model_batch, a.model_seq + 1), 0, 256)
+
+    def step_time(family: str, impl: str) -> float:
+        spec = ModelSpec.from_shape(shape, family=family, compute_dtype=a.dtype).replace(impl=impl)
+        model = Transformer(spec)
+        params = nn.unbox(model.init(jax.random.key(1), tokens[:, :-1])["params"])
+
+        def loss(p):
+            logits = model.apply({"params": p}, tokens[:, :-1]).astype(jnp.float32)
+            labels = tokens[:, 1:]
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+        return median_seconds(jax.jit(jax.value_and_grad(loss)), (params,), repeats)
+
+    print(
+        f"model level: train step (loss + grads), depth {depth}, d {d}, "
+        f"{a.model_batch} x {a.model_seq} tokens, {a.dtype}, relative to pre_ln"
+    )
+    base = step_time("pre_ln", "xla")
+    print(f"{'family':<14} {'xla':>8} {'pallas':>8}   (pre_ln {1e3 * base:.2f} ms)")
+    for family in tqdm(MODEL_FAMILIES, desc="model", file=sys.stderr):
+        t_x, t_p = step_time(family, "xla"), step_time(family, "pallas")
+        print(f"{family:<14} {t_x / base:7.2f}x {t_p / base:7.2f}x")
+    if target.interpret:
+        print("(pallas column: interpreted kernels on CPU, not a kernel timing)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--realistic", action="store_true", help="tokens 16384, d 1024")
@@ -165,6 +210,11 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="auto", choices=list(pk.BACKENDS))
     ap.add_argument("--forward-only", action="store_true")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
+    ap.add_argument("--model", action="store_true", help="also time model train steps")
+    ap.add_argument("--model-depth", type=int, default=4)
+    ap.add_argument("--model-d", type=int, default=128)
+    ap.add_argument("--model-batch", type=int, default=2)
+    ap.add_argument("--model-seq", type=int, default=64)
     a = ap.parse_args(argv)
 
     device = jax.devices()[0]
@@ -217,10 +267,10 @@ def main(argv=None) -> int:
         )
     if peak is None:
         print(f"(peak bandwidth of '{device.device_kind}' unknown: no % of peak)")
-    print(
-        "model level (step time of hc, mhc, attnres_block, attnres_full vs pre_ln, xla vs "
-        "pallas): not measured here; the model does not select these kernels yet"
-    )
+    if a.model:
+        model_level(a, repeats, target)
+    else:
+        print("model level (step time vs pre_ln, xla vs pallas): add --model")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"device": device.device_kind, "tokens": tokens, "d": d, "rows": rows}, fh)

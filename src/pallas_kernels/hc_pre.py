@@ -15,11 +15,12 @@ takes).  Backward (``jax.custom_vjp``): the kernel recomputes the forward
 from ``H``, then with ``dc[s] = [dx . H[s] | dP[s, :] | dbeta[s]]``::
 
     d(base)[s] = sum_tok dc[s];  d(scale) = sum_tok sum_s dc[s] a[s]
-    dq[s]      = dc[s] scale act'          dW = sum_tok sum_s (r[s] H[s])^T dq[s]
+    dq[s]      = dc[s] scale act'          dW = sum_tok sum_s H[s]^T (r[s] dq[s])  (XLA)
     dhn[s]     = dq[s] @ W^T
     dH[s]      = c[s, 0] dx + r[s] dhn[s] - r[s]^3 H[s] (dhn[s] . H[s]) / d
 
-Parameter gradients come back as one partial sum per token tile.
+``d(base)``, ``d(scale)`` come back as one partial sum per token tile;
+``dW`` as the per-token ``r[s] dq[s]`` that XLA contracts with ``H``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.backend import column, pad_axis, place, resolve, round_up
-from pallas_kernels.mhc_pre import _NT, _TN, pre_tile
+from pallas_kernels.mhc_pre import _NT, pre_tile
 
 HC_EPS = 1e-8  # the stream norm's eps (hc.HC_EPS)
 
@@ -63,13 +64,12 @@ def _fwd_kernel(h_ref, w_ref, base_ref, scale_ref, x_ref, p_ref, b_ref, *, n, **
 
 def _bwd_kernel(
     h_ref, w_ref, base_ref, scale_ref, dx_ref, dp_ref, db_ref,
-    dh_ref, dw_ref, dbase_ref, dscale_ref, *, n, **static,
+    dh_ref, dq_ref, dbase_ref, dscale_ref, *, n, **static,
 ):  # fmt: skip
     w, scale = w_ref[...], scale_ref[...]
     dx = dx_ref[...].astype(jnp.float32)
     dp, db = dp_ref[...], db_ref[...]
     d_true = static["d_true"]
-    dw = jnp.zeros(w.shape, jnp.float32)
     dscale = jnp.zeros(scale.shape, jnp.float32)
     for s in range(n):
         h, inv_rms, hn, act, coef = _stream(h_ref, w, base_ref, scale, s, **static)
@@ -82,12 +82,11 @@ def _bwd_kernel(
         dq = dc * scale
         if static["use_tanh"]:
             dq = dq * (1.0 - act * act)
-        dw = dw + jax.lax.dot_general(hn, dq, _TN, preferred_element_type=jnp.float32)
+        dq_ref[s] = dq * inv_rms
         dhn = jax.lax.dot_general(dq, w, _NT, preferred_element_type=jnp.float32)
         dot = jnp.sum(dhn * h, axis=1, keepdims=True)
         dh = column(coef, 0) * dx + inv_rms * dhn - (inv_rms * inv_rms * inv_rms / d_true) * dot * h
         dh_ref[s] = dh.astype(dh_ref.dtype)
-    dw_ref[...] = dw
     dscale_ref[...] = dscale
 
 
@@ -101,7 +100,7 @@ def _specs(n, tile, width, lanes, p_lanes, b_lanes):
         "x": pl.BlockSpec((tile, width), lambda i: (i, 0)),
         "p": pl.BlockSpec((tile, p_lanes), lambda i: (i, 0)),
         "b": pl.BlockSpec((tile, b_lanes), lambda i: (i, 0)),
-        "dw": pl.BlockSpec((None, width, lanes), lambda i: (i, 0, 0)),
+        "dq": pl.BlockSpec((n, tile, lanes), lambda i: (0, i, 0)),
         "dbase": pl.BlockSpec((None, n, lanes), lambda i: (i, 0, 0)),
         "dvec": pl.BlockSpec((None, 1, lanes), lambda i: (i, 0, 0)),
     }
@@ -141,20 +140,23 @@ def _vjp_bwd(tile, target, static, res, cot):
     n, n_tok, width = h.shape
     lanes, n_tiles = w.shape[1], n_tok // tile
     sp = _specs(n, tile, width, lanes, dp.shape[1], db.shape[1])
-    dh, dw, dbase, dscale = target.pallas_call(
+    dh, dq_r, dbase, dscale = target.pallas_call(
         functools.partial(_bwd_kernel, n=n, **dict(static)),
         grid=(n_tiles,),
         in_specs=[sp["h"], sp["w"], sp["base"], sp["vec"], sp["x"], sp["p"], sp["b"]],
-        out_specs=[sp["h"], sp["dw"], sp["dbase"], sp["dvec"]],
+        out_specs=[sp["h"], sp["dq"], sp["dbase"], sp["dvec"]],
         out_shape=[
             jax.ShapeDtypeStruct(h.shape, h.dtype),
-            jax.ShapeDtypeStruct((n_tiles, width, lanes), jnp.float32),
+            jax.ShapeDtypeStruct((n, n_tok, lanes), jnp.float32),
             jax.ShapeDtypeStruct((n_tiles, n, lanes), jnp.float32),
             jax.ShapeDtypeStruct((n_tiles, 1, lanes), jnp.float32),
         ],
         name="hc_pre_bwd",
     )(h, w, base, scale, dx, dp, db)
-    return dh, dw.sum(0), dbase.sum(0), dscale.sum(0)
+    # dW = sum_s H[s]^T (r[s] dq[s]): one contraction over streams and tokens, left
+    # to XLA (a per-tile partial of [d, n+2] per tile costs more memory than H).
+    dw = jnp.einsum("snd,snk->dk", h, dq_r, preferred_element_type=jnp.float32)
+    return dh, dw, dbase.sum(0), dscale.sum(0)
 
 
 hc_pre_tokens.defvjp(_vjp_fwd, _vjp_bwd)

@@ -17,11 +17,12 @@ inputs is saved), then::
 
     dz      = [dpre * pre (1 - pre) | dpost * post (1 - post/2) | sinkhorn_bwd(dP)]
     du      = dz * scale;   d(scale) = sum_tok dz * u;   d(bias) = sum_tok dz
-    dphi[s] = sum_tok H[s]^T (r du);                     g = sum_m du u_raw
+    dphi[s] = sum_tok H[s]^T (r du)  (XLA, from the kernel's r du);  g = sum_m du u_raw
     dH[s]   = (r du) @ phi[s]^T + pre[s] dx - g r^3 H[s] / (n d)
 
-with ``dpre[s] = dx . H[s]``.  Parameter gradients come back as one partial
-sum per token tile, summed outside (Triton has no cross-program reduction).
+with ``dpre[s] = dx . H[s]``.  ``d(scale)``, ``d(bias)`` come back as one
+partial sum per token tile, summed outside (Triton has no cross-program
+reduction); ``dphi`` as the per-token ``r du`` that XLA contracts with ``H``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from pallas_kernels.backend import Target, column, pad_axis, place, resolve, rou
 from pallas_kernels.sinkhorn_tile import sinkhorn_tile, sinkhorn_tile_bwd
 
 _NT = (((1,), (1,)), ((), ()))  # contract the last axes:   [a, k] x [b, k] -> [a, b]
-_TN = (((0,), (0,)), ((), ()))  # contract the first axes:  [k, a] x [k, b] -> [a, b]
 
 
 def _forward(h_ref, phi_ref, scale, bias, *, n, d_true, eps, iters, temperature):
@@ -73,7 +73,7 @@ def _fwd_kernel(h_ref, phi_ref, scale_ref, bias_ref, x_ref, p_ref, b_ref, **stat
 
 def _bwd_kernel(
     h_ref, phi_ref, scale_ref, bias_ref, dx_ref, dp_ref, db_ref,
-    dh_ref, dphi_ref, dscale_ref, dbias_ref, **static,
+    dh_ref, du_ref, dscale_ref, dbias_ref, **static,
 ):  # fmt: skip
     n, d_true, temperature = static["n"], static["d_true"], static["temperature"]
     scale = scale_ref[...]
@@ -93,10 +93,9 @@ def _bwd_kernel(
     du_raw = du * inv_r
     g = jnp.sum(du * u_raw, axis=1, keepdims=True)
     coef = -g * inv_r * inv_r * inv_r / (n * d_true)
+    du_ref[...] = du_raw
     for s in range(n):
-        phi_s = phi_ref[s]
-        dphi_ref[s] = jax.lax.dot_general(hs[s], du_raw, _TN, preferred_element_type=jnp.float32)
-        dh = jax.lax.dot_general(du_raw, phi_s, _NT, preferred_element_type=jnp.float32)
+        dh = jax.lax.dot_general(du_raw, phi_ref[s], _NT, preferred_element_type=jnp.float32)
         dh_ref[s] = (dh + pre[s] * dx + coef * hs[s]).astype(dh_ref.dtype)
 
 
@@ -109,7 +108,7 @@ def _specs(n, tile, width, lanes, p_lanes, b_lanes):
         "x": pl.BlockSpec((tile, width), lambda i: (i, 0)),
         "p": pl.BlockSpec((tile, p_lanes), lambda i: (i, 0)),
         "b": pl.BlockSpec((tile, b_lanes), lambda i: (i, 0)),
-        "dphi": pl.BlockSpec((None, n, width, lanes), lambda i: (i, 0, 0, 0)),
+        "u": pl.BlockSpec((tile, lanes), lambda i: (i, 0)),
         "dvec": pl.BlockSpec((None, 1, lanes), lambda i: (i, 0, 0)),
     }
 
@@ -149,20 +148,23 @@ def _vjp_bwd(tile, target, static, res, cot):
     n, n_tok, width = h.shape
     lanes, n_tiles = phi.shape[2], n_tok // tile
     sp = _specs(n, tile, width, lanes, dp.shape[1], db.shape[1])
-    dh, dphi, dscale, dbias = target.pallas_call(
+    dh, du_raw, dscale, dbias = target.pallas_call(
         functools.partial(_bwd_kernel, **dict(static)),
         grid=(n_tiles,),
         in_specs=[sp["h"], sp["phi"], sp["vec"], sp["vec"], sp["x"], sp["p"], sp["b"]],
-        out_specs=[sp["h"], sp["dphi"], sp["dvec"], sp["dvec"]],
+        out_specs=[sp["h"], sp["u"], sp["dvec"], sp["dvec"]],
         out_shape=[
             jax.ShapeDtypeStruct(h.shape, h.dtype),
-            jax.ShapeDtypeStruct((n_tiles, n, width, lanes), jnp.float32),
+            jax.ShapeDtypeStruct((n_tok, lanes), jnp.float32),
             jax.ShapeDtypeStruct((n_tiles, 1, lanes), jnp.float32),
             jax.ShapeDtypeStruct((n_tiles, 1, lanes), jnp.float32),
         ],
         name="mhc_pre_bwd",
     )(h, phi, scale, bias, dx, dp, db)
-    return dh, dphi.sum(0), dscale.sum(0), dbias.sum(0)
+    # dphi[s] = H[s]^T (r du): one contraction over all tokens, left to XLA (a
+    # per-tile partial of [n, d, n^2+2n] would cost more memory than H itself).
+    dphi = jnp.einsum("snd,nm->sdm", h, du_raw, preferred_element_type=jnp.float32)
+    return dh, dphi, dscale.sum(0), dbias.sum(0)
 
 
 mhc_pre_tokens.defvjp(_vjp_fwd, _vjp_bwd)

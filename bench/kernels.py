@@ -20,7 +20,9 @@ default shapes are small (a smoke test of the benchmark that finishes in
 about a minute).  ``--realistic`` uses 16k tokens, d 1024 (the issue's
 shapes; minutes on CPU).  ``--model`` adds the train-step time of hc, mhc,
 attnres_block and attnres_full relative to pre_ln, with ``model.impl`` xla
-and pallas (goals on an accelerator: mhc within 6%, attnres_block within 3%).
+and pallas (goals on an accelerator: mhc within 6%, attnres_block within 3%);
+on CPU that takes minutes per family (the interpreter's compile), so it is
+opt-in.
 
     python bench/kernels.py                    # small shapes (CPU: interpreter)
     python bench/kernels.py --realistic        # tokens 16384, d 1024, S 9 and 17, n 4

@@ -44,7 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
     m.scan_unroll = 1  # 1: rolled nn.scan; depth: fully unrolled (same params)
     # "none" or a jax.checkpoint_policies name ("nothing_saveable", "dots_saveable" ...)
     m.remat_policy = "nothing_saveable"
-    m.impl = "xla"  # residual-routing implementation ("pallas" once pallas_kernels/ lands)
+    m.impl = "xla"  # routing: "xla" | "pallas" (fused kernels) | "auto" (pallas on 1 TPU/GPU)
     # Residual-family fields (spec/residuals.md): each family declares its own,
     # with defaults, in its module (``fields``); the registry gathers them here.
     m.residual = ml_collections.ConfigDict(registry.residual_defaults())

@@ -286,7 +286,8 @@ def cost_rows(workdir: epath.Path, rows: Sequence[dict]) -> list[dict]:
 
 
 def markdown(workdir: str, rows: Sequence[dict], summary: dict[str, list[FamilyRow]],
-             costs_rows: Sequence[dict], plots: dict[str, str | None]) -> str:
+             costs_rows: Sequence[dict], plots: dict[str, str | None],
+             sections: Sequence[str] = ()) -> str:
     counts = {s: sum(r["status"] == s for r in rows) for s in sweeplib.STATUSES}
     status = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     out = [f"# depthbench sweep report: `{workdir}`", "",
@@ -332,6 +333,7 @@ def markdown(workdir: str, rows: Sequence[dict], summary: dict[str, list[FamilyR
                 "causal attention halved; LM head excluded), bf16 KV cache per sequence, "
                 "residual-state activation bytes per token (depthbench.costs).", ""]
         out += [_md_table(*costs_table(costs_rows), align="l"), ""]
+    out += list(sections)  # e.g. the downstream evaluation section
     out += ["## All runs", "", _md_table(*runs_table(rows), align="ll"), ""]
     return "\n".join(out)
 
@@ -379,8 +381,13 @@ def write_report(workdir: str | epath.Path, *, plots: bool = True) -> Report:
     else:
         for key in ("loss_vs_aspect", "training_curves", "costs_vs_aspect"):
             drawn[key + "_why"] = "--no-plots"
+    from depthbench.evaluation import report_section
+
+    downstream, downstream_files = report_section.section(workdir, summary, _md_table,
+                                                                  draw=plots)
+    files.update(downstream_files)
     runlib.atomic_write(workdir / sweeplib.RESULTS_CSV, sweeplib.rows_to_csv(rows))
-    text = markdown(str(workdir), rows, summary, costs_rows, drawn)
+    text = markdown(str(workdir), rows, summary, costs_rows, drawn, downstream)
     runlib.atomic_write(workdir / "report.md", text)
     files["report"] = str(workdir / "report.md")
     return Report(rows, summary, files)

@@ -67,6 +67,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from depthbench.model.residual import fused
 from depthbench.model.residual.base import BTD, ResidualFamily, family_param, norm_param, with_axes
 from depthbench.model.residual.fields import check_number
 
@@ -173,9 +174,8 @@ class AttnResFull(ResidualFamily):
         return {"bank": bank, "count": jnp.zeros((), jnp.int32)}
 
     def _mix(self, state, query, key_norm):
-        return depth_mix(
-            state["bank"], self._valid(state["count"]), query, key_norm, self.spec.norm_eps
-        )
+        mix = fused.depth_mix if fused.use_pallas(self.spec) else depth_mix
+        return mix(state["bank"], self._valid(state["count"]), query, key_norm, self.spec.norm_eps)
 
     def read(self, p, state, site):
         return self._mix(state, p["query"][site.sub], p["key_norm"][site.sub]), {}

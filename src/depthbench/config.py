@@ -243,6 +243,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _choice(config, "model.param_dtype", ("float32", "bfloat16"))
     _choice(config, "model.compute_dtype", ("float32", "bfloat16", "float16"))
     _choice(config, "model.remat_policy", remat_policy_names())
+    _choice(config, "model.layer_scan", ("depth_linear", "carries"))
     # "pallas" joins when pallas_kernels/ has the fused kernels; until then it is refused
     # rather than silently running the XLA path.
     _choice(config, "model.impl", ("xla",))

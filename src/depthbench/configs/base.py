@@ -44,6 +44,9 @@ def get_config() -> ml_collections.ConfigDict:
     m.scan_unroll = 1  # 1: rolled nn.scan; depth: fully unrolled (same params)
     # "none" or a jax.checkpoint_policies name ("nothing_saveable", "dots_saveable" ...)
     m.remat_policy = "nothing_saveable"
+    # "depth_linear": states with depth banks (attnres, moda) keep memory linear in
+    # depth (model/depth_scan.py); "carries": nn.scan saves every block's carry.
+    m.layer_scan = "depth_linear"
     m.impl = "xla"  # residual-routing implementation ("pallas" once pallas_kernels/ lands)
     # Residual-family fields (spec/residuals.md): each family declares its own,
     # with defaults, in its module (``fields``); the registry gathers them here.

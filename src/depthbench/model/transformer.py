@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from depthbench.model.depth_scan import layer_stack
 from depthbench.model.layers import MLP, Attention, RMSNorm, trunc_normal
 from depthbench.model.residual import registry
 from depthbench.model.residual.base import BTD, ResidualFamily, Site, norm_param, rms_norm
@@ -136,7 +137,10 @@ class Transformer(nn.Module):
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
         positions_t = jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)
-        state, zs = stack(s, fam, capture, name="blocks")(state, xs, g, positions_t)
+        if self._depth_linear(fam, state) and not self.is_initializing():
+            state, zs = self._depth_linear_stack(fam, capture, state, xs, g, positions_t)
+        else:
+            state, zs = stack(s, fam, capture, name="blocks")(state, xs, g, positions_t)
         final_norm = RMSNorm(s, name="final_norm")
         x = fam.readout(g, state, final_norm)
         chex.assert_shape(x, (*tokens_bt.shape, s.d_model))  # a family's readout is [B, T, d]
@@ -156,6 +160,23 @@ class Transformer(nn.Module):
         z0 = fam.depth_state(g, fam.init_state(g, x0))
         return logits, jnp.concatenate([z0[None], zs], axis=0)
 
+    def _depth_linear(self, fam: ResidualFamily, state) -> bool:
+        """Whether the stack runs through :func:`depth_scan.layer_stack`: the
+        state has banks and ``model.layer_scan`` asks for it."""
+        return self.spec.layer_scan == "depth_linear" and bool(
+            fam.bank_slots(state, jnp.zeros((), jnp.int32))
+        )
+
+    def _depth_linear_stack(self, fam, capture, state, xs, g, positions_t):
+        """The blocks' stacked parameters (made by the ``nn.scan`` at init) run
+        by the depth-linear custom VJP, each block applied as a pure function."""
+        block = Block(self.spec, fam, capture)
+        params_l = nn.meta.unbox(self.variables["params"]["blocks"])
+
+        def step(p, state, x, g):
+            return block.apply({"params": p}, state, x, g, positions_t)
+
+        return layer_stack(step, fam.bank_slots, params_l, state, xs, g)
 
 def permute_blocks(params, order):
     """Params with the stacked blocks reordered: position i runs block ``order[i]``.

@@ -149,6 +149,12 @@ class AttnResFull(ResidualFamily):
         bank = jax.lax.dynamic_update_index_in_dim(bank, new_btd, slot, axis=0)
         return {"bank": with_axes(bank, MBTD), "count": count + active.astype(jnp.int32)}
 
+    def bank_slots(self, state, pos):
+        """The block adds into the slots of sublayers ``count`` and ``count + 1``."""
+        count = state["count"]
+        slots = jnp.stack([1 + count // self.block_size, 1 + (count + 1) // self.block_size])
+        return {"bank": (0, jnp.minimum(slots, self.n_slots - 1))}
+
     def readout(self, g, state, final_norm):
         return final_norm(self._mix(state, g["query"], g["key_norm"]))
 

@@ -187,6 +187,15 @@ class ResidualFamily:
     def readout(self, g: Any, state: State, final_norm) -> jax.Array:
         return final_norm(state)
 
+    def bank_slots(self, state: State, pos: jax.Array) -> dict[str, tuple[int, jax.Array]]:
+        """The state's *banks* (leaves with a slot per depth source) and the slots
+        the block at execution position ``pos`` may write: ``{leaf: (slot axis,
+        slots [k])}``, from the state before the block.  It may read only the
+        state's other leaves.  Listing them lets the layer stack keep memory
+        linear in depth (``model/depth_scan.py``); a slot listed but not written
+        is harmless.  Default ``{}``: no banks (the state is saved per block)."""
+        return {}
+
     def depth_state(self, g: Any, state: State) -> jax.Array:
         """``z``: the state at a block boundary as one vector per token
         (hc/mhc: streams concatenated; attnres: the mix the next sublayer reads)."""

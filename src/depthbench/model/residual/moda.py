@@ -119,6 +119,13 @@ class MoDA(ResidualFamily):
             "valid": valid,
         }
 
+    def bank_slots(self, state, pos):
+        """The block at position ``b`` writes depth slot ``2b`` and ``2b + 1``."""
+        if self.n_slots == 0:
+            return {}
+        slots = jnp.minimum(jnp.stack([2 * pos, 2 * pos + 1]), self.n_slots - 1)
+        return {k: (2, slots) for k in ("k", "v")}
+
     def readout(self, g, state, final_norm):
         return final_norm(state["x"])
 

@@ -83,7 +83,10 @@ def get_config() -> ml_collections.ConfigDict:
     t.b2 = 0.95
     t.eps = 1e-8
     t.weight_decay = 0.1
-    t.no_decay = ""  # comma-separated param leaf names exempt from decay, beyond the family's
+    # Parameters without weight decay: "recipe" (the original's: only what a family exempts,
+    # hc/mhc static routing) | "norms_embeddings_residual" (no decay on norm gains, the input
+    # embedding, every residual-family parameter); extra leaf names may follow: "recipe,scale".
+    t.no_decay = "recipe"
     t.clip_norm = 1.0
     t.seed = 0
     t.log_every = 10
@@ -92,6 +95,15 @@ def get_config() -> ml_collections.ConfigDict:
     t.keep_checkpoints = 2
     t.max_loss = 20.0  # a loss above this counts as divergence
     t.layer_stats_every = 100  # per-block residual RMS / update norms to TensorBoard
+
+    # ------------------------------------------------------------------- eval
+    # Downstream evaluation after a sweep trains each run (docs/EVAL.md); runtime
+    # fields: changing them never blocks resuming.
+    e = c.eval = ml_collections.ConfigDict()
+    e.suites = ""  # comma-separated: nll-code-stem-math, commonsense, bbh-reasoning
+    e.data_dir = ""  # local records (DIR/<task>.jsonl or .parquet); "" = the hub
+    e.limit = 0  # records per task (0: all)
+    e.batch_size = 8
 
     # --------------------------------------------------------------- parallel
     p = c.parallel = ml_collections.ConfigDict()

@@ -107,14 +107,16 @@ def paper_table(depths, old: bool) -> None:
     print("\n## paper-400m, compile only: temp memory (GiB, x pre_ln), 4 x 2048 tokens, bf16\n")
     print("| L | pre_ln | " + " | ".join(f"{f} {s}" for f in BANKED for s in scans) + " |")
     print("|" + "---|" * (2 + len(BANKED) * len(scans)))
-    for depth in depths:
-        def mem(fam, scan):
-            spec = ModelSpec.from_shape(shapes[depth], family=fam, compute_dtype="bfloat16",
-                                        layer_scan=scan)
-            return temp_bytes(compiled_step(spec, 4, 2048)[0])
 
-        base = mem("pre_ln", "carries")
-        cells = [f"{(m := mem(f, s)) / GIB:.1f} ({m / base:.1f}x)" for f in BANKED for s in scans]
+    def mem(depth, fam, scan):
+        spec = ModelSpec.from_shape(shapes[depth], family=fam, compute_dtype="bfloat16",
+                                    layer_scan=scan)
+        return temp_bytes(compiled_step(spec, 4, 2048)[0])
+
+    for depth in depths:
+        base = mem(depth, "pre_ln", "carries")
+        cells = [f"{(m := mem(depth, f, s)) / GIB:.1f} ({m / base:.1f}x)"
+                 for f in BANKED for s in scans]
         print(f"| {depth} | {base / GIB:.1f} | " + " | ".join(cells) + " |", flush=True)
 
 

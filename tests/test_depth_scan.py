@@ -35,7 +35,7 @@ def _loss_and_grads(family, fields, layer_scan):
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(2), len(leaves))
     params = jax.tree.unflatten(
-        tree, [a + 0.3 * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)]
+        tree, [a + 0.3 * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys, strict=True)]
     )
     order = jnp.array([2, 0, 3, 1])
     active = jnp.array([True, False, True, True])
@@ -58,7 +58,7 @@ def test_depth_linear_gradients_equal_nn_scan(family, fields):
     flat_old = jax.tree_util.tree_leaves_with_path(grads_old)
     flat_new = jax.tree.leaves(grads_new)
     assert len(flat_old) == len(flat_new)
-    for (path, g_old), g_new in zip(flat_old, flat_new):
+    for (path, g_old), g_new in zip(flat_old, flat_new, strict=True):
         scale = float(jnp.max(jnp.abs(g_old))) + 1e-12
         np.testing.assert_allclose(np.asarray(g_new) / scale, np.asarray(g_old) / scale,
                                    atol=2e-5, err_msg=jax.tree_util.keystr(path))

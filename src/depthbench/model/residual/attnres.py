@@ -190,9 +190,11 @@ class AttnResFull(ResidualFamily):
 
     def bank_slots(self, state, pos):
         """The block adds into the slots of sublayers ``count`` and ``count + 1``."""
+        block_of = jnp.asarray(self.block_of, jnp.int32)
+        last = len(self.block_of) - 1
         count = state["count"]
-        slots = jnp.stack([1 + count // self.block_size, 1 + (count + 1) // self.block_size])
-        return {"bank": (0, jnp.minimum(slots, self.n_slots - 1))}
+        slots = 1 + block_of[jnp.minimum(jnp.stack([count, count + 1]), last)]
+        return {"bank": (0, slots)}
 
     def readout(self, g, state, final_norm):
         return final_norm(self._mix(state, g["query"], g["key_norm"]))

@@ -194,11 +194,11 @@ class MoDA(ResidualFamily):
                 "valid": state["valid"] | ((jnp.arange(m) == b) & ok)}
 
     def bank_slots(self, state, pos):
-        """The block at position ``b`` writes depth slot ``2b`` and ``2b + 1``."""
+        """The block at position ``b`` writes slot ``b`` of each depth cache."""
         if self.n_slots == 0:
             return {}
-        slots = jnp.minimum(jnp.stack([2 * pos, 2 * pos + 1]), self.n_slots - 1)
-        return {k: (2, slots) for k in ("k", "v")}
+        slots = jnp.minimum(pos, self.n_slots - 1)[None]
+        return {k: (2, slots) for k in ("ka", "va", "kf", "vf")}
 
     def readout(self, g, state, final_norm):
         return final_norm(state["x"])

@@ -80,6 +80,8 @@ def time_step(compiled, params_shape, tokens, steps: int) -> float:
 
 
 def cpu_curve(depths, steps: int, old: bool) -> None:
+    """Step time (``steps`` > 0) and temp memory relative to pre_ln; ``steps`` 0:
+    memory only (compile only: quick, and exact on a loaded machine)."""
     scans = ("carries", "depth_linear") if old else ("depth_linear",)
     head = "| L | family | " + " | ".join(f"{s} time | {s} temp" for s in scans) + " |"
     print("\n## CPU train step, d 64, T 256, B 2, relative to pre_ln\n")
@@ -88,7 +90,8 @@ def cpu_curve(depths, steps: int, old: bool) -> None:
     for depth in depths:
         shape = Shape(depth, 64, 192, 4, 4, 2048)
         base, p, t = compiled_step(ModelSpec.from_shape(shape), 2, 256)
-        base_mem, base_time = temp_bytes(base), time_step(base, p, t, steps)
+        base_mem = temp_bytes(base)
+        base_time = time_step(base, p, t, steps) if steps else float("nan")
         print(f"| {depth} | pre_ln | " + " | ".join(
             f"{base_time * 1e3:.0f} ms | {base_mem / 2**20:.1f} MiB" for _ in scans) + " |")
         for fam in BANKED:
@@ -96,7 +99,8 @@ def cpu_curve(depths, steps: int, old: bool) -> None:
             for scan in scans:
                 spec = ModelSpec.from_shape(shape, family=fam, layer_scan=scan)
                 c, p, t = compiled_step(spec, 2, 256)
-                cells.append(f"{time_step(c, p, t, steps) / base_time:.2f}x | "
+                rel = time_step(c, p, t, steps) / base_time if steps else float("nan")
+                cells.append(f"{rel:.2f}x | "
                              f"{temp_bytes(c) / base_mem:.2f}x")
             print(f"| {depth} | {fam} | " + " | ".join(cells) + " |", flush=True)
 
@@ -124,7 +128,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--depths", type=int, nargs="+", default=[8, 16, 32, 64])
     ap.add_argument("--paper-depths", type=int, nargs="+", default=[16, 32, 70])
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per cell (median)")
+    ap.add_argument("--steps", type=int, default=3,
+                    help="timed steps per cell (median); 0: memory only, no timing")
     ap.add_argument("--no-old", action="store_true", help="skip the 'carries' layer stack")
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--no-paper", action="store_true")

@@ -9,9 +9,10 @@ before block ``i`` is the carry after it with those slots put back::
 
     state_i[bank] = state_{i+1}[bank] with slots(i) := undo_i
 
-where ``undo_i`` holds the values the slots had before block ``i`` (zeros
-for an append-only bank; attnres_block's running partial for a slot still
-being summed).  :func:`layer_stack` is a ``jax.custom_vjp`` over the whole
+where ``undo_i`` holds the values the slots had before block ``i``
+(attnres_block's running partial for a slot still being summed); a family
+whose block writes only *fresh* slots (still zero: attnres_full, moda) says
+so, and nothing is kept for them.  :func:`layer_stack` is a ``jax.custom_vjp`` over the whole
 stack that
 
 * forward: scans the blocks once, keeping per block only ``undo_i`` and the
@@ -48,14 +49,21 @@ def _is_float(x) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
 
 
+def _entry(item):
+    """``(leaf, (axis, slots[, fresh]))`` -> ``(leaf, (axis, slots, fresh))``."""
+    key, value = item
+    return key, (*value, False)[:3]
+
+
 def _take(bank, axis: int, slots):
-    return jnp.take(bank, slots, axis=axis, mode="clip")
+    return jnp.take(bank, slots, axis=axis, mode="clip")  # past the end: restored nowhere
 
 
 def _put(bank, axis: int, slots, values):
-    """``bank`` with ``bank[..., slots, ...] = values`` along ``axis``."""
+    """``bank`` with ``bank[..., slots, ...] = values`` along ``axis`` (None: zeros)."""
     moved = jnp.moveaxis(bank, axis, 0)
-    restored = moved.at[slots].set(jnp.moveaxis(values, axis, 0), mode="clip")
+    values = 0 if values is None else jnp.moveaxis(values, axis, 0)
+    restored = moved.at[slots].set(values, mode="drop")  # a slot past the end: none
     return jnp.moveaxis(restored, 0, axis)
 
 
@@ -80,7 +88,8 @@ def layer_stack(step: Step, bank_slots: Slots, params_l, state0: dict, xs_l: dic
         def body(state, px):
             p, x = px
             slots = bank_slots(state, x["pos"])
-            undo = {k: _take(state[k], ax, idx) for k, (ax, idx) in slots.items()}
+            undo = {k: None if fresh else _take(state[k], ax, idx)
+                    for k, (ax, idx, fresh) in map(_entry, slots.items())}
             small = {k: v for k, v in state.items() if k not in bank_keys}
             new, z = step(p, state, x, g)
             return new, (z, undo, small)
@@ -97,7 +106,8 @@ def layer_stack(step: Step, bank_slots: Slots, params_l, state0: dict, xs_l: dic
             banks_next, ct_state, ct_g = carry
             p, x, undo, small, ct_z = inp
             slots = bank_slots({**small, **banks_next}, x["pos"])
-            banks = {k: _put(banks_next[k], ax, idx, undo[k]) for k, (ax, idx) in slots.items()}
+            banks = {k: _put(banks_next[k], ax, idx, undo[k])
+                     for k, (ax, idx, _) in map(_entry, slots.items())}
             state = {**small, **banks}
             fixed = {k: v for k, v in state.items() if k not in float_keys}
 

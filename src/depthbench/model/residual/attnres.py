@@ -194,7 +194,8 @@ class AttnResFull(ResidualFamily):
         last = len(self.block_of) - 1
         count = state["count"]
         slots = 1 + block_of[jnp.minimum(jnp.stack([count, count + 1]), last)]
-        return {"bank": (0, slots)}
+        # Blocks of one sublayer (full): both slots are still empty before the block.
+        return {"bank": (0, slots, max(self.blocks) == 1)}
 
     def readout(self, g, state, final_norm):
         return final_norm(self._mix(state, g["query"], g["key_norm"]))

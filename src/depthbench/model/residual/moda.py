@@ -194,11 +194,12 @@ class MoDA(ResidualFamily):
                 "valid": state["valid"] | ((jnp.arange(m) == b) & ok)}
 
     def bank_slots(self, state, pos):
-        """The block at position ``b`` writes slot ``b`` of each depth cache."""
+        """The block at position ``b`` writes slot ``b`` of each depth cache (the
+        last block's ``b = L - 1`` is past the end: it writes none)."""
         if self.n_slots == 0:
             return {}
-        slots = jnp.minimum(pos, self.n_slots - 1)[None]
-        return {k: (2, slots) for k in ("ka", "va", "kf", "vf")}
+        slots = pos[None]
+        return {k: (2, slots, True) for k in ("ka", "va", "kf", "vf")}  # never written before
 
     def readout(self, g, state, final_norm):
         return final_norm(state["x"])

@@ -25,14 +25,11 @@ from tqdm.auto import tqdm
 from depthbench.analysis import metrics as M
 from depthbench.analysis import probes
 from depthbench.analysis.blockwise import Blockwise
+from depthbench.analysis.names import CAUSAL_RATIOS, METRICS
 from depthbench.config import ConfigError
 
-METRICS = ("angular_distance", "causal_score", "permutation_score", "late_layer_interaction",
-           "logit_lens", "token_collapse", "block_jacobian", "usefulness", "layer_pruning",
-           "effective_depth", "depth_weights", "stream_diversity")
 _NEEDS = {"late_layer_interaction": ("causal_score", "permutation_score"),
           "effective_depth": ("layer_pruning",)}
-CAUSAL_RATIOS = ("of_means", "per_token")  # first: the original's (ratio of token means)
 
 
 def resolve_metrics(names) -> list[str]:

@@ -36,6 +36,7 @@ import numpy as np
 from flax import linen as nn
 
 from depthbench import parallel
+from depthbench.analysis.names import ANALYSIS_OPTIONS
 from depthbench.config import ConfigError
 from depthbench.model.residual.base import ResidualFamily
 from depthbench.model.spec import ModelSpec
@@ -44,13 +45,6 @@ from depthbench.model.transformer import Transformer, family_of
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
 
-# Family-level analysis switches (first value: the original benchmark's
-# definition, the default; see docs/spec/analysis.md "Options").
-ANALYSIS_OPTIONS = {
-    "probe_rule": ("next_consumer", "readout"),
-    "skip_rule": ("next_output", "remove"),
-    "swap_rule": ("right_boundary", "block"),
-}
 
 
 def _read_config(run_dir: Path) -> tuple[ml_collections.ConfigDict, dict]:

@@ -16,7 +16,7 @@ import sys
 from depthbench.config import EXIT_BAD_INPUT, ConfigError
 
 # Sub-command modules, in the order `depthbench --help` lists them.
-COMMANDS = ("shapes", "costs", "families", "data", "train", "sweep", "report")
+COMMANDS = ("shapes", "costs", "families", "data", "train", "sweep", "report", "analyze")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,12 +1,13 @@
 """Depth analyses of trained models: ``load_run`` and the metrics of docs/spec/analysis.md.
 
-``Run``, ``load_run``, ``init_run`` and ``analyze`` are imported lazily so
-that the CLI can read :mod:`depthbench.analysis.names` without jax.
+``Run``, ``load_run`` and ``init_run`` are imported lazily so that the CLI
+can read :mod:`depthbench.analysis.names` without jax; the metrics are
+``depthbench.analysis.analyze.analyze``.
 """
 
 from __future__ import annotations
 
-__all__ = ["Run", "analyze", "init_run", "load_run"]
+__all__ = ["Run", "init_run", "load_run"]
 
 
 def __getattr__(name: str):
@@ -14,8 +15,4 @@ def __getattr__(name: str):
         from depthbench.analysis import run
 
         return getattr(run, name)
-    if name == "analyze":
-        from depthbench.analysis.analyze import analyze
-
-        return analyze
     raise AttributeError(f"module 'depthbench.analysis' has no attribute {name!r}")

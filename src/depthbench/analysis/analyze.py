@@ -88,7 +88,7 @@ def analyze(run, windows_bt, metrics=None, *, chunk: int = 8, window_chunk: int 
                unit="pass")
 
     with run.context():
-        base_fn = probes.make_baseline(run, with_streams=False)
+        base_fn = probes.make_baseline(run)
         skip_fn = probes.make_skip(run) if do_skip else None
         swap_fn = probes.make_swap(run) if do_swap and pairs else None
         sums: dict = {}
@@ -110,11 +110,9 @@ def analyze(run, windows_bt, metrics=None, *, chunk: int = 8, window_chunk: int 
                                                     out["probe"]))
             sums.setdefault("probe_n", 0)
             sums["probe_n"] += 1
-            if z.shape[-1] > d:
-                cos, svals = jax.device_get(jax.jit(lambda z: probes._streams(z, d))(z))
-                _accumulate(sums, "stream_cos", np.asarray(cos, np.float64))
-                _accumulate(sums, "stream_erank",
-                            M.effective_rank(np.asarray(svals)).sum(axis=(1, 2)))
+            if "stream_cos" in out:
+                _accumulate(sums, "stream_cos", np.asarray(out["stream_cos"], np.float64))
+                _accumulate(sums, "stream_erank", np.asarray(out["stream_erank"], np.float64))
             if do_useful:
                 fit = _accumulate_fit(fit, np.asarray(jax.device_get(z), np.float64))
             bar.update(1)
@@ -255,7 +253,7 @@ def _usefulness(run, windows, win_slices, fit, loss, n_pred, chunk, progress) ->
         return jax.vmap(lambda p, wd, bd: probes.nll_sum(bw.forward(params, tokens, p, wd, bd),
                                                          tokens))(pos_k, w_kdd, b_kd)
 
-    sub_fn = run.jit(fn, 1, 3)
+    sub_fn = probes.cached("usefulness", run, lambda: run.jit(fn, 1, 3))
     k = min(chunk, L)
     nll = np.zeros(L)
     bar = tqdm(total=len(win_slices) * len(probes.chunks(L, k)), desc="usefulness",
@@ -282,11 +280,12 @@ def _jacobians(run, windows, chunk: int, progress: bool) -> dict:
     L = run.depth
     bw = Blockwise(run)
     tokens = jax.device_put(windows, run.batch_sharding())
-    states = jax.jit(bw.entry_states)(run.params, tokens)
+    states = probes.cached("entry_states", run, lambda: jax.jit(bw.entry_states))(
+        run.params, tokens)
     z_width = int(jax.eval_shape(
         lambda p, s: run.family.boundary_state(bw.family_params(p, 0), p.get("residual", {}), s),
         run.params, jax.tree.map(lambda a: a[0], states)).shape[-1])
-    rows_fn = jax.jit(bw.block_jacobian_rows)
+    rows_fn = probes.cached("jacobian_rows", run, lambda: jax.jit(bw.block_jacobian_rows))
     eye = np.eye(z_width, dtype=np.float32)
     devs = []
     for pos in tqdm(range(L), desc="block Jacobians", disable=not progress, unit="block"):

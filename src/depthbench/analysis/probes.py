@@ -21,6 +21,20 @@ import numpy as np
 from depthbench.analysis.metrics import effective_rank, stable_rank
 
 TOP_K = 5
+_COMPILED: dict = {}
+_COMPILED_MAX = 32
+
+
+def cached(kind: str, run, build):
+    """``build()`` once per (kind, model spec, mesh): runs of the same model
+    (e.g. ``Run.with_params`` copies, or the same shape in a sweep) share
+    their jitted functions and so their compilations."""
+    key = (kind, run.spec, run.mesh)
+    if key not in _COMPILED:
+        while len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.pop(next(iter(_COMPILED)))
+        _COMPILED[key] = build()
+    return _COMPILED[key]
 
 
 def nll_sum(logits_btv, tokens_bt):
@@ -64,8 +78,12 @@ def _streams(z_lbtd, d_model: int):
     return jnp.sum(pair_cos, axis=(1, 2)), svals
 
 
-def make_baseline(run, with_streams: bool):
-    """``(params, tokens) -> dict of sums`` for one chunk (jitted)."""
+def make_baseline(run):
+    """``(params, tokens) -> (dict of sums, z)`` for one chunk (jitted)."""
+    return cached("baseline", run, lambda: _make_baseline(run))
+
+
+def _make_baseline(run):
     d = run.spec.d_model
     L = run.depth
 
@@ -79,8 +97,10 @@ def make_baseline(run, with_streams: bool):
                "angular": _angular_sum(z),
                "svals": jnp.linalg.svd(z.astype(jnp.float32), compute_uv=False),
                "probe": cap["probe"]}
-        if with_streams:
-            out["stream_cos"], out["stream_svals"] = _streams(z, d)
+        if z.shape[-1] > d:  # several streams side by side (static)
+            cos, svals = _streams(z, d)
+            out["stream_cos"] = cos
+            out["stream_erank"] = jnp.sum(_effective_rank(svals), axis=(1, 2))
         return out, z
 
     return run.jit(fn, 1, 0)
@@ -89,6 +109,10 @@ def make_baseline(run, with_streams: bool):
 def make_skip(run):
     """``(params, tokens, z_base, actives [K, L]) -> (num [K, L], den [L],
     ratio [K, L], nll [K])``: causal-score sums and losses of ``K`` skips."""
+    return cached("skip", run, lambda: _make_skip(run))
+
+
+def _make_skip(run):
     L = run.depth
 
     def fn(params, tokens_bt, z_base, actives_kl):
@@ -111,6 +135,10 @@ def make_skip(run):
 
 def make_swap(run):
     """``(params, tokens, orders [K, L]) -> nll [K]`` for ``K`` permutations."""
+    return cached("swap", run, lambda: _make_swap(run))
+
+
+def _make_swap(run):
     L = run.depth
 
     def fn(params, tokens_bt, orders_kl):
@@ -119,6 +147,14 @@ def make_swap(run):
                                           tokens_bt))(orders_kl)
 
     return run.jit(fn, 1, 1)
+
+
+def _effective_rank(s):
+    """``exp(H(s^2 / sum s^2))`` over the last axis, on device (1 for all-zero s)."""
+    s2 = jnp.square(s.astype(jnp.float32))
+    total = jnp.sum(s2, axis=-1, keepdims=True)
+    p = jnp.clip(s2 / jnp.maximum(total, 1e-30), 1e-12, None)
+    return jnp.where(total[..., 0] < 1e-12, 1.0, jnp.exp(-jnp.sum(p * jnp.log(p), axis=-1)))
 
 
 def spectra(svals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -121,7 +121,7 @@ def test_rules_cover_every_logical_name_of_every_family(monkeypatch):
                                      is_leaf=lambda x: isinstance(x, tuple)):
             param_names.update(n for n in names if n is not None)
         jax.eval_shape(lambda p, t, m=model: m.apply({"params": nn.unbox(p)}, t), boxed, tokens)
-    ruled = {name for name, _ in parallel.RULES}
+    ruled = {name for name, _ in parallel.axis_rules()}
     assert param_names, "no logical parameter names found"
     assert seen, "no activation constraints recorded"
     assert param_names <= ruled, sorted(param_names - ruled)

@@ -97,7 +97,7 @@ class Run:
         self.family: ResidualFamily = family_of(self.spec)
         self.model = Transformer(self.spec)
         self.mesh = _mesh(self.config)
-        self.rules = tuple(parallel.RULES)
+        self.rules = tuple(parallel.axis_rules())
         tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
         with self._context():
             boxed = jax.eval_shape(lambda k: self.model.init(k, tokens),

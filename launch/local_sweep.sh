@@ -26,6 +26,13 @@ usage: launch/local_sweep.sh --config SPEC --workdir DIR [options] [-- OVERRIDES
   --dry-run             print every command instead of running it
   -- OVERRIDES          --config.section.field=value arguments passed to every run
 environment: DEPTHBENCH  the depthbench command (default depthbench)
+
+examples:
+  launch/local_sweep.sh --config experiments/micro_all.py --workdir runs/micro_all --procs 2 --report
+  launch/local_sweep.sh --config experiments/quickstart.py --workdir runs/qs --procs 4 \
+      --cpus-per-proc 2 --dry-run
+  launch/local_sweep.sh --config experiments/paper_400m.py --workdir runs/400m \
+      --gpus 0,1,2,3,4,5,6,7 -- --config.data.paths='/data/fineweb_edu/*.npy'
 EOF
 }
 
@@ -112,7 +119,7 @@ fi
 
 mkdir -p "$LOGS"
 PIDS=()
-# shellcheck disable=SC2317  # called by the trap below
+# shellcheck disable=SC2317,SC2329  # called by the trap below
 stop() {
   echo "local_sweep.sh: stopping ${#PIDS[@]} sweep processes" >&2
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done

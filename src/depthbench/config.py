@@ -68,8 +68,18 @@ def import_spec(spec: str | Path) -> ModuleType:
 
 
 def sibling(spec_file: str, name: str) -> ModuleType:
-    """The spec ``name`` beside ``spec_file`` (for a user's specs that build on each other)."""
-    return import_spec(Path(spec_file).with_name(f"{name}.py"))
+    """The spec ``name`` beside ``spec_file`` (for a user's specs that build on each
+    other); a name not beside it is the bundled spec of that name, so a spec kept
+    anywhere can build on ``quickstart``, ``paper_400m``, ... (as
+    ``from depthbench.configs import paper_400m`` does)."""
+    beside = Path(spec_file).with_name(f"{name}.py")
+    if beside.is_file() or name not in configs.names():
+        if not beside.is_file():
+            raise ConfigError(f"config: sibling({name!r}): no spec {str(beside)!r}, and "
+                              f"{name!r} is none of the bundled specs ({', '.join(configs.names())}"
+                              "); give a file with depthbench.config.import_spec(PATH)")
+        return import_spec(beside)
+    return import_spec(name)
 
 
 def base_spec_path() -> Path:
@@ -233,9 +243,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _choice(config, "model.param_dtype", ("float32", "bfloat16"))
     _choice(config, "model.compute_dtype", ("float32", "bfloat16", "float16"))
     _choice(config, "model.remat_policy", remat_policy_names())
-    # "pallas" joins when pallas_kernels/ has the fused kernels; until then it is refused
-    # rather than silently running the XLA path.
-    _choice(config, "model.impl", ("xla",))
+    _choice(config, "model.impl", ("xla", "pallas", "auto"))  # model/residual/fused.py
     _choice(config, "model.attention_impl", ("xla", "cudnn"))
     # A learning-rate rule is a family's (its ``lr_multipliers``): "none" or a family name.
     _choice(config, "train.lr_rule", ("none", *(n for n in registry.names()

@@ -186,10 +186,20 @@ class Run:
     @cached_property
     def tokenizer(self):
         """``encode(str) -> list[int]``, ``decode(ids) -> str``, ``eos_id``, ``vocab_size``."""
-        path = str((self.resolved.get("tokenizer") or {}).get("tokenizer_path") or "")
+        info = self.resolved.get("tokenizer") or {}
+        path = str(info.get("tokenizer_path") or "")
+        # An imported run carries its tokenizer.json (relocatable with the directory).
+        local = None if self.run_dir is None else self.run_dir / "tokenizer.json"
+        if local is not None and local.is_file() and (not path or path.endswith(".json")):
+            path = str(local)
         if not path:
             raise ConfigError(f"RUN_DIR: {self.run_dir} records no tokenizer in {CONFIG_FILE} "
                               "(resolved.tokenizer.tokenizer_path)")
+        if path.endswith(".json"):
+            from depthbench.data.hf_tokenizer import HFTokenizer
+
+            return HFTokenizer(path, eos_id=int(info.get("eos_id", -1)),
+                               bos_id=int(info.get("bos_id", -1)))
         from depthbench.data import spm_tokenizer
 
         return spm_tokenizer.Tokenizer(path, field="resolved.tokenizer.tokenizer_path")

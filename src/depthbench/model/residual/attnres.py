@@ -189,15 +189,18 @@ class AttnResFull(ResidualFamily):
         mix = fused.depth_mix if fused.use_pallas(self.spec) else depth_mix
         return mix(state["bank"], self._valid(state["count"]), query, key_norm, self.spec.norm_eps)
 
+    def _newest(self, count) -> jax.Array:
+        """The newest valid slot after ``count`` executed sublayers (0: ``x0``)."""
+        return jnp.asarray(self.started, jnp.int32)[count]
+
     def _consumer_mix(self, state, query, key_norm):
         """A block boundary's mix (the next block's attention side, or the
         readout).  After a skipped block it is the identity on the newest
         source (the original benchmark's "next-output" rule), unless the
         analysis option ``skip_rule`` is "remove" (the mix runs as usual)."""
         mix = self._mix(state, query, key_norm)
-        s = self.block_size
         newest = jax.lax.dynamic_index_in_dim(
-            state["bank"], (state["count"] + s - 1) // s, axis=0, keepdims=False)
+            state["bank"], self._newest(state["count"]), axis=0, keepdims=False)
         rule = self.analysis_option("skip_rule", "next_output") == "next_output"
         return jnp.where(state["skipped"] >= (1 if rule else 2), newest, mix)
 
@@ -238,9 +241,8 @@ class AttnResFull(ResidualFamily):
         """The newest source replaced by ``z`` and marked so that the next
         consumer's mix returns it (the "next-output" rule): the block that
         follows reads exactly ``z``, and later mixes see ``z`` in that slot."""
-        s = self.block_size
         bank = jax.lax.dynamic_update_index_in_dim(
-            state["bank"], z.astype(state["bank"].dtype), (state["count"] + s - 1) // s, axis=0)
+            state["bank"], z.astype(state["bank"].dtype), self._newest(state["count"]), axis=0)
         return {**state, "bank": with_axes(bank, MBTD), "skipped": jnp.full((), 2, jnp.int32)}
 
     def lens_state(self, p, g, state):

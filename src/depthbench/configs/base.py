@@ -108,4 +108,13 @@ def get_config() -> ml_collections.ConfigDict:
     p.fsdp = 1
     p.tensor = 1
     p.distributed = "auto"  # "auto" | "on" | "off": jax.distributed.initialize()
+
+    # --------------------------------------------------------------- analysis
+    # `depthbench sweep` analyses each run it finishes (docs/spec/analysis.md)
+    # when enabled; a runtime field: switching it does not change the run.
+    a = c.analysis = ml_collections.ConfigDict()
+    a.enabled = False
+    a.metrics = ""  # comma-separated subset; "" = all
+    a.windows = 16  # held-out windows of the validation split
+    a.seq_len = 128
     return c

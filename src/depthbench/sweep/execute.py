@@ -207,6 +207,10 @@ def _train_one(run: Run, run_dir: epath.Path, runner: Runner, progress: bool,
     tps = result.get("tokens_per_sec")
     bar.write(f"{run.name}: done  val_loss {_fmt(loss, '.4f')}  "
               f"{_fmt(tps, ',.0f')} tok/s  {time.time() - start:.0f} s")
+    if _lead_process(after_run=True):
+        from depthbench.analysis.sweep_hook import after_run  # config.analysis.enabled
+
+        after_run(run.config, run_dir, bar.write, progress)
     return "done"
 
 

@@ -71,7 +71,11 @@ stop_all() {  # TERM every live process, then KILL those still alive after GRACE
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   while ((waited < GRACE * 10)); do
     local alive=0
-    for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    for pid in "${PIDS[@]}"; do
+      if kill -0 "$pid" 2>/dev/null && [[ "$(ps -o stat= -p "$pid" 2>/dev/null)" != Z* ]]; then
+        alive=1
+      fi
+    done
     ((alive)) || return 0
     sleep 0.1
     waited=$((waited + 1))
@@ -103,29 +107,31 @@ for ((i = 0; i < N; i++)); do
 done
 ((DRY)) && exit 0
 
-# Wait for the first process to end; a failure stops the rest.
+# Poll the processes; the first failure stops the rest.  (Polling, not `wait -n`: bash may
+# reap a child stopped by stop_all before `wait -n` sees it, which would then never return.)
 STATUS=0 FAILED=""
-remaining=("${PIDS[@]}")
+remaining=("${!PIDS[@]}")
 while ((${#remaining[@]})); do
-  set +e
-  wait -n -p ended "${remaining[@]}"
-  code=$?
-  set -e
-  [[ -n "${ended:-}" ]] || continue  # interrupted by a trapped signal: keep waiting
   next=()
-  for pid in "${remaining[@]}"; do [[ "$pid" == "$ended" ]] || next+=("$pid"); done
-  remaining=("${next[@]}")
-  if ((code != 0 && STATUS == 0)); then
-    for ((i = 0; i < N; i++)); do [[ "${PIDS[$i]}" == "$ended" ]] && FAILED=$i; done
-    STATUS=$code
-    echo "local_multiprocess.sh: process $FAILED failed (exit $code); stopping the others" >&2
-    if ((FAILED > 0)); then
-      echo "--- last lines of $LOGS/process-$FAILED.log ---" >&2
-      tail -n 20 "$LOGS/process-$FAILED.log" >&2 || true
+  for i in "${remaining[@]}"; do
+    if kill -0 "${PIDS[$i]}" 2>/dev/null && [[ "$(ps -o stat= -p "${PIDS[$i]}" 2>/dev/null)" != Z* ]]; then
+      next+=("$i")
+      continue
     fi
-    stop_all
-  fi
-  unset ended
+    code=0
+    wait "${PIDS[$i]}" 2>/dev/null || code=$?
+    if ((code != 0 && STATUS == 0)); then
+      STATUS=$code FAILED=$i
+      echo "local_multiprocess.sh: process $i failed (exit $code); stopping the others" >&2
+      if ((i > 0)); then
+        echo "--- last lines of $LOGS/process-$i.log ---" >&2
+        tail -n 20 "$LOGS/process-$i.log" >&2 || true
+      fi
+      stop_all
+    fi
+  done
+  remaining=("${next[@]}")
+  ((${#remaining[@]})) && sleep 0.2
 done
 ((STATUS == 0)) || echo "local_multiprocess.sh: failed (process $FAILED); logs in $LOGS" >&2
 exit "$STATUS"

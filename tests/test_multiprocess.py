@@ -1,5 +1,6 @@
 """Multi-host training rehearsed on one machine: CPU processes joined by jax.distributed over
-localhost (gloo collectives), started by launch/local_multiprocess.sh.
+localhost (gloo collectives), started by launch/local_multiprocess.sh, training on shards
+written by ``depthbench data tokenize``.
 
 * 2 processes x 1 device train to the same losses as 1 process x 2 devices;
 * a SIGKILL of one process stops the job (the launcher stops the other), a SIGTERM of one
@@ -31,21 +32,37 @@ DEPTHBENCH = [sys.executable, "-m", "depthbench"]
 pytestmark = pytest.mark.slow
 
 
-def _shard(path: Path) -> None:
-    """Documents of arithmetic progressions mod 63 (ids 1..63), EOS = 0."""
+def _tokenized_corpus(root: Path) -> Path:
+    """Arithmetic progressions mod 63 written as words ``t1`` .. ``t63`` (JSON lines), a
+    word-level tokenizer.json (``t<i>`` -> i, ``<|endoftext|>`` -> 0), and
+    ``depthbench data tokenize`` into shards of 5,000 tokens: the multi-process runs read
+    the tokenizer's shards, each process its share of every batch."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from depthbench.data import tokenize as tokenize_lib
+
     rng = np.random.default_rng(0)
-    docs = []
-    for _ in range(600):
-        start, stride, n = rng.integers(0, 63), rng.integers(1, 8), rng.integers(20, 80)
-        docs.append((start + stride * np.arange(n)) % 63 + 1)
-        docs.append(np.zeros(1, np.int64))
-    np.save(path, np.concatenate(docs).astype(np.uint16))
+    with open(root / "docs.jsonl", "w") as f:
+        for _ in range(600):
+            start, stride, n = rng.integers(0, 63), rng.integers(1, 8), rng.integers(20, 80)
+            ids = (start + stride * np.arange(n)) % 63 + 1
+            f.write(json.dumps({"text": " ".join(f"t{i}" for i in ids)}) + "\n")
+    vocab = {"<|endoftext|>": 0, **{f"t{i}": i for i in range(1, 64)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(root / "tokenizer.json"))
+    out = root / "shards"
+    tokenize_lib.run(str(root / "docs.jsonl"), str(root / "tokenizer.json"), out,
+                     tokenize_lib.Options(shard_tokens=5000, val_fraction=0.1), workers=2,
+                     progress=False, log=lambda m: None)
+    assert len(list(out.glob("train_*.npy"))) > 2
+    return out
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("mp")
-    _shard(root / "shard.npy")
+    _tokenized_corpus(root)
     return root
 
 
@@ -53,7 +70,7 @@ def _train_args(corpus: Path, workdir: Path, *extra: str) -> list[str]:
     overrides = {
         "model.suite": "", "model.d_model": 32, "model.d_ff": 64, "model.depth": 2,
         "model.n_heads": 2, "model.vocab_size": 64, "model.remat_policy": "none",
-        "data.corpus": "tokens", "data.paths": corpus / "shard.npy", "data.eos_id": 0,
+        "data.corpus": "tokens", "data.paths": corpus / "shards" / "*.npy", "data.eos_id": 0,
         "data.val_fraction": 0.1, "data.val_windows": 8, "data.cache_dir": corpus / "cache",
         "train.steps": STEPS, "train.batch_size": 8, "train.seq_len": 16, "train.lr": 1e-2,
         "train.log_every": 1, "train.eval_every": EVERY, "train.checkpoint_every": EVERY,

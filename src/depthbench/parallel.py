@@ -304,7 +304,9 @@ def maybe_initialize_distributed(mode: str = "auto") -> bool:
     if _initialized or mode == "off" or (mode == "auto" and distributed_reason() is None):
         return _initialized
     args = distributed_args()
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # gloo unless the user chose another (mpi); JAX 0.10 defaults to it, older ones did not.
+    if getattr(jax.config, "jax_cpu_collectives_implementation", "gloo") in (None, "gloo"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(**args)
     _initialized = True
     return True

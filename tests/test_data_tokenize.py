@@ -250,3 +250,22 @@ def test_cli_prints_the_training_overrides(corpus, bpe, tmp_path, capsys):
     assert f"--config.data.paths='{out}/*.npy'" in printed
     assert "--config.data.eos_id=0 --config.data.val_fraction=0.2" in printed
     assert os.path.exists(out / "train_00000.npy")
+
+
+def test_gzipped_inputs_tokenize_like_plain_ones(corpus, bpe, tmp_path):
+    import gzip
+
+    root, _ = corpus
+    plain, zipped = tmp_path / "plain", tmp_path / "zipped"
+    plain.mkdir(), zipped.mkdir()
+    for name in ("a.jsonl", "d.txt"):
+        data_bytes = (root / name).read_bytes()
+        (plain / name).write_bytes(data_bytes)
+        (zipped / f"{name}.gz").write_bytes(gzip.compress(data_bytes))
+    opts = tokenize_lib.Options(shard_tokens=SHARD, val_fraction=FRACTION)
+    for src in (plain, zipped):
+        tokenize_lib.run(f"{src}/*", str(bpe), tmp_path / f"out-{src.name}", opts,
+                         chunk_bytes=1500, progress=False, log=lambda m: None)
+    for name in ("train", "val"):
+        np.testing.assert_array_equal(_stream(tmp_path / "out-plain", name),
+                                      _stream(tmp_path / "out-zipped", name))

@@ -277,3 +277,15 @@ def test_sharded_step_matches_single_device(sharded_job):
 
 if __name__ == "__main__":
     _sharded_main()
+
+
+def test_sweep_lead_process_from_the_launch_environment(monkeypatch):
+    """Before JAX is initialised, a multi-process sweep knows process 0 from JAX_PROCESS_ID
+    (local_multiprocess.sh) or SLURM_PROCID: only it writes sweep.json and results.csv."""
+    from depthbench import sweep
+
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:1234")
+    for index, lead in (("0", True), ("1", False)):
+        monkeypatch.setenv("JAX_PROCESS_ID", index)
+        assert sweep._lead_process(after_run=False) is lead

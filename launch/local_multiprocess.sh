@@ -82,6 +82,7 @@ stop_all() {  # TERM every live process, then KILL those still alive after GRACE
   done
   for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
 }
+# shellcheck disable=SC2317,SC2329  # invoked by the traps below
 on_signal() {
   echo "local_multiprocess.sh: passing $1 to all $N processes" >&2
   for pid in "${PIDS[@]}"; do kill -"$1" "$pid" 2>/dev/null || true; done

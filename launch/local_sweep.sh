@@ -112,7 +112,7 @@ fi
 
 mkdir -p "$LOGS"
 PIDS=()
-# shellcheck disable=SC2317  # called by the trap below
+# shellcheck disable=SC2317,SC2329  # called by the trap below
 stop() {
   echo "local_sweep.sh: stopping ${#PIDS[@]} sweep processes" >&2
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done

@@ -236,7 +236,8 @@ tokenize_data() {  # worker 0 tokenises the raw corpus into --stage-data, unless
   else
     tok=$TOKENIZER
   fi
-  local cmd="if gcloud storage ls $(q "$STAGE_DATA/manifest.json") >/dev/null 2>&1; then "
+  local cmd
+  cmd="if gcloud storage ls $(q "$STAGE_DATA/manifest.json") >/dev/null 2>&1; then "
   cmd+="echo $(q "$STAGE_DATA already tokenised"); else $fetch"
   cmd+="cd $(q "$REMOTE_DIR") && $REMOTE_BIN data tokenize --input $(q "$raw/$TOKENIZE_GLOB")"
   cmd+=" --text-field $(q "$TEXT_FIELD") --tokenizer $(q "$tok") --out $out"

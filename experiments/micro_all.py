@@ -1,34 +1,8 @@
-"""Every registered residual family x every depth of the micro suite.
+"""The bundled spec ``micro_all`` (src/depthbench/configs/micro_all.py), at its familiar path.
 
-    depthbench sweep --config experiments/micro_all.py --workdir runs/micro_all
-    launch/local_sweep.sh --config experiments/micro_all.py --workdir runs/micro_all --procs 4
-
-The micro suite holds ~1.2M parameters at depths 2, 3, 4, 6, 8, 10 (aspect
-ratios 76, 45, 30, 17, 12, 8).  Families come from the registry, so a newly
-registered family joins this sweep without an edit here.  The recipe is the
-quickstart's, with a longer run.
+``--config experiments/micro_all.py`` and ``--config micro_all`` are the same spec.  Specs
+of your own go in this directory (or anywhere) and start from the bundled
+ones: ``from depthbench.configs import micro_all``.
 """
 
-from depthbench import shapes
-from depthbench.config import sibling
-from depthbench.model.residual import registry
-
-quickstart = sibling(__file__, "quickstart")
-
-DEPTHS = tuple(s.depth for s in shapes.suite("micro").shapes())
-LRS = (3e-3,)  # add 1e-3, 1e-2 for a learning-rate grid (3x the runs)
-
-
-def get_config():
-    c = quickstart.get_config()
-    c.name = "micro_all"
-    c.train.steps = 300
-    c.train.eval_every = c.train.steps
-    c.train.layer_stats_every = c.train.steps
-    c.train.checkpoint_every = 100
-    return c
-
-
-def get_sweep():
-    return [{"model.family": f, "model.depth": depth, "train.lr": lr}
-            for f in registry.names() for depth in DEPTHS for lr in LRS]
+from depthbench.configs.micro_all import *  # noqa: F403

@@ -1,29 +1,8 @@
-"""The paper's largest suite: ~1.6B total parameters with grouped-query attention.
+"""The bundled spec ``paper_1p6b`` (src/depthbench/configs/paper_1p6b.py), at its familiar path.
 
-spec/shapes_and_recipe.md, paper-1p6b: 16 query heads, 8 KV heads,
-d_ff = 3 d, depths 28, 40, 54 (aspect ratios 73, 43, 28).  The 400M recipe
-and learning-rate grid; 20 tokens per parameter (32B tokens, 30518 steps of
-512 x 2048).  At this size fp32 weights and Adam moments (~26 GB) are
-sharded over the chips (FSDP) instead of replicated.
-
-    launch/tpu_sweep.sh --config experiments/paper_1p6b.py --workdir gs://B/1p6b \\
-        --tpu NAME --zone ZONE --accelerator v5p-128 --create --stage-data gs://B/fineweb_edu \\
-        -- --config.data.paths='/tmp/depthbench-data/train_*.npy'
+``--config experiments/paper_1p6b.py`` and ``--config paper_1p6b`` are the same spec.  Specs
+of your own go in this directory (or anywhere) and start from the bundled
+ones: ``from depthbench.configs import paper_1p6b``.
 """
 
-from depthbench.config import sibling
-
-paper = sibling(__file__, "paper_400m")
-
-SUITE = "paper-1p6b"
-
-
-def get_config():
-    c = paper.paper_config(SUITE)
-    c.parallel.data = 1
-    c.parallel.fsdp = -1
-    return c
-
-
-def get_sweep():
-    return paper.paper_sweep(SUITE)
+from depthbench.configs.paper_1p6b import *  # noqa: F403

@@ -1,23 +1,8 @@
-"""The paper's Kaplan-style suite: backbone (non-embedding) parameters fixed at ~300M.
+"""The bundled spec ``paper_300m_backbone`` (src/depthbench/configs/paper_300m_backbone.py), at its familiar path.
 
-Depths 16, 24, 32, 42, 70, 84 (aspect ratios 78 .. 6.5; spec/shapes_and_recipe.md,
-paper-300m-backbone), the ten designs, the 400M recipe and learning-rate grid;
-20 tokens per backbone parameter (6B tokens, 5723 steps of 512 x 2048).
-
-    depthbench sweep --config experiments/paper_300m_backbone.py --workdir runs/300m-bb \\
-        --config.data.paths='/data/fineweb_edu/train_*.npy'
+``--config experiments/paper_300m_backbone.py`` and ``--config paper_300m_backbone`` are the same spec.  Specs
+of your own go in this directory (or anywhere) and start from the bundled
+ones: ``from depthbench.configs import paper_300m_backbone``.
 """
 
-from depthbench.config import sibling
-
-paper = sibling(__file__, "paper_400m")
-
-SUITE = "paper-300m-backbone"
-
-
-def get_config():
-    return paper.paper_config(SUITE)
-
-
-def get_sweep():
-    return paper.paper_sweep(SUITE)
+from depthbench.configs.paper_300m_backbone import *  # noqa: F403

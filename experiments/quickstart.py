@@ -1,50 +1,8 @@
-"""The micro sweep a new user runs first (under 15 minutes on a 2-core CPU).
+"""The bundled spec ``quickstart`` (src/depthbench/configs/quickstart.py), at its familiar path.
 
-Four residual families x three aspect ratios of the micro suite (~1.2M
-parameters, 4 heads, vocabulary 2048), trained on the bundled micro corpus:
-
-    depthbench sweep --config experiments/quickstart.py --workdir runs/quickstart
-    depthbench report runs/quickstart
-
-Depths 2, 4 and 10 give aspect ratios 76, 30 and 8: the span of the paper's
-400M suite (76 down to 9.1), so the plot has the paper's axes.  Every run is
-the same short recipe at one learning rate (~150k tokens: the families are
-compared early in training); micro_all.py is the full suite.
-
-attnres_block is left out on purpose: with the default 8 blocks it equals
-attnres_full at L2 and L4 (one sublayer per block), so it would add 25% to
-the time for one new point; add it to FAMILIES to see it at L10.
+``--config experiments/quickstart.py`` and ``--config quickstart`` are the same spec.  Specs
+of your own go in this directory (or anywhere) and start from the bundled
+ones: ``from depthbench.configs import quickstart``.
 """
 
-from depthbench.config import sibling
-
-base = sibling(__file__, "base")
-
-FAMILIES = ("pre_ln", "hc", "mhc", "attnres_full")
-DEPTHS = (2, 4, 10)  # micro suite: d_model 152, 120, 80 -> aspect ratios 76, 30, 8
-LRS = (3e-3,)
-
-
-def get_config():
-    c = base.get_config()
-    c.name = "quickstart"
-    c.model.suite = "micro"
-    c.data.corpus = "micro"
-    t = c.train
-    # Time, not tokens, is the budget here: smaller batches buy more optimizer
-    # steps for the same compute, which is what early training rewards.
-    t.steps = 150
-    t.batch_size = 8
-    t.seq_len = 128
-    t.lr = LRS[0]
-    t.log_every = 10
-    # One evaluation, at the end: the sweep compares final validation losses.
-    t.eval_every = t.steps
-    t.checkpoint_every = 75
-    t.layer_stats_every = 0  # no per-block statistics: saves a compile per run
-    return c
-
-
-def get_sweep():
-    return [{"model.family": f, "model.depth": depth, "train.lr": lr}
-            for f in FAMILIES for depth in DEPTHS for lr in LRS]
+from depthbench.configs.quickstart import *  # noqa: F403

@@ -1,9 +1,11 @@
 """Spec loading, override parsing and validation: each failure is one ConfigError line
 naming the field."""
 
+from pathlib import Path
+
 import pytest
 
-from depthbench import config
+from depthbench import config, configs
 from depthbench.config import ConfigError
 
 
@@ -127,6 +129,27 @@ def test_missing_spec_file(tmp_path):
     path = tmp_path / "nope.py"
     with pytest.raises(ConfigError, match=r"spec file '.*nope\.py' does not exist"):
         config.load(path)
+
+
+def test_bundled_specs_resolve_by_name_and_files_by_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # names do not depend on the working directory
+    assert {"base", "micro", "quickstart", "micro_all", "paper_400m"} <= set(configs.names())
+    by_name = config.load("micro")
+    assert by_name.name == "micro" and by_name.model.remat_policy == "none"
+    assert config.load("micro.py").to_dict() == by_name.to_dict()
+    assert config.spec_path("quickstart") == Path(configs.__file__).with_name("quickstart.py")
+    assert config.import_spec("quickstart").get_sweep()  # a sweep spec keeps get_sweep()
+    # A file of the same name in the working directory wins: a path is a path.
+    (tmp_path / "micro.py").write_text(
+        "from depthbench.configs import micro\n"
+        "def get_config():\n"
+        "    c = micro.get_config()\n"
+        "    c.name = 'mine'\n"
+        "    return c\n")
+    assert config.load("micro.py").name == "mine" and config.load("micro").name == "micro"
+    with pytest.raises(ConfigError, match=r"'quikstart' does not exist, and it names none of "
+                                          r"the bundled specs \(base, .*quickstart"):
+        config.load("quikstart")
 
 
 def test_spec_without_get_config(tmp_path):

@@ -16,6 +16,7 @@ Every model is depth 3 (depth 2 where a removed block is compared), width
 import functools
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -365,7 +366,7 @@ def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
 
     state, *off = moda_writes(jnp.bool_(False))
     for out in off:
-        jax.tree.map(np.testing.assert_array_equal, out, state)
+        chex.assert_trees_all_equal(out, state)
     state, attn, mlp, last = moda_writes(jnp.bool_(True))
     assert np.asarray(attn["valid"]).tolist() == [False, False, True, False]
     np.testing.assert_array_equal(attn["k"][:, :, 2], kv[0])
@@ -378,7 +379,7 @@ def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
         atol=1e-5,
     )
     np.testing.assert_array_equal(attn["x"], x0 + y)
-    jax.tree.map(np.testing.assert_array_equal, {**last, "x": x0}, state)
+    chex.assert_trees_all_equal({**last, "x": x0}, state)
 
     afam = family_of(make_spec("attnres_block", attnres_block_size=2))
 
@@ -391,7 +392,7 @@ def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
         return state, third
 
     state, off = attnres_writes(jnp.bool_(False))
-    jax.tree.map(np.testing.assert_array_equal, off, state)
+    chex.assert_trees_all_equal(off, state)
     _, on = attnres_writes(jnp.bool_(True))
     assert int(on["count"]) == 3
     np.testing.assert_allclose(on["bank"][1], 3 * y, rtol=1e-6)  # block 0: y + 2y

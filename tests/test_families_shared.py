@@ -280,7 +280,7 @@ for name in registry.names():
         p_sh = parallel.param_shardings(boxed, mesh)
         t_sh = parallel.batch_sharding(mesh)
         o_sh = NamedSharding(mesh, PartitionSpec(parallel.BATCH_AXES, None, "tensor"))
-        with jax.set_mesh(mesh), nn.logical_axis_rules(parallel.RULES):
+        with jax.set_mesh(mesh), nn.logical_axis_rules(parallel.axis_rules()):
             run = jax.jit(fwd, in_shardings=(p_sh, t_sh), out_shardings=o_sh)
             out = run(jax.device_put(params, p_sh), jax.device_put(tokens, t_sh))
         res = {"family": name, "max_abs_diff": float(np.max(np.abs(np.asarray(out) - single))),

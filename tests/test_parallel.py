@@ -121,7 +121,7 @@ def test_rules_cover_every_logical_name_of_every_family(monkeypatch):
                                      is_leaf=lambda x: isinstance(x, tuple)):
             param_names.update(n for n in names if n is not None)
         jax.eval_shape(lambda p, t, m=model: m.apply({"params": nn.unbox(p)}, t), boxed, tokens)
-    ruled = {name for name, _ in parallel.RULES}
+    ruled = {name for name, _ in parallel.axis_rules()}
     assert param_names, "no logical parameter names found"
     assert seen, "no activation constraints recorded"
     assert param_names <= ruled, sorted(param_names - ruled)
@@ -282,10 +282,10 @@ if __name__ == "__main__":
 def test_sweep_lead_process_from_the_launch_environment(monkeypatch):
     """Before JAX is initialised, a multi-process sweep knows process 0 from JAX_PROCESS_ID
     (local_multiprocess.sh) or SLURM_PROCID: only it writes sweep.json and results.csv."""
-    from depthbench import sweep
+    from depthbench.sweep import execute
 
     monkeypatch.delenv("SLURM_PROCID", raising=False)
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:1234")
     for index, lead in (("0", True), ("1", False)):
         monkeypatch.setenv("JAX_PROCESS_ID", index)
-        assert sweep._lead_process(after_run=False) is lead
+        assert execute._lead_process(after_run=False) is lead

@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from depthbench import runs
 from depthbench import sweep as sweeplib
 from depthbench.cli import main as cli_main
 from depthbench.config import ConfigError
+from depthbench.formatting import fmt_lr
 
 SPEC = """
 from depthbench.config import base_config
@@ -117,7 +119,7 @@ def test_run_names_are_stable_and_safe():
                               "model.residual.hc_tanh": False}) == \
         "hc-hc_n2-hc_tanh-off-readout-sum_then_norm"
     assert sweeplib.run_name({"name": "my run/1"}) == "my_run_1"
-    assert sweeplib.fmt_lr(5e-4) == "5e-04" and sweeplib.fmt_lr(1.25e-3) == "1.25e-03"
+    assert fmt_lr(5e-4) == "5e-04" and fmt_lr(1.25e-3) == "1.25e-03"
 
 
 # ------------------------------------------------------------- expansion
@@ -244,7 +246,7 @@ def test_interrupted_run_resumes_in_its_directory(sweep, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         sweeplib.run_sweep(sweep, tmp_path, runner=runner, progress=False)
     run_dir = tmp_path / "pre_ln-L2-lr2.5e-03"
-    assert not (run_dir / "sweep.lock").exists()  # released on the way out
+    assert not (run_dir / runs.LOCK_FILE).exists()  # released on the way out
     rows = read_csv(tmp_path / "results.csv")
     assert rows["pre_ln-L2-lr1e-03"]["status"] == "done"
     assert rows["pre_ln-L2-lr2.5e-03"]["status"] == "pending"
@@ -288,12 +290,6 @@ def test_a_new_spec_adds_runs_to_a_sweep_directory(sweep, tmp_path):
     assert float(rows["pre_ln-L4-lr1e-03"]["aspect_ratio"]) == 30.0
 
 
-def test_execution_fields_match_the_trainer():
-    from depthbench.train import loop
-
-    assert sweeplib.EXECUTION_FIELDS == loop.RUNTIME_FIELDS
-
-
 # ------------------------------------------------------------------ locks
 
 
@@ -305,34 +301,34 @@ def _dead_pid() -> int:
 
 def _write_lock(run_dir: Path, host: str, pid: int, age: float = 0.0) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "sweep.lock"
+    path = run_dir / runs.LOCK_FILE
     path.write_text(json.dumps({"host": host, "pid": pid, "started": time.time() - age}))
     os.utime(path, (time.time() - age, time.time() - age))
 
 
 def test_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path):
-    first = sweeplib.RunLock(tmp_path)
+    first = runs.RunLock(tmp_path)
     assert first.acquire()
-    assert not sweeplib.RunLock(tmp_path).acquire()  # held by a live pid on this host
+    assert not runs.RunLock(tmp_path).acquire()  # held by a live pid on this host
     first.release()
-    assert not (tmp_path / "sweep.lock").exists()
+    assert not (tmp_path / runs.LOCK_FILE).exists()
     # The owner died on this host: stale at once.
     _write_lock(tmp_path, socket.gethostname(), _dead_pid())
-    with sweeplib.RunLock(tmp_path) as lock:
+    with runs.RunLock(tmp_path) as lock:
         assert lock.acquire()
-        assert json.loads((tmp_path / "sweep.lock").read_text())["pid"] == os.getpid()
+        assert json.loads((tmp_path / runs.LOCK_FILE).read_text())["pid"] == os.getpid()
     # An owner on another host: held while its heartbeat is fresh, stale after stale_after.
     _write_lock(tmp_path, "elsewhere", 1, age=5.0)
-    assert not sweeplib.RunLock(tmp_path, stale_after=60).acquire()
-    assert sweeplib.RunLock(tmp_path, stale_after=2).acquire()
+    assert not runs.RunLock(tmp_path, stale_after=60).acquire()
+    assert runs.RunLock(tmp_path, stale_after=2).acquire()
 
 
 def test_lock_heartbeat_keeps_it_fresh(tmp_path):
-    lock = sweeplib.RunLock(tmp_path, stale_after=0.4)
+    lock = runs.RunLock(tmp_path, stale_after=0.4)
     assert lock.acquire()
     try:
         time.sleep(0.6)
-        record = sweeplib.RunLock(tmp_path, stale_after=0.4).holder()
+        record = runs.RunLock(tmp_path, stale_after=0.4).holder()
         assert record["age"] < 0.4  # touched by the heartbeat, so not stale
     finally:
         lock.release()
@@ -346,7 +342,7 @@ def test_runs_locked_by_another_process_are_skipped_and_reported(sweep, tmp_path
     assert "hc-L2-lr1e-03" not in runner.calls and len(runner.calls) == 7
     assert out.held_elsewhere == ["hc-L2-lr1e-03"]
     assert read_csv(tmp_path / "results.csv")["hc-L2-lr1e-03"]["status"] == "running"
-    (held / "sweep.lock").unlink()  # the other process ended without finishing it
+    (held / runs.LOCK_FILE).unlink()  # the other process ended without finishing it
     again = FakeRunner()
     sweeplib.run_sweep(sweep, tmp_path, runner=again, progress=False)
     assert again.calls == ["hc-L2-lr1e-03"]

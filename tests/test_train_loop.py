@@ -3,7 +3,7 @@
 A tiny model trains on a pre-tokenised shard of learnable sequences
 (arithmetic progressions), so these tests need neither the network nor a
 tokenizer.  Runs of one config share compiled functions
-(``loop._compiled``), so each extra run costs only its steps.
+(``train.compiled``), so each extra run costs only its steps.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 
 from depthbench import config as config_lib
-from depthbench import data
+from depthbench import data, runs
 from depthbench.cli import main as cli_main
 from depthbench.config import ConfigError
+from depthbench.errors import EXIT_DIVERGED
 from depthbench.train import loop
 from depthbench.train import state as state_lib
 from depthbench.train.metrics import read_jsonl
@@ -160,7 +161,7 @@ def test_a_different_config_is_bad_input(finished, overrides):
 def test_a_run_being_trained_elsewhere_is_refused(finished, overrides, tmp_path):
     workdir = tmp_path / "locked"
     workdir.mkdir()
-    (workdir / loop.LOCK_FILE).write_text(json.dumps(
+    (workdir / runs.LOCK_FILE).write_text(json.dumps(
         {"host": socket.gethostname(), "pid": os.getppid()}))  # a live process, not this one
     with pytest.raises(ConfigError, match=r"^--workdir: .* is being trained by process"):
         loop.run(_config(overrides), workdir, progress=False)
@@ -272,7 +273,7 @@ def test_nan_diverges_with_exit_status_3(overrides, tmp_path, monkeypatch, capsy
     monkeypatch.setattr(state_lib, "init_state", poisoned)
     args = ["train", "--config", str(config_lib.base_spec_path()), "--workdir", str(workdir),
             "--no-progress", *(f"--config.{o}" for o in overrides)]
-    assert cli_main(args) == loop.EXIT_DIVERGED == 3
+    assert cli_main(args) == EXIT_DIVERGED == 3
     r = json.loads((workdir / "result.json").read_text())
     assert r["diverged"] is True and r["diverged_at_step"] == 1 and r["status"] == "diverged"
     assert r["final_val_loss"] is None and r["steps"] == 1

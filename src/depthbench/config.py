@@ -1,9 +1,13 @@
-"""Experiment specs: load a spec file, apply command-line overrides, validate.
+"""Experiment specs: find a spec, load it, apply command-line overrides, validate.
 
-A spec is a Python file under ``experiments/`` whose ``get_config()`` returns
-an ``ml_collections.ConfigDict`` (a sweep spec also has ``get_sweep()``).
-``experiments/base.py`` defines every field; other specs start from it with
-``base = depthbench.config.sibling(__file__, "base")``.
+A spec is a Python module whose ``get_config()`` returns an
+``ml_collections.ConfigDict`` (a sweep spec also has ``get_sweep()``).
+``--config NAME`` names a spec bundled in :mod:`depthbench.configs`
+(``quickstart``, ``micro`` ...); anything else is the path of a spec file.
+``depthbench.configs.base`` defines every field; other specs start from it
+(``from depthbench.configs import base``).  The ``model.residual`` section is
+assembled from the residual families' own declarations, so nothing here
+names a family.
 
 Every problem with a spec or an override raises :class:`ConfigError` with one
 line naming the field and what is allowed; the CLI prints it and exits 2.
@@ -12,9 +16,8 @@ line naming the field and what is allowed; the CLI prints it and exits 2.
 from __future__ import annotations
 
 import ast
-import copy
-import functools
 import hashlib
+import importlib
 import importlib.util
 import math
 from collections.abc import Iterable
@@ -24,25 +27,37 @@ from typing import Any
 
 import ml_collections
 
-EXIT_BAD_INPUT = 2
+from depthbench import configs, shapes
+from depthbench.configs import base as base_spec
+from depthbench.errors import EXIT_BAD_INPUT, ConfigError  # noqa: F401 (re-exported)
+from depthbench.formatting import parse_count
+from depthbench.model.residual import registry
+from depthbench.model.transformer import remat_policy_names
 
-_BASE_SPEC = Path(__file__).resolve().parents[2] / "experiments" / "base.py"
+
+def spec_path(spec: str | Path) -> Path:
+    """The file of a spec given by name (bundled) or by path."""
+    path = Path(spec)
+    if path.is_file():
+        return path
+    name = str(spec).removesuffix(".py")
+    if name.isidentifier() and name in configs.names():
+        return Path(importlib.import_module(f"{configs.__name__}.{name}").__file__)
+    raise ConfigError(f"config: spec file {str(spec)!r} does not exist, and it names none of "
+                      f"the bundled specs ({', '.join(configs.names())})")
 
 
-class ConfigError(ValueError):
-    """A bad spec, override or field value: one line, naming the field."""
-
-
-def import_spec(path: str | Path) -> ModuleType:
-    """Import a spec file as a module (specs are files, not installed modules)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config: spec file {str(path)!r} does not exist")
+def import_spec(spec: str | Path) -> ModuleType:
+    """The module of a spec: a bundled one by name, or a file imported from its path."""
+    path = spec_path(spec)
+    if path.parent == Path(configs.__file__).parent:
+        return importlib.import_module(f"{configs.__name__}.{path.stem}")
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
-    spec = importlib.util.spec_from_file_location(f"depthbench_spec_{path.stem}_{digest}", path)
-    module = importlib.util.module_from_spec(spec)
+    module_spec = importlib.util.spec_from_file_location(
+        f"depthbench_spec_{path.stem}_{digest}", path)
+    module = importlib.util.module_from_spec(module_spec)
     try:
-        spec.loader.exec_module(module)
+        module_spec.loader.exec_module(module)
     except ConfigError:
         raise
     except Exception as e:  # a broken spec file is bad input, not a crash
@@ -53,24 +68,19 @@ def import_spec(path: str | Path) -> ModuleType:
 
 
 def sibling(spec_file: str, name: str) -> ModuleType:
-    """The spec ``name`` beside ``spec_file`` (how specs inherit from base.py)."""
+    """The spec ``name`` beside ``spec_file`` (for a user's specs that build on each other)."""
     return import_spec(Path(spec_file).with_name(f"{name}.py"))
 
 
 def base_spec_path() -> Path:
-    """Path of ``experiments/base.py`` in this checkout."""
-    return _BASE_SPEC
-
-
-@functools.lru_cache(maxsize=1)
-def _base_defaults() -> dict:
-    return import_spec(_BASE_SPEC).get_config().to_dict()
+    """The file of the bundled base spec (``--config base``)."""
+    return Path(base_spec.__file__)
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """The defaults of ``experiments/base.py`` (a fresh copy; the file is read once,
-    since validation, config comparison and ModelSpec.from_shape all consult it)."""
-    return ml_collections.ConfigDict(copy.deepcopy(_base_defaults()))
+    """The defaults of every field (a fresh ConfigDict; the schema validation,
+    config comparison and spec files start from)."""
+    return base_spec.get_config()
 
 
 # ---------------------------------------------------------------- overrides
@@ -114,15 +124,6 @@ def _parse_value(field: str, text: str, current: Any) -> Any:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
-
-
-def parse_count(text: str) -> float:
-    """'400M' -> 4e8, '1.6B' -> 1.6e9, '12k' -> 12000, '1e6' -> 1e6."""
-    text = str(text).strip()
-    scale = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}
-    if text and text[-1].lower() in scale:
-        return float(text[:-1]) * scale[text[-1].lower()]
-    return float(text)
 
 
 def _lookup(config: ml_collections.ConfigDict, dotted: str) -> tuple[Any, str]:
@@ -176,24 +177,6 @@ def _split(override: str) -> tuple[str, str]:
     return key.strip(), value
 
 
-# ------------------------------------------------------------- comparison
-
-# Fields that say how a run executes, not what it computes: a run may resume
-# with other values (another mesh after a preemption, another cache).  A
-# trailing "." names a whole section.
-RUNTIME_FIELDS = (
-    "parallel.",
-    "data.cache_dir",
-    "data.prefetch",
-    "data.worker_count",
-    "train.keep_checkpoints",
-    "train.checkpoint_every",
-    "train.log_every",
-    "train.eval_every",
-    "train.layer_stats_every",
-)
-
-
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     """{'a': {'b': 1}} -> {'a.b': 1}."""
     out = {}
@@ -203,31 +186,6 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
-
-
-def is_runtime_field(dotted: str) -> bool:
-    return any(dotted == f or (f.endswith(".") and dotted.startswith(f)) for f in RUNTIME_FIELDS)
-
-
-def config_changes(
-    old: dict, new: dict, *, ignore_prefixes: tuple[str, ...] = ()
-) -> list[tuple[str, Any, Any]]:
-    """(field, old, new) for every field outside RUNTIME_FIELDS whose value differs.
-
-    A field missing from ``old`` (added to base.py after ``old`` was saved)
-    counts as its base.py default, so old run directories stay resumable."""
-    defaults = flatten(base_config().to_dict())
-    a, b = flatten(old), flatten(new)
-    changes = []
-    for key in sorted(set(a) | set(b)):
-        if is_runtime_field(key) or key.startswith(ignore_prefixes):
-            continue
-        va, vb = a.get(key, defaults.get(key)), b.get(key, defaults.get(key))
-        va = tuple(va) if isinstance(va, list) else va
-        vb = tuple(vb) if isinstance(vb, list) else vb
-        if va != vb:
-            changes.append((key, va, vb))
-    return changes
 
 
 # --------------------------------------------------------------- validation
@@ -243,7 +201,7 @@ def _check_known_keys(
             raise ConfigError(f"config.{where}: unknown field; known fields here: {known}")
         if isinstance(config[key], ml_collections.ConfigDict):
             if not isinstance(schema[key], ml_collections.ConfigDict):
-                raise ConfigError(f"config.{where}: is a field in base.py, not a section")
+                raise ConfigError(f"config.{where}: is a field in the base spec, not a section")
             _check_known_keys(config[key], schema[key], where + ".")
 
 
@@ -269,21 +227,19 @@ def _choice(config: ml_collections.ConfigDict, dotted: str, allowed: Iterable[st
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Check a whole config; return it unchanged or raise one ConfigError."""
-    from depthbench import shapes  # late: shapes imports this module
-    from depthbench.model.residual import registry
-
     _check_known_keys(config, base_config())
     _choice(config, "model.family", registry.names())
     _choice(config, "model.fix", ("total", "backbone"))
     _choice(config, "model.param_dtype", ("float32", "bfloat16"))
     _choice(config, "model.compute_dtype", ("float32", "bfloat16", "float16"))
-    _choice(config, "model.remat_policy", REMAT_POLICIES)
+    _choice(config, "model.remat_policy", remat_policy_names())
     # "pallas" joins when pallas_kernels/ has the fused kernels; until then it is refused
     # rather than silently running the XLA path.
     _choice(config, "model.impl", ("xla",))
     _choice(config, "model.attention_impl", ("xla", "cudnn"))
-    _choice(config, "model.residual.readout", ("norm_then_sum", "sum_then_norm"))
-    _choice(config, "train.lr_rule", ("none", "completep"))
+    # A learning-rate rule is a family's (its ``lr_multipliers``): "none" or a family name.
+    _choice(config, "train.lr_rule", ("none", *(n for n in registry.names()
+                                                 if hasattr(registry.get(n), "lr_multipliers"))))
     _choice(config, "parallel.distributed", ("auto", "on", "off"))
     for field in (
         "model.depth",
@@ -292,10 +248,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         "model.rope_theta",
         "model.init_std",
         "model.scan_unroll",
-        "model.residual.hc_n",
-        "model.residual.sinkhorn_iters",
-        "model.residual.sinkhorn_temperature",
-        "model.residual.attnres_blocks",
         "train.steps",
         "train.batch_size",
         "train.microbatches",
@@ -319,7 +271,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         "train.warmup_fraction",
         "train.final_lr_fraction",
         "train.seed",
-        "model.residual.attnres_block_size",
     ):
         _positive(config, field, allow_zero=True)
     if config.train.batch_size % config.train.microbatches:
@@ -341,17 +292,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return config
 
 
-REMAT_POLICIES = (
-    "none",
-    "nothing_saveable",
-    "dots_saveable",
-    "everything_saveable",
-    "dots_with_no_batch_dims_saveable",
-)
-
-
 def load(spec: str | Path, overrides: Iterable[str] = ()) -> ml_collections.ConfigDict:
-    """Load a spec file, apply overrides and validate: what every command starts from."""
+    """Load a spec (bundled name or file), apply overrides and validate: what every
+    command starts from."""
     config = import_spec(spec).get_config()
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"config: get_config() in {str(spec)!r} must return a ConfigDict")

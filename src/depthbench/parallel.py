@@ -3,7 +3,7 @@
 One mesh with axes ``('data', 'fsdp', 'tensor')`` serves every run, from one
 CPU core to a TPU pod slice.  The model names every parameter and activation
 dimension logically (``'embed'``, ``'mlp'``, ``'activation_batch'`` ...);
-:data:`RULES` maps those names to mesh axes, and everything else (parameter,
+:func:`axis_rules` maps those names to mesh axes, and everything else (parameter,
 optimizer-state and batch shardings) is derived from that one table:
 
 * ``data``: pure data parallelism (parameters replicated);
@@ -31,15 +31,18 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
+from depthbench.model.residual import registry
 
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # mesh axes a batch dimension is split over
 
-# Logical name -> mesh axis (or axes, or None = replicated).  Flax applies
-# the rules in order and never uses one mesh axis twice in an array, so the
-# order also says which dimension wins a contested axis.
-RULES: tuple[tuple[str, Any], ...] = (
+# Logical name -> mesh axis (or axes, or None = replicated) for the names the
+# backbone uses.  Flax applies the rules in order and never uses one mesh axis
+# twice in an array, so the order also says which dimension wins a contested
+# axis.  Residual families declare the names they add (``sharding_rules`` in
+# their own module); :func:`axis_rules` is the whole table.
+BACKBONE_RULES: tuple[tuple[str, Any], ...] = (
     # parameters
     ("vocab", "tensor"),
     ("mlp", "tensor"),
@@ -49,9 +52,6 @@ RULES: tuple[tuple[str, Any], ...] = (
     ("head_dim", None),
     ("layers", None),
     ("norm", None),
-    ("streams", None),  # hc/mhc stream index
-    ("sources", None),  # attnres source bank
-    ("routing", None),  # hc/mhc routing coefficients
     # activations
     ("activation_batch", BATCH_AXES),
     ("activation_length", None),
@@ -60,9 +60,13 @@ RULES: tuple[tuple[str, Any], ...] = (
     ("activation_kv_heads", "tensor"),
     ("activation_mlp", "tensor"),
     ("activation_vocab", "tensor"),
-    ("activation_streams", None),
-    ("activation_sources", None),
 )
+
+
+def axis_rules() -> tuple[tuple[str, Any], ...]:
+    """The one logical-axis rules table: the backbone's, then every registered
+    family's declarations (MaxText style: one table, assembled)."""
+    return BACKBONE_RULES + registry.sharding_rules()
 
 
 # ------------------------------------------------------------------ the mesh
@@ -130,7 +134,7 @@ def _axis_size(mesh: Mesh, axes: Any) -> int:
 
 
 def spec_for(names: Sequence[str | None] | None, shape: Sequence[int], mesh: Mesh,
-             rules: Sequence[tuple[str, Any]] = RULES) -> PartitionSpec:
+             rules: Sequence[tuple[str, Any]] | None = None) -> PartitionSpec:
     """The PartitionSpec of an array with logical dimension ``names``.
 
     A dimension whose size the mapped mesh axes do not divide is replicated
@@ -141,7 +145,7 @@ def spec_for(names: Sequence[str | None] | None, shape: Sequence[int], mesh: Mes
         return PartitionSpec()
     if len(names) != len(shape):
         raise ValueError(f"logical names {tuple(names)} do not match shape {tuple(shape)}")
-    mesh_axes = nn.logical_to_mesh_axes(tuple(names), list(rules))
+    mesh_axes = nn.logical_to_mesh_axes(tuple(names), list(rules or axis_rules()))
     fitted = [ax if dim % _axis_size(mesh, ax) == 0 else None
               for ax, dim in zip(mesh_axes, shape, strict=True)]
     return PartitionSpec(*fitted)
@@ -159,8 +163,9 @@ def logical_names(boxed_tree: Any) -> Any:
 
 
 def param_shardings(boxed_params: Any, mesh: Mesh,
-                    rules: Sequence[tuple[str, Any]] = RULES) -> Any:
+                    rules: Sequence[tuple[str, Any]] | None = None) -> Any:
     """NamedShardings for an (abstract) boxed parameter tree, as an unboxed tree."""
+    rules = rules or axis_rules()
 
     def one(x):
         names = tuple(x.names) if _is_box(x) else None

@@ -16,15 +16,16 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import math
 from collections.abc import Sequence
 from typing import Any
 
 from etils import epath
 
 from depthbench import reference, shapes
+from depthbench import runs as runlib
 from depthbench import sweep as sweeplib
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
+from depthbench.formatting import fmt_count, fmt_lr
 
 _INT_COLUMNS = ("depth", "d_model", "params", "seq_len", "steps", "tokens", "diverged_at_step")
 _FLOAT_COLUMNS = ("aspect_ratio", "lr", "final_val_loss", "tokens_per_sec", "mfu",
@@ -54,7 +55,7 @@ def parse_csv(text: str) -> list[dict]:
 def load_rows(workdir: str | epath.Path) -> list[dict]:
     """The sweep's rows: results.csv, refreshed from run directories that have
     finished since it was written (e.g. by another sweep process)."""
-    workdir = sweeplib.as_path(workdir)
+    workdir = runlib.as_path(workdir)
     path = workdir / sweeplib.RESULTS_CSV
     if not path.exists():
         raise ConfigError(f"report: {str(path)!r} does not exist; run `depthbench sweep "
@@ -72,7 +73,7 @@ def load_rows(workdir: str | epath.Path) -> list[dict]:
     for row in rows:
         if row["status"] not in sweeplib.FINISHED:
             run = run_of(workdir / row["name"])
-            if run is not None and (workdir / row["name"] / sweeplib.RESULT_FILE).exists():
+            if run is not None and (workdir / row["name"] / runlib.RESULT_FILE).exists():
                 row = sweeplib.read_row(run, workdir / row["name"])
         out.append(row)
     return out
@@ -110,8 +111,6 @@ class FamilyRow:
         return min(ok, key=lambda c: c.loss) if ok else None
 
 
-def _finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
 
 
 def summarize(rows: Sequence[dict]) -> dict[str, list[FamilyRow]]:
@@ -132,14 +131,15 @@ def summarize(rows: Sequence[dict]) -> dict[str, list[FamilyRow]]:
             cells = []
             for depth in depths:
                 runs = by_depth.get(depth, [])
-                good = [r for r in runs if r["status"] == "done" and _finite(r["final_val_loss"])]
+                good = [r for r in runs
+                        if r["status"] == "done" and runlib.finite(r["final_val_loss"])]
                 if good:
                     best = min(good, key=lambda r: r["final_val_loss"])
                     cells.append(Cell(depth, ars[suite][depth], best["final_val_loss"],
                                       best["lr"], best["name"], "ok"))
                     continue
                 if runs and all(r["status"] == "diverged" or (
-                        r["status"] == "done" and not _finite(r["final_val_loss"]))
+                        r["status"] == "done" and not runlib.finite(r["final_val_loss"]))
                                 for r in runs):
                     state = "diverged"
                 elif any(r["status"] == "failed" for r in runs):
@@ -170,7 +170,7 @@ def _shape_header(cell: Cell) -> str:
 def _cell_text(cell: Cell, best: Cell | None, what: str, bold: bool = True) -> str:
     if cell.loss is None:
         return {"diverged": "diverged", "failed": "failed"}.get(cell.state, "-")
-    text = f"{cell.loss:.4f}" if what == "loss" else sweeplib.fmt_lr(cell.lr)
+    text = f"{cell.loss:.4f}" if what == "loss" else fmt_lr(cell.lr)
     return f"**{text}**" if bold and best is not None and cell.depth == best.depth else text
 
 
@@ -182,7 +182,7 @@ def loss_table(family_rows: Sequence[FamilyRow]) -> tuple[list[str], list[list[s
     for fr in family_rows:
         best = fr.best
         body.append([fr.family] + [_cell_text(c, best, "loss") for c in fr.cells] + (
-            [f"{best.aspect_ratio:.1f}", f"{best.loss:.4f}", sweeplib.fmt_lr(best.lr)]
+            [f"{best.aspect_ratio:.1f}", f"{best.loss:.4f}", fmt_lr(best.lr)]
             if best else ["-", "-", "-"]))
     return headers, body
 
@@ -227,8 +227,6 @@ def reference_table(suite: str, family_rows: Sequence[FamilyRow]
 
 
 def _fmt_count(n: float | None) -> str:
-    from depthbench.cli.shapes import fmt_count
-
     return "-" if n is None else fmt_count(n)
 
 
@@ -239,10 +237,10 @@ def runs_table(rows: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
     for r in rows:
         body.append([
             r["name"], r["family"], str(r["depth"]), f"{r['aspect_ratio']:.1f}",
-            sweeplib.fmt_lr(r["lr"]), _fmt_count(r.get("params")),
-            f"{r['final_val_loss']:.4f}" if _finite(r.get("final_val_loss")) else "-",
-            f"{r['tokens_per_sec']:,.0f}" if _finite(r.get("tokens_per_sec")) else "-",
-            f"{100 * r['mfu']:.1f}%" if _finite(r.get("mfu")) else "-",
+            fmt_lr(r["lr"]), _fmt_count(r.get("params")),
+            f"{r['final_val_loss']:.4f}" if runlib.finite(r.get("final_val_loss")) else "-",
+            f"{r['tokens_per_sec']:,.0f}" if runlib.finite(r.get("tokens_per_sec")) else "-",
+            f"{100 * r['mfu']:.1f}%" if runlib.finite(r.get("mfu")) else "-",
             r["status"] + (f" @{r['diverged_at_step']}" if r.get("diverged_at_step") else ""),
         ])
     return headers, body
@@ -346,7 +344,7 @@ def write_report(workdir: str | epath.Path, *, plots: bool = True) -> Report:
     """report.md, results.csv and the PNG plots into ``workdir``."""
     from depthbench import plots as plotlib
 
-    workdir = sweeplib.as_path(workdir)
+    workdir = runlib.as_path(workdir)
     rows = load_rows(workdir)
     summary = summarize(rows)
     costs_rows = cost_rows(workdir, rows)
@@ -375,9 +373,9 @@ def write_report(workdir: str | epath.Path, *, plots: bool = True) -> Report:
     else:
         for key in ("loss_vs_aspect", "training_curves", "costs_vs_aspect"):
             drawn[key + "_why"] = "--no-plots"
-    sweeplib.atomic_write(workdir / sweeplib.RESULTS_CSV, sweeplib.rows_to_csv(rows))
+    runlib.atomic_write(workdir / sweeplib.RESULTS_CSV, sweeplib.rows_to_csv(rows))
     text = markdown(str(workdir), rows, summary, costs_rows, drawn)
-    sweeplib.atomic_write(workdir / "report.md", text)
+    runlib.atomic_write(workdir / "report.md", text)
     files["report"] = str(workdir / "report.md")
     return Report(rows, summary, files)
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from depthbench.config import ConfigError, parse_count
+from depthbench.errors import ConfigError
+from depthbench.formatting import parse_count
 
 PAPER_VOCAB = 50280
 
@@ -246,7 +247,7 @@ def suite(name: str) -> Suite:
 
 
 def resolve_shape(config) -> Shape:
-    """The shape a config asks for (see experiments/base.py for the order)."""
+    """The shape a config asks for (see configs/base.py for the order)."""
     m = config.model
     vocab = int(m.vocab_size)
     if m.d_model > 0:

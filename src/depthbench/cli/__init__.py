@@ -2,7 +2,7 @@
 
 Each module ``cli/<name>.py`` exposes ``register(subparsers)``, which adds its
 sub-command and sets ``func`` on the parser.  ``main`` turns every
-:class:`~depthbench.config.ConfigError` (bad input) into one line on stderr
+:class:`~depthbench.errors.ConfigError` (bad input) into one line on stderr
 and exit status 2; other exit statuses are documented by each command.
 """
 
@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 
-from depthbench.config import EXIT_BAD_INPUT, ConfigError
+from depthbench.errors import EXIT_BAD_INPUT, ConfigError
 
 # Sub-command modules, in the order `depthbench --help` lists them.
 COMMANDS = ("shapes", "costs", "families", "data", "train", "sweep", "report")

@@ -11,8 +11,8 @@ import json
 import sys
 
 from depthbench import shapes
-from depthbench.cli.shapes import table
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
+from depthbench.formatting import table
 from depthbench.model.residual import registry
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import family_of

@@ -12,7 +12,7 @@ import json
 import sys
 
 from depthbench import report as reportlib
-from depthbench.cli.shapes import table
+from depthbench.formatting import table
 
 EPILOG = """\
 examples:

@@ -1,7 +1,8 @@
 """`depthbench shapes`: the shapes of a suite, or of the shape rule at a budget.
 
 Also home of what ``costs`` shares with it: the ``--suite | --budget``
-selection of shapes and the aligned-table printer.
+selection of shapes.  ``fmt_count`` and ``table`` live in
+:mod:`depthbench.formatting` (re-exported here for ``cli/costs.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,11 @@ import json
 import sys
 
 from depthbench import shapes
-from depthbench.config import ConfigError, parse_count
+from depthbench.errors import ConfigError
+from depthbench.formatting import fmt_count, parse_count, table
+
+__all__ = ["Selection", "add_shape_arguments", "fmt_count", "parse_budget", "parse_depths",
+           "select_shapes", "table"]
 
 EPILOG = """\
 examples:
@@ -179,32 +184,6 @@ def select_shapes(args: argparse.Namespace) -> Selection:
         if s.n_heads % s.n_kv_heads:
             raise ConfigError(f"--kv-heads: {s.n_kv_heads} must divide --heads {s.n_heads}")
     return selection
-
-
-def fmt_count(n: float) -> str:
-    """401234567 -> '401.2M', 1.6e9 -> '1.600B', 1187576 -> '1.19M'."""
-    n = float(n)
-    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= scale:
-            v = n / scale
-            digits = 3 if suffix == "B" else (1 if abs(v) >= 10 else 2)
-            return f"{v:.{digits}f}{suffix}"
-    return f"{n:g}"
-
-
-def table(headers: list[str], rows: list[list[str]], align: str = "") -> str:
-    """An aligned text table; ``align`` has one 'l' or 'r' per column (default 'r')."""
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    align = align.ljust(len(headers), "r")
-
-    def line(cells: list[str]) -> str:
-        out = [
-            c.ljust(w) if a == "l" else c.rjust(w)
-            for c, w, a in zip(cells, widths, align, strict=True)
-        ]
-        return "  ".join(out).rstrip()
-
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
 # ------------------------------------------------------------------- command

@@ -12,16 +12,17 @@ import json
 import signal
 import sys
 
+from depthbench import runs as runlib
 from depthbench import sweep as sweeplib
-from depthbench.cli.shapes import fmt_count, table
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
+from depthbench.formatting import fmt_count, fmt_lr, table
 
 EPILOG = """\
 examples:
-  depthbench sweep --config experiments/quickstart.py --workdir runs/quickstart
-  depthbench sweep --config experiments/quickstart.py --workdir runs/qs --dry-run
-  depthbench sweep --config experiments/micro_all.py --workdir runs/micro --shard 1/4
-  depthbench sweep --config experiments/paper_400m.py --workdir gs://BUCKET/400m \\
+  depthbench sweep --config quickstart --workdir runs/quickstart
+  depthbench sweep --config quickstart --workdir runs/qs --dry-run
+  depthbench sweep --config micro_all --workdir runs/micro --shard 1/4
+  depthbench sweep --config paper_400m --workdir gs://BUCKET/400m \\
       --run hc-L32-lr2e-03 --no-lock --config.data.paths='/data/tok/train_*.npy'
 
 Runs are subdirectories named from their overrides (family, suite, L<depth>,
@@ -31,7 +32,7 @@ from their checkpoints and retries failed ones; diverged runs stay recorded.
 
 Several processes may share DIR: --shard i/N takes every N-th run (index
 mod N == i), so N machines split a sweep without talking to each other, and
-a lock per run (DIR/RUN/sweep.lock) keeps two processes from training the
+a lock per run (DIR/RUN/run.lock) keeps two processes from training the
 same run; a run locked by another process is skipped and looked at again at
 the end.  A multi-host job (TPU slice, SLURM nodes) trains ONE run with
 every process: give each process the same `--run NAME --no-lock` command
@@ -60,7 +61,7 @@ def _print_runs(rows: list[dict], runs: list[sweeplib.Run]) -> None:
     headers = ["#", "name", "family", "L", "d_model", "aspect", "lr", "params", "status",
                "val_loss"]
     body = [[str(index[r["name"]]), r["name"], r["family"], str(r["depth"]), str(r["d_model"]),
-             f"{r['aspect_ratio']:.2f}", sweeplib.fmt_lr(r["lr"]),
+             f"{r['aspect_ratio']:.2f}", fmt_lr(r["lr"]),
              fmt_count(r["params"]), r["status"],
              "-" if r["final_val_loss"] is None else f"{r['final_val_loss']:.4f}"]
             for r in rows]
@@ -88,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
         for run in runs:
             print(run.name)
         return 0
-    workdir = sweeplib.as_path(args.workdir)
+    workdir = runlib.as_path(args.workdir)
     if args.dry_run:
         rows = [sweeplib.read_row(r, workdir / r.name) for r in runs]
         if args.json:

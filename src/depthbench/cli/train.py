@@ -11,13 +11,14 @@ import json
 import sys
 
 from depthbench import config as config_lib
+from depthbench.errors import EXIT_DIVERGED, EXIT_OK
 
 _EPILOG = """\
 examples:
-  depthbench train --config experiments/micro.py --workdir runs/demo
-  depthbench train --config experiments/micro.py --workdir runs/hc-L8 \\
+  depthbench train --config micro --workdir runs/demo
+  depthbench train --config micro --workdir runs/hc-L8 \\
       --config.model.family=hc --config.model.depth=8 --config.train.lr=2e-3
-  depthbench train --config experiments/paper_400m.py --workdir /mnt/runs/pre_ln-L24 \\
+  depthbench train --config paper_400m --workdir /mnt/runs/pre_ln-L24 \\
       --config.parallel.fsdp=8 --config.model.depth=24
 
 Re-running the same command on the same --workdir resumes from the latest
@@ -35,7 +36,7 @@ def register(subparsers) -> None:
                     "into --workdir.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, metavar="SPEC",
-                        help="experiment spec file, e.g. experiments/micro.py; fields can be "
+                        help="experiment spec file, e.g. micro; fields can be "
                              "overridden with --config.section.field=value")
     parser.add_argument("--workdir", required=True, metavar="DIR",
                         help="run directory (created; an existing one is resumed); on several "
@@ -48,13 +49,13 @@ def register(subparsers) -> None:
 
 def _train(args) -> int:
     config = config_lib.load(args.config, args.overrides)
-    from depthbench.train import loop  # late: keeps `depthbench --help` fast
+    from depthbench.train import loop, summary  # late: keeps `depthbench --help` fast
 
     result = loop.run(config, args.workdir, progress=not args.no_progress)
     from depthbench import parallel
 
     if not parallel.is_main_process():  # process 0 reports for all of a multi-process run
-        return loop.EXIT_DIVERGED if result.get("diverged") else loop.EXIT_OK
+        return EXIT_DIVERGED if result.get("diverged") else EXIT_OK
     if args.json:
         print(json.dumps(result, indent=1))
     elif result.get("status") == "preempted":
@@ -63,6 +64,6 @@ def _train(args) -> int:
         if result.get("already_done"):
             print(f"{args.workdir} already holds a finished run; not retraining "
                   f"(delete {args.workdir}/result.json to evaluate again, or use a new --workdir)")
-        print(loop.summary(result, args.workdir))
+        print(summary.summary(result, args.workdir))
     sys.stdout.flush()
-    return loop.EXIT_DIVERGED if result.get("diverged") else loop.EXIT_OK
+    return EXIT_DIVERGED if result.get("diverged") else EXIT_OK

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from depthbench.config import ConfigError
 from depthbench.data import cache, micro, token_cache
+from depthbench.errors import ConfigError
 
 CORPORA = ("micro", "text", "jsonl", "tokens")
 _PARAGRAPH = re.compile(r"\n[ \t]*\n")

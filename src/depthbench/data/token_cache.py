@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 import os
 
-from depthbench.config import ConfigError
 from depthbench.data import corpora, spm_tokenizer
+from depthbench.errors import ConfigError
 
 SPLIT_BY = ("file", "paragraph")
 TOKEN_DTYPES = ("uint16", "uint32")

@@ -1,7 +1,12 @@
 """ModelSpec: the static, hashable description of one model.
 
 Flax modules take a ``ModelSpec`` rather than a ConfigDict, so that they are
-hashable (jit-static) and independent of how the experiment was written.
+hashable (jit-static) and independent of how the experiment was written.  It
+holds the :class:`~depthbench.shapes.Shape` (depth, widths, heads, vocabulary)
+and the numerics; the residual family's own fields (``config.model.residual``)
+ride along as sorted ``(name, value)`` pairs.  A spec made from a bare shape
+carries none: the registry fills in the family's declared defaults when it
+builds the family (``registry.build``).
 """
 
 from __future__ import annotations
@@ -17,12 +22,7 @@ from depthbench.shapes import Shape, resolve_shape
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     family: str
-    depth: int
-    d_model: int
-    d_ff: int
-    n_heads: int
-    n_kv_heads: int
-    vocab_size: int
+    shape: Shape
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     init_std: float = 0.02
@@ -35,15 +35,14 @@ class ModelSpec:
     # Residual-family fields (config.model.residual), as sorted (name, value) pairs.
     residual: tuple[tuple[str, Any], ...] = ()
 
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    @property
-    def shape(self) -> Shape:
-        return Shape(
-            self.depth, self.d_model, self.d_ff, self.n_heads, self.n_kv_heads, self.vocab_size
-        )
+    # The shape's fields, read through (the model code says spec.depth, spec.d_model ...).
+    depth = property(lambda self: self.shape.depth)
+    d_model = property(lambda self: self.shape.d_model)
+    d_ff = property(lambda self: self.shape.d_ff)
+    n_heads = property(lambda self: self.shape.n_heads)
+    n_kv_heads = property(lambda self: self.shape.n_kv_heads)
+    vocab_size = property(lambda self: self.shape.vocab_size)
+    head_dim = property(lambda self: self.shape.head_dim)
 
     @property
     def dtype(self):
@@ -83,18 +82,5 @@ class ModelSpec:
 
     @classmethod
     def from_shape(cls, shape: Shape, family: str = "pre_ln", **kw) -> ModelSpec:
-        """A spec from a Shape; residual fields default to base.py's."""
-        from depthbench.config import base_config
-
-        if "residual" not in kw:
-            kw["residual"] = tuple(sorted(base_config().model.residual.to_dict().items()))
-        return cls(
-            family=family,
-            depth=shape.depth,
-            d_model=shape.d_model,
-            d_ff=shape.d_ff,
-            n_heads=shape.n_heads,
-            n_kv_heads=shape.n_kv_heads,
-            vocab_size=shape.vocab_size,
-            **kw,
-        )
+        """A spec from a Shape; the family's fields default to its declared ones."""
+        return cls(family=family, shape=shape, **kw)

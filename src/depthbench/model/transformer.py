@@ -12,6 +12,7 @@ Nothing here knows which family runs; the family's four protocol functions
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -23,7 +24,8 @@ from depthbench.model.spec import ModelSpec
 
 
 def family_of(spec: ModelSpec) -> ResidualFamily:
-    return registry.get(spec.family)(spec)
+    """The residual family ``spec`` names (its fields completed with the defaults)."""
+    return registry.build(spec)
 
 
 class _FamilyParams(nn.Module):
@@ -72,12 +74,19 @@ class Block(nn.Module):
         return state, z
 
 
-_POLICIES = {
-    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
-    "dots_saveable": jax.checkpoint_policies.dots_saveable,
-    "everything_saveable": jax.checkpoint_policies.everything_saveable,
-    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
+def remat_policy_names() -> tuple[str, ...]:
+    """``"none"`` and the policies of ``jax.checkpoint_policies`` that need no
+    arguments (``nothing_saveable``, ``dots_saveable`` ...), as the config names them."""
+    found = sorted(n for n in dir(jax.checkpoint_policies)
+                   if n.endswith("_saveable") or n.startswith("checkpoint_"))
+    return ("none", *found)
+
+
+def remat_policy(name: str):
+    """The rematerialisation policy called ``name``: looked up in
+    ``jax.checkpoint_policies`` by name (big_vision style), so every policy JAX
+    has is available without a list here."""
+    return getattr(jax.checkpoint_policies, name)
 
 
 class Transformer(nn.Module):
@@ -94,6 +103,7 @@ class Transformer(nn.Module):
     @nn.compact
     def __call__(self, tokens_bt, *, capture: bool = False, active=None, ident=None):
         s = self.spec
+        chex.assert_rank(tokens_bt, 2)  # [B, T] token ids (static: checked at trace time)
         fam = family_of(s)
         L = s.depth
         embed = self.param(
@@ -115,7 +125,7 @@ class Transformer(nn.Module):
         }
         block = Block
         if s.remat_policy != "none":
-            block = nn.remat(Block, policy=_POLICIES[s.remat_policy], prevent_cse=False)
+            block = nn.remat(Block, policy=remat_policy(s.remat_policy), prevent_cse=False)
         stack = nn.scan(
             block,
             variable_axes={"params": 0},
@@ -129,6 +139,7 @@ class Transformer(nn.Module):
         state, zs = stack(s, fam, capture, name="blocks")(state, xs, g, positions_t)
         final_norm = RMSNorm(s, name="final_norm")
         x = fam.readout(g, state, final_norm)
+        chex.assert_shape(x, (*tokens_bt.shape, s.d_model))  # a family's readout is [B, T, d]
         head = self.param(
             "head",
             nn.with_logical_partitioning(trunc_normal(s.init_std), ("embed", "vocab")),

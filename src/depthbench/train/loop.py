@@ -15,222 +15,34 @@ directory with a ``result.json`` is not retrained.  SIGTERM/SIGINT save a
 checkpoint at the next step boundary and return ``status="preempted"``
 (no ``result.json``).  A NaN/inf loss or gradient norm, or a loss above
 ``train.max_loss``, ends the run with ``diverged: true``.
+
+This module is the loop and its start-up; the run directory (lock, atomic
+writes, config comparison) is :mod:`depthbench.runs`, the clock and the
+result record :mod:`~depthbench.train.record`, signals
+:mod:`~depthbench.train.preemption`, the compile cache
+:mod:`~depthbench.train.compiled`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import math
-import os
-import signal
-import socket
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import jax
 import numpy as np
 
-from depthbench import config as config_lib
 from depthbench import costs, data, parallel
-from depthbench.config import ConfigError
+from depthbench import runs as runlib
+from depthbench.errors import ConfigError
 from depthbench.model.spec import ModelSpec
+from depthbench.train import record
 from depthbench.train import state as state_lib
-from depthbench.train import step as step_lib
 from depthbench.train import summary as summary_lib
 from depthbench.train.checkpoint import Checkpoints
+from depthbench.train.compiled import compiled
 from depthbench.train.metrics import MetricsWriter
-
-EXIT_OK = 0
-EXIT_DIVERGED = 3
-
-CONFIG_FILE = "config.json"
-RESULT_FILE = "result.json"
-CHECKPOINT_DIR = "checkpoints"
-
-RUNTIME_FIELDS = config_lib.RUNTIME_FIELDS
-
-
-# ------------------------------------------------------------------ files
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=False) + "\n")
-    os.replace(tmp, path)
-
-
-def config_difference(saved: dict, config: dict) -> tuple[str, Any, Any] | None:
-    """The first field (dotted) whose value differs between a run's saved
-    config and ``config``, ignoring runtime fields and what the run resolved;
-    None when they describe the same run."""
-    changes = config_lib.config_changes(saved, config, ignore_prefixes=("resolved.",))
-    return changes[0] if changes else None
-
-
-def check_workdir(config, workdir: Path) -> dict | None:
-    """Raise ConfigError if ``workdir`` holds a different run; return its
-    ``result.json`` if the same run already ended there."""
-    cfg_path = workdir / CONFIG_FILE
-    if workdir.exists() and not workdir.is_dir():
-        raise ConfigError(f"--workdir: {str(workdir)!r} exists and is not a directory")
-    if not cfg_path.exists():
-        if (workdir / RESULT_FILE).exists() or (workdir / CHECKPOINT_DIR).exists():
-            raise ConfigError(f"--workdir: {str(workdir)!r} holds a run without {CONFIG_FILE}; "
-                              "use an empty or new directory")
-        return None
-    try:
-        saved = json.loads(cfg_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--workdir: {cfg_path} is unreadable ({e}); use a new directory") from e
-    diff = config_difference(saved, config.to_dict())
-    if diff is not None:
-        key, old, new = diff
-        raise ConfigError(f"config.{key}: {str(workdir)!r} holds a run with {key}={old!r}, not "
-                          f"{new!r}; use the same config to resume it or a new --workdir")
-    result_path = workdir / RESULT_FILE
-    if result_path.exists():
-        return json.loads(result_path.read_text())
-    return None
-
-
-LOCK_FILE = ".train.lock"
-
-
-@contextlib.contextmanager
-def workdir_lock(workdir: Path, enabled: bool = True) -> Iterator[None]:
-    """Refuse to train a run directory that another live process on this host
-    is training (two writers would interleave checkpoints and metrics).
-
-    A lock left by a dead process, or by another host (which this host cannot
-    check, e.g. a preempted VM), is taken over.
-    """
-    if not enabled:
-        yield
-        return
-    path, host, pid = workdir / LOCK_FILE, socket.gethostname(), os.getpid()
-    try:
-        held = json.loads(path.read_text())
-    except (OSError, ValueError):
-        held = None
-    if held and held.get("host") == host and held.get("pid") != pid and _alive(held.get("pid")):
-        raise ConfigError(f"--workdir: {str(workdir)!r} is being trained by process "
-                          f"{held['pid']} on this host; wait for it or stop it first")
-    workdir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, {"host": host, "pid": pid, "started": time.time()})
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads(path.read_text()).get("pid") == pid:
-                path.unlink()
-
-
-def _alive(pid) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, TypeError, ValueError):
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-# ---------------------------------------------------------------- signals
-
-
-class Preemption:
-    """SIGTERM/SIGINT set a flag the loop checks at each step boundary.
-
-    A second SIGINT aborts at once (KeyboardInterrupt), as a user expects.
-    Handlers are installed only from the main thread and restored on exit.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self):
-        self.received: int | None = None
-
-    def _handle(self, signum, frame):
-        del frame
-        if self.received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.received = signum
-        print(f"\nreceived {signal.Signals(signum).name}: saving a checkpoint at the next step "
-              "boundary (press Ctrl-C again to abort without saving)", file=sys.stderr, flush=True)
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[Preemption]:
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        try:
-            yield self
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
-
-
-# ------------------------------------------------------------ compiled fns
-
-
-_COMPILED: dict[str, tuple] = {}
-_COMPILED_MAX = 2
-# Fields the compiled functions do not depend on (read on the host only).
-_HOST_ONLY = ("name", "data.", "train.seed", "train.max_loss", "train.keep_checkpoints",
-              "train.checkpoint_every", "train.log_every", "train.eval_every",
-              "train.layer_stats_every")
-
-
-def _compiled(config) -> tuple:
-    """Setup and jitted functions (init, train, eval, layer stats) for
-    ``config`` on its mesh, memoised: running the same model and recipe again
-    in one process (a resume, a sweep retry, tests) compiles nothing new."""
-    fields = {k: v for k, v in config_lib.flatten(config.to_dict()).items()
-              if not any(k.startswith(h) for h in _HOST_ONLY)}
-    key = json.dumps([fields, [d.id for d in jax.devices()]], sort_keys=True, default=str)
-    if key not in _COMPILED:
-        while len(_COMPILED) >= _COMPILED_MAX:
-            _COMPILED.pop(next(iter(_COMPILED)))
-        s = state_lib.setup(config, parallel.mesh_from_config(config))
-        micro = int(config.train.microbatches)
-        _COMPILED[key] = (s, state_lib.make_init(s), step_lib.make_train_step(s, micro),
-                          step_lib.make_eval_step(s), step_lib.make_layer_stats(s))
-    return _COMPILED[key]
-
-
-# ------------------------------------------------------------------ the run
-
-
-def _finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
-
-
-class _Clock:
-    """Compute time of training steps, excluding each session's first step
-    (compilation), so throughput is what the hardware sustains."""
-
-    def __init__(self, seconds: float = 0.0, tokens: int = 0):
-        self.seconds, self.tokens = seconds, tokens
-        self.mark_seconds, self.mark_tokens = seconds, tokens
-
-    def add(self, seconds: float, tokens: int) -> None:
-        self.seconds += seconds
-        self.tokens += tokens
-
-    def rate(self) -> float | None:
-        return self.tokens / self.seconds if self.seconds > 0 else None
-
-    def interval_rate(self) -> float | None:
-        """Tokens/s since the previous call."""
-        ds, dt = self.seconds - self.mark_seconds, self.tokens - self.mark_tokens
-        self.mark_seconds, self.mark_tokens = self.seconds, self.tokens
-        return dt / ds if ds > 0 else None
+from depthbench.train.preemption import Preemption
 
 
 def run(config, workdir: str | Path, *, progress: bool = True) -> dict:
@@ -248,13 +60,13 @@ def run(config, workdir: str | Path, *, progress: bool = True) -> dict:
                           "path (shared by all hosts: NFS, Lustre, a gcsfuse mount of a bucket)")
     workdir = Path(workdir).expanduser().resolve()
     parallel.maybe_initialize_distributed(config.parallel.distributed)
-    done = check_workdir(config, workdir)
+    done = runlib.check_run_dir(config, workdir)
     if done is not None:
         return {**done, "already_done": True}
     preempt = Preemption()
     # Installed before start-up: a signal during data preparation or
     # compilation stops the run at its first step boundary.
-    with workdir_lock(workdir, enabled=jax.process_index() == 0), preempt.installed():
+    with runlib.training_claim(workdir, enabled=jax.process_index() == 0), preempt.installed():
         session = _Session(config, workdir, progress, wall_start)
         try:
             session.train(preempt)
@@ -278,7 +90,7 @@ class _Session:
         if prepared.vocab_size > spec.vocab_size:
             raise ConfigError(f"config.model.vocab_size: {spec.vocab_size} is smaller than the "
                               f"tokenizer's {prepared.vocab_size} pieces")
-        s, init_fn, self.train_fn, self.eval_fn, self.stats_fn = _compiled(config)
+        s, init_fn, self.train_fn, self.eval_fn, self.stats_fn = compiled(config)
         self.mesh = s.mesh
         self.n_params = state_lib.param_count(s.abstract_state.params)
         self.flops_per_token = float(costs.train_flops_per_token(spec, int(t.seq_len)))
@@ -287,14 +99,14 @@ class _Session:
         self.tokens_per_step = int(t.batch_size) * int(t.seq_len)
         if self.main:
             workdir.mkdir(parents=True, exist_ok=True)
-            if not (workdir / CONFIG_FILE).exists():
+            if not (workdir / runlib.CONFIG_FILE).exists():
                 resolved = {"shape": spec.shape.as_dict(), "params": self.n_params,
                             "flops_per_token": self.flops_per_token,
                             "tokenizer": prepared.as_dict(), "mesh": parallel.describe(self.mesh)}
-                atomic_write_json(workdir / CONFIG_FILE,
+                runlib.atomic_write_json(workdir / runlib.CONFIG_FILE,
                                   {**config.to_dict(), "resolved": resolved})
 
-        self.ckpt = Checkpoints(workdir / CHECKPOINT_DIR, int(t.keep_checkpoints))
+        self.ckpt = Checkpoints(workdir / runlib.CHECKPOINT_DIR, int(t.keep_checkpoints))
         self.it = data.train_iterator(config, prepared)
         latest = self.ckpt.latest_step()
         if latest is None:
@@ -306,7 +118,7 @@ class _Session:
         self.val = [parallel.host_batch_to_global(b, self.mesh)
                     for b in data.val_batches(config, prepared)]
         self.writer = MetricsWriter(workdir, self.start, enabled=self.main)
-        self.clock = _Clock(float(meta.get("train_seconds", 0.0)),
+        self.clock = record.Clock(float(meta.get("train_seconds", 0.0)),
                             int(meta.get("timed_tokens", 0)))
         self.wall_before = float(meta.get("wall_seconds", 0.0))
         self.status, self.diverged_at, self.val_loss, self.last_loss = "finished", None, None, None
@@ -360,7 +172,7 @@ class _Session:
             self.step += 1
             self.last_loss = loss
             self.bar.update(1)
-            bad = not (_finite(loss) and _finite(grad_norm)) or loss > float(t.max_loss)
+            bad = not (runlib.finite(loss) and runlib.finite(grad_norm)) or loss > float(t.max_loss)
             eval_now = self.due(int(t.eval_every)) and not bad
             if bad or eval_now or self.step % int(t.log_every) == 0:
                 rate = self.clock.interval_rate()
@@ -396,29 +208,16 @@ class _Session:
     # ------------------------------------------------------------ outcome
     def outcome(self) -> dict:
         if self.status == "preempted":
-            message = (f"preempted at step {self.step}; re-run the same command to resume "
-                       f"(checkpoints in {self.workdir / CHECKPOINT_DIR})")
-            return {"status": "preempted", "step": self.step, "steps": self.steps,
-                    "message": message, "workdir": str(self.workdir)}
-        spec, t = self.spec, self.config.train
+            return record.preempted(self.step, self.steps, self.workdir)
         rate = self.clock.rate()
-        result = {
-            "family": spec.family, "depth": spec.depth, "d_model": spec.d_model,
-            "d_ff": spec.d_ff, "n_heads": spec.n_heads,
-            "aspect_ratio": round(spec.shape.aspect_ratio, 4), "params": self.n_params,
-            "steps": self.step, "tokens": self.step * self.tokens_per_step,
-            "final_val_loss": self.val_loss if self.status == "finished" else None,
-            "final_train_loss": self.last_loss if _finite(self.last_loss) else None,
-            "tokens_per_sec": rate, "mfu": self.mfu(rate),
-            "diverged": self.status == "diverged", "diverged_at_step": self.diverged_at,
-            "wall_seconds": round(self.wall_seconds(), 3), "status": self.status,
-            "lr": float(t.lr), "batch_size": int(t.batch_size), "seq_len": int(t.seq_len),
-            "flops_per_token": self.flops_per_token, "device_kind": self.device_kind,
-            "n_devices": int(self.mesh.size), "name": str(self.config.name),
-        }
+        result = record.result(
+            spec=self.spec, config=self.config, status=self.status, step=self.step,
+            tokens_per_step=self.tokens_per_step, n_params=self.n_params,
+            val_loss=self.val_loss, last_loss=self.last_loss, diverged_at=self.diverged_at,
+            rate=rate, mfu=self.mfu(rate), wall_seconds=self.wall_seconds(),
+            flops_per_token=self.flops_per_token, device_kind=self.device_kind,
+            n_devices=int(self.mesh.size))
         if self.main:
-            atomic_write_json(self.workdir / RESULT_FILE, result)
+            runlib.atomic_write_json(self.workdir / runlib.RESULT_FILE, result)
         return result
 
-
-summary = summary_lib.summary

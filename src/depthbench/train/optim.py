@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from depthbench.config import ConfigError
+from depthbench.errors import ConfigError
 
 
 def warmup_cosine(peak: float, steps: int, warmup_fraction: float = 0.1,

@@ -69,8 +69,10 @@ def _key_data(seed: int) -> jax.Array:
 
 
 def setup(config, mesh: Mesh, spec: ModelSpec | None = None,
-          rules: tuple = parallel.RULES) -> TrainSetup:
-    """Model, optimizer and state shardings for ``config`` on ``mesh``."""
+          rules: tuple | None = None) -> TrainSetup:
+    """Model, optimizer and state shardings for ``config`` on ``mesh``
+    (``rules``: the logical-axis table, default :func:`parallel.axis_rules`)."""
+    rules = rules or parallel.axis_rules()
     spec = spec or ModelSpec.from_config(config)
     model = Transformer(spec)
     family = family_of(spec)

@@ -94,6 +94,7 @@ class AttnResFull(ResidualFamily):
         "and every earlier sublayer output"
     )
     reference = "Kimi Team 2026, Attention Residuals (arXiv 2603.15031)"
+    sharding_rules = (("activation_sources", None),)  # the source bank's slot axis
 
     # ------------------------------------------------------------ layout
     @property
@@ -198,6 +199,10 @@ class AttnResBlock(AttnResFull):
         "sublayer mixes over the embedding, the committed blocks and the partial"
     )
     reference = "Kimi Team 2026, Attention Residuals (arXiv 2603.15031), Block AttnRes"
+    fields = {
+        "attnres_blocks": 8,  # blocks over the 2L sublayers
+        "attnres_block_size": 0,  # sublayers per block; 0 = from attnres_blocks
+    }
 
     @classmethod
     def validate(cls, config) -> None:

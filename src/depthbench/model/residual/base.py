@@ -83,6 +83,19 @@ def layer_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return (rms_normalize(x32, eps) * weight.astype(jnp.float32)).astype(x.dtype)
 
 
+def post_norm(norm, state: jax.Array, y: jax.Array, weight: jax.Array, eps: float,
+              carry: float | jax.Array | None = None) -> jax.Array:
+    """``norm(carry * x + y)``, the write of the post-norm families (post_ln,
+    deepnorm, keel); ``carry`` None means 1.
+
+    The sum is formed in fp32: with a large ``carry`` (deepnorm's ``(2L)^(1/4)``,
+    keel's ``2L``) the branch is a small correction that bf16 would round away
+    before the norm.  Returned in ``x``'s dtype."""
+    x32 = state.astype(jnp.float32)
+    total = (x32 if carry is None else carry * x32) + y.astype(jnp.float32)
+    return norm(total, weight, eps).astype(state.dtype)
+
+
 def family_param(
     mod: nn.Module, name: str, init, shape: tuple[int, ...], axes: tuple[str | None, ...]
 ) -> jax.Array:
@@ -116,8 +129,25 @@ class ResidualFamily:
     pre_norm: ClassVar[bool] = True
     # Parameter leaf names (anywhere in the tree) that take no weight decay.
     no_decay: ClassVar[frozenset[str]] = frozenset()
+    # The family's own config fields, ``config.model.residual.<name>``: name ->
+    # default (its type is the field's type).  A subclass adds to its bases'
+    # (see :meth:`config_fields`); two families may share a field only with
+    # one default.  ``validate`` checks their values.
+    fields: ClassVar[dict[str, Any]] = {}
+    # Logical axis name -> mesh axis (or None: replicated) for the axes this
+    # family's parameters and state introduce; parallel.rules() appends them to
+    # the backbone's table.
+    sharding_rules: ClassVar[tuple[tuple[str, Any], ...]] = ()
 
     # ------------------------------------------------------------ validation
+    @classmethod
+    def config_fields(cls) -> dict[str, Any]:
+        """Every field this family reads: its own ``fields`` and its bases'."""
+        out: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            out.update(klass.__dict__.get("fields", {}))
+        return out
+
     @classmethod
     def validate(cls, config) -> None:
         """Raise ConfigError for family fields out of range (one line)."""

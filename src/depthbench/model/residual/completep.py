@@ -49,6 +49,10 @@ class CompleteP(ResidualFamily):
                    "x (L/L_base)^(alpha-1)")
     reference = ("Dey et al. 2025, Don't be lazy: CompleteP enables compute-efficient deep "
                  "transformers (arXiv 2505.01618); Yang et al. 2023, Tensor Programs VI")
+    fields = {
+        "completep_alpha": 0.5,  # branch multiplier (L / L_base) ** -alpha
+        "completep_base_depth": 4,  # L_base: the depth the learning rate was tuned at
+    }
 
     @classmethod
     def validate(cls, config) -> None:

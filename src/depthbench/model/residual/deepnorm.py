@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
-
-from depthbench.model.residual.base import ResidualFamily, gate, layer_norm, norm_param
+from depthbench.model.residual.base import ResidualFamily, gate, layer_norm, norm_param, post_norm
 from depthbench.model.residual.fields import check_number
 
 _LN = ("attn_post_ln", "mlp_post_ln")
@@ -36,6 +34,7 @@ class DeepNorm(ResidualFamily):
     description = "DeepNorm: x <- LN(alpha x + F(x)), alpha=(2L)^1/4, init x beta=(8L)^-1/4"
     reference = "Wang et al. 2022, DeepNet: Scaling Transformers to 1,000 Layers (arXiv 2203.00555)"
     pre_norm = False
+    fields = {"deepnorm_alpha": 0.0, "deepnorm_beta": 0.0}  # 0: (2L)^(1/4), (8L)^(-1/4)
 
     @classmethod
     def validate(cls, config) -> None:
@@ -57,9 +56,7 @@ class DeepNorm(ResidualFamily):
         return self.beta if matrix in _BETA_MATRICES else 1.0
 
     def write(self, p, state, y, site, aux, active):
-        # alpha * x + F(x) in fp32, so that bf16 does not round the branch away.
-        total = self.alpha * state.astype(jnp.float32) + y.astype(jnp.float32)
-        new = layer_norm(total, p[_LN[site.sub]], self.spec.norm_eps).astype(state.dtype)
+        new = post_norm(layer_norm, state, y, p[_LN[site.sub]], self.spec.norm_eps, self.alpha)
         return gate(active, new, state)
 
     # Two post-LNs replace the two pre-norms: extra_block_params() stays 0.

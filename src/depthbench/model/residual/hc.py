@@ -57,6 +57,7 @@ class HC(StreamFamily):
     )
     reference = "Zhu et al. 2025, Hyper-Connections (ICLR 2025, arXiv 2409.19606)"
     no_decay = frozenset({"A0", "beta0"})
+    fields = {"hc_tanh": True}  # tanh on the dynamic parts
 
     # ------------------------------------------------------------ parameters
     def create_block_params(self, mod, ident):

@@ -24,7 +24,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from depthbench.model.residual.base import ResidualFamily, gate, norm_param, rms_norm
+from depthbench.model.residual.base import ResidualFamily, gate, norm_param, post_norm, rms_norm
 from depthbench.model.residual.fields import check_number
 
 _POST = ("attn_post_norm", "mlp_post_norm")  # N_pa, N_pf
@@ -37,6 +37,7 @@ class Keel(ResidualFamily):
                    "alpha = 2L; block 0 unscaled, no N_pa")
     reference = ("Chen & Wei 2026, Post-LayerNorm Is Back: Stable, ExpressivE, and Deep "
                  "(arXiv 2601.19895)")
+    fields = {"keel_alpha": 0.0}  # 0: 2L
 
     @classmethod
     def validate(cls, config) -> None:
@@ -52,10 +53,7 @@ class Keel(ResidualFamily):
     def write(self, p, state, y, site, aux, active):
         first = site.pos == 0
         carry = jnp.where(first, 1.0, self.alpha)
-        # The sum is formed in fp32: with alpha = 2L the branch is a small
-        # correction to alpha * x that bf16 would round away before the norm.
-        total = carry * state.astype(jnp.float32) + y.astype(jnp.float32)
-        new = rms_norm(total, p[_POST[site.sub]], self.spec.norm_eps).astype(state.dtype)
+        new = post_norm(rms_norm, state, y, p[_POST[site.sub]], self.spec.norm_eps, carry)
         if site.sub == 0:  # block 0's attention sublayer has no post-norm
             new = jnp.where(first, state + y, new)
         return gate(active, new, state)

@@ -28,6 +28,7 @@ class LNS(ResidualFamily):
     name = "lns"
     description = "LayerNorm Scaling: x <- x + F(N(x) / sqrt(l)), l = 1-based block identity"
     reference = "Sun et al. 2025, The Curse of Depth in Large Language Models (arXiv 2502.05795)"
+    fields = {"lns_power": 0.5}  # divide by l ** lns_power (l = 1-based block identity)
 
     @classmethod
     def validate(cls, config) -> None:

@@ -66,10 +66,17 @@ class MHC(StreamFamily):
     )
     reference = "Xie et al. (DeepSeek-AI) 2025, mHC: Manifold-Constrained Hyper-Connections"
     no_decay = frozenset({"b_pre", "b_post", "B_res"})
+    fields = {
+        "sinkhorn_iters": 20,
+        "sinkhorn_temperature": 1.0,
+        "mhc_bias": 8.0,  # |b_pre| and -B_res off-diagonal at init
+    }
 
     @classmethod
     def validate(cls, config) -> None:
         super().validate(config)
+        check_number(config, "sinkhorn_iters", 1, integer=True)
+        check_number(config, "sinkhorn_temperature", 0.0, exclusive=True)
         check_number(config, "mhc_bias", 0.0, meaning="|b_pre| and -B_res off-diagonal at init")
 
     @property

@@ -38,6 +38,7 @@ class MixLN(ResidualFamily):
     reference = ("Li et al. 2025, Mix-LN: Unleashing the Power of Deeper Layers by Combining "
                  "Pre-LN and Post-LN (arXiv 2412.13795)")
     pre_norm = False
+    fields = {"mix_ln_fraction": 0.25}  # the first round(fraction * L) blocks are post_ln
 
     @classmethod
     def validate(cls, config) -> None:
@@ -56,6 +57,8 @@ class MixLN(ResidualFamily):
 
     def write(self, p, state, y, site, aux, active):
         post = site.pos < self.n_post
+        # Not base.post_norm: the one fp32 sum feeds both placements (a second
+        # sum for the norm changes XLA's fusion and the last bits of the loss).
         total = state.astype(jnp.float32) + y.astype(jnp.float32)
         normed = rms_norm(total, p[_NORM[site.sub]], self.spec.norm_eps)
         return gate(active, jnp.where(post, normed, total).astype(state.dtype), state)

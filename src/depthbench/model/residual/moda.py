@@ -58,6 +58,7 @@ class MoDA(ResidualFamily):
         "the same token's keys from earlier sublayers"
     )
     reference = "Mixture-of-Depths Attention, 2026 (arXiv 2603.15619)"
+    sharding_rules = (("activation_sources", None),)  # the depth-KV cache's slot axis
 
     @property
     def n_slots(self) -> int:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
-
-from depthbench.model.residual.base import ResidualFamily, gate, norm_param, rms_norm
+from depthbench.model.residual.base import ResidualFamily, gate, norm_param, post_norm, rms_norm
 
 _NORM = ("attn_post_norm", "mlp_post_norm")
 
@@ -27,6 +25,5 @@ class PostLN(ResidualFamily):
         return {k: norm_param(mod, k, self.spec.d_model) for k in _NORM}
 
     def write(self, p, state, y, site, aux, active):
-        total = state.astype(jnp.float32) + y.astype(jnp.float32)  # the norm's input in fp32
-        new = rms_norm(total, p[_NORM[site.sub]], self.spec.norm_eps).astype(state.dtype)
+        new = post_norm(rms_norm, state, y, p[_NORM[site.sub]], self.spec.norm_eps)
         return gate(active, new, state)

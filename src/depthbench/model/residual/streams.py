@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from depthbench.model.residual.base import ResidualFamily, rms_normalize, with_axes
-from depthbench.model.residual.fields import check_number
+from depthbench.model.residual.fields import check_choice, check_number
 
+READOUTS = ("norm_then_sum", "sum_then_norm")
 NBTD = ("activation_streams", "activation_batch", "activation_length", "activation_embed")
 
 
@@ -52,10 +53,22 @@ def add_weighted(base_ubtd: jax.Array, w_ubt: jax.Array, y_btd: jax.Array) -> ja
 class StreamFamily(ResidualFamily):
     """Base of hc and mhc: ``n`` streams, ``1/sqrt(n)`` output init, stream readout."""
 
+    fields = {
+        "hc_n": 4,  # expansion: the number of streams
+        "hc_scale_init": 0.01,  # hc: s_a, s_b; mhc: a_pre, a_post, a_res
+        "readout": "norm_then_sum",  # "norm_then_sum" | "sum_then_norm"
+    }
+    sharding_rules = (
+        ("streams", None),  # the stream index of routing parameters
+        ("routing", None),  # routing coefficients (n + 1 or n^2 + 2n columns)
+        ("activation_streams", None),  # the n streams of the state
+    )
+
     @classmethod
     def validate(cls, config) -> None:
         check_number(config, "hc_n", 1, 64, integer=True, meaning="number of streams")
         check_number(config, "hc_scale_init", -math.inf, meaning="initial routing gate")
+        check_choice(config, "readout", READOUTS)
 
     @property
     def n(self) -> int:

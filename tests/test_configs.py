@@ -1,4 +1,4 @@
-"""The experiment specs resolve to the exact shapes and recipe of
+"""The bundled specs (depthbench.configs) resolve to the exact shapes and recipe of
 spec/shapes_and_recipe.md (no training).  The tables below are copied from the
 spec, not from depthbench.shapes, so they check the suites as well."""
 
@@ -11,13 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from depthbench import configs
 from depthbench import sweep as sweeplib
 from depthbench.config import ConfigError
 from depthbench.data import validate as data_validate
 from depthbench.model.residual import registry
 from depthbench.model.spec import ModelSpec
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+EXPERIMENTS = Path(configs.__file__).parent  # the bundled specs
 TEN = {"pre_ln", "sandwich_ln", "lns", "deepnorm", "keel", "hc", "mhc", "attnres_full",
        "attnres_block", "moda"}
 LRS = {5e-4, 1e-3, 2e-3, 5e-3}

@@ -1,0 +1,99 @@
+"""Every default of a depthbench experiment: the schema every spec is checked against.
+
+Other specs start from this one (``from depthbench.configs import base``, then
+``base.get_config()``; ``depthbench.config.base_config()`` is the same) and
+change only what differs.  Every field can be overridden on the command line with
+``--config.section.field=value``.  The defaults describe the CPU-sized
+``micro`` setting: a pre_ln model of the micro suite trained on the bundled
+micro corpus.
+"""
+
+import ml_collections
+
+from depthbench.model.residual import registry
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.name = "base"
+
+    # ------------------------------------------------------------------ model
+    m = c.model = ml_collections.ConfigDict()
+    m.family = "pre_ln"  # see `depthbench families`
+    # Shape.  Resolution order (depthbench.shapes.resolve_shape):
+    #   d_model > 0          -> explicit shape (d_ff = 0 means the rule's d_ff)
+    #   suite != ""          -> the suite's table row with this depth
+    #   otherwise            -> the shape rule for (budget, vocab, depth, fix)
+    m.depth = 4
+    m.suite = "micro"
+    m.budget = 0.0  # parameters; used only when suite == "" and d_model == 0
+    m.fix = "total"  # "total" | "backbone": which count the budget holds
+    m.d_model = 0
+    m.d_ff = 0
+    m.n_heads = 0  # 0: the suite's / rule's number of heads
+    m.n_kv_heads = 0  # 0: same as n_heads (no GQA)
+    m.vocab_size = 2048  # the tokenizer is trained to this size
+    # Backbone numerics.
+    m.norm_eps = 1e-6
+    m.rope_theta = 10000.0
+    m.init_std = 0.02
+    m.param_dtype = "float32"
+    m.compute_dtype = "float32"  # "bfloat16" at paper scale
+    m.attention_impl = "xla"  # passed to jax.nn.dot_product_attention
+    # Layer stack.
+    m.scan_unroll = 1  # 1: rolled nn.scan; depth: fully unrolled (same params)
+    # "none" or a jax.checkpoint_policies name ("nothing_saveable", "dots_saveable" ...)
+    m.remat_policy = "nothing_saveable"
+    m.impl = "xla"  # residual-routing implementation ("pallas" once pallas_kernels/ lands)
+    # Residual-family fields (spec/residuals.md): each family declares its own,
+    # with defaults, in its module (``fields``); the registry gathers them here.
+    m.residual = ml_collections.ConfigDict(registry.residual_defaults())
+
+    # ------------------------------------------------------------------- data
+    d = c.data = ml_collections.ConfigDict()
+    d.corpus = "micro"  # "micro" | "text" | "jsonl" | "tokens"
+    d.paths = ""  # comma-separated files or globs for text / jsonl / tokens
+    d.text_field = "text"  # jsonl: field holding the document
+    d.split_by = "file"  # text: "file" (one document per file) | "paragraph"
+    d.tokens_dtype = "uint16"  # tokens: "uint16" | "uint32"
+    d.eos_id = -1  # tokens: the EOS id separating documents (-1: tokenizer's)
+    d.val_fraction = 0.02  # held-out documents (by hash)
+    d.tokenizer = ""  # path of a SentencePiece .model; "" = train one
+    d.tokenizer_sample_bytes = 20_000_000  # bytes of text used to train it
+    d.cache_dir = ""  # "" = $DEPTHBENCH_CACHE or ~/.cache/depthbench
+    d.shuffle_seed = 0
+    d.prefetch = 2  # batches prepared ahead of the step
+    d.worker_count = 0  # grain worker processes (0: in-process)
+    d.val_windows = 64  # validation windows evaluated at each eval step
+
+    # ------------------------------------------------------------------ train
+    t = c.train = ml_collections.ConfigDict()
+    t.steps = 300
+    t.batch_size = 16  # global batch, in sequences
+    t.microbatches = 1  # gradient accumulation: batch_size / microbatches per pass
+    t.seq_len = 128
+    t.lr = 3e-3
+    t.lr_rule = "none"  # "none" | a family whose lr_multipliers give a depth-transfer LR rule
+    t.warmup_fraction = 0.1
+    t.final_lr_fraction = 0.1
+    t.b1 = 0.9
+    t.b2 = 0.95
+    t.eps = 1e-8
+    t.weight_decay = 0.1
+    t.no_decay = ""  # comma-separated param leaf names exempt from decay, beyond the family's
+    t.clip_norm = 1.0
+    t.seed = 0
+    t.log_every = 10
+    t.eval_every = 100
+    t.checkpoint_every = 100
+    t.keep_checkpoints = 2
+    t.max_loss = 20.0  # a loss above this counts as divergence
+    t.layer_stats_every = 100  # per-block residual RMS / update norms to TensorBoard
+
+    # --------------------------------------------------------------- parallel
+    p = c.parallel = ml_collections.ConfigDict()
+    p.data = -1  # mesh axis sizes; -1 = all remaining devices
+    p.fsdp = 1
+    p.tensor = 1
+    p.distributed = "auto"  # "auto" | "on" | "off": jax.distributed.initialize()
+    return c

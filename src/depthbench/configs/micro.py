@@ -1,0 +1,34 @@
+"""One pre_ln model of the micro suite, trained on the bundled micro corpus.
+
+The run a new user starts with (a few minutes on a 2-core CPU):
+
+    depthbench train --config micro --workdir runs/demo
+    tensorboard --logdir runs/demo/tb
+
+Kill it (Ctrl-C) and run the same command again: it resumes from the last
+checkpoint and continues exactly.  Any field can be overridden, e.g.
+``--config.model.family=hc --config.model.depth=8``.
+"""
+
+from depthbench.configs import base
+
+
+def get_config():
+    c = base.get_config()
+    c.name = "micro"
+    c.model.family = "pre_ln"
+    c.model.suite = "micro"  # ~1.2M parameters, 4 heads, vocabulary 2048
+    c.model.depth = 4  # d_model 120, aspect ratio 30
+    # A model this small runs faster without rematerialisation, and fits.
+    c.model.remat_policy = "none"
+    c.data.corpus = "micro"
+    t = c.train
+    t.steps = 300
+    t.batch_size = 16
+    t.seq_len = 128
+    t.lr = 3e-3
+    t.log_every = 10
+    t.eval_every = 100
+    t.checkpoint_every = 50
+    t.layer_stats_every = 100
+    return c

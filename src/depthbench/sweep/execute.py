@@ -1,0 +1,237 @@
+"""Training a sweep's runs in order: claim, train, record, go on.
+
+Finished runs are skipped, interrupted ones resumed (by the trainer),
+diverged ones recorded, failures recorded in the run's ``failure.txt`` (the
+next sweep retries them); SIGTERM/SIGINT stop the sweep after the trainer
+has checkpointed.  results.csv is rewritten after every run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import ml_collections
+from etils import epath
+
+from depthbench import runs as runlib
+from depthbench.errors import ConfigError
+from depthbench.parallel import distributed_reason, env_process_index
+from depthbench.sweep.expand import Run, Sweep
+from depthbench.sweep.results import (
+    FAILURE_FILE,
+    FINISHED,
+    check_recorded,
+    read_row,
+    record_run,
+    write_manifest,
+    write_results,
+)
+
+Runner = Callable[..., dict]
+
+
+def default_runner(config: ml_collections.ConfigDict, workdir: str, *, progress: bool = True
+                   ) -> dict:
+    """The real trainer (imported late: a dry run needs no training stack)."""
+    from depthbench.train.loop import run
+
+    return run(config, workdir, progress=progress)
+
+
+def _lead_process(after_run: bool) -> bool:
+    """Whether this process writes the sweep's shared files.
+
+    A single process always does.  In a multi-host job only process 0 does;
+    its index is known from JAX_PROCESS_ID or SLURM_PROCID, or from JAX once the
+    trainer has called jax.distributed.initialize() (JAX's backend must not be
+    touched before that, so until then the other processes stay silent).
+    """
+    if distributed_reason() is None:
+        return True
+    index = env_process_index()  # JAX_PROCESS_ID or SLURM_PROCID
+    if index is not None:
+        return index == 0
+    if not after_run:
+        return False
+    return jax.process_index() == 0
+
+
+@dataclasses.dataclass
+class SweepOutcome:
+    """What one sweep process did; ``rows`` is the final results.csv."""
+
+    selected: list[str]
+    trained: list[str] = dataclasses.field(default_factory=list)
+    skipped: list[str] = dataclasses.field(default_factory=list)
+    held_elsewhere: list[str] = dataclasses.field(default_factory=list)
+    failed: list[str] = dataclasses.field(default_factory=list)
+    diverged: list[str] = dataclasses.field(default_factory=list)
+    preempted: str | None = None  # the run stopped by SIGTERM/SIGINT (the sweep stopped)
+    rows: list[dict] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and self.preempted is None
+
+
+def run_sweep(sweep: Sweep, workdir: str | os.PathLike, *, runs: Sequence[Run] | None = None,
+              runner: Runner | None = None, lock: bool = True, progress: bool = True,
+              stale_after: float = 600.0, log: Callable[[str], None] | None = None
+              ) -> SweepOutcome:
+    """Train ``runs`` (default: every run of ``sweep``) in order under ``workdir``.
+
+    Finished runs are skipped, interrupted ones resumed (by the runner),
+    diverged ones recorded, failures (the runner raised) recorded in the run's
+    ``failure.txt`` and the sweep goes on.  With ``lock`` each run is claimed
+    with a :class:`RunLock`; runs held by another process are retried once at
+    the end.  ``lock=False`` is for a multi-host job in which every process
+    trains the same run together.  results.csv is rewritten after every run.
+    """
+    runner = runner or default_runner
+    workdir = runlib.as_path(workdir)
+    runs = list(sweep.runs if runs is None else runs)
+    if lock and not runlib.is_local(workdir):
+        lock = False
+        _say(log, f"note: no run locks on {workdir} (object store); give each sweep process "
+                  "its own --shard or use --run")
+    why = distributed_reason()
+    if lock and why is not None:
+        # Every process of a multi-host job trains the same run: one lock would
+        # let one process in and leave the others waiting at the collectives.
+        lock = False
+        _say(log, f"note: multi-host job ({why}): no run locks; every process trains the "
+                  "same runs together (the launchers give each job one --run)")
+    lead = _lead_process(after_run=False)
+    if lead:
+        workdir.mkdir(parents=True, exist_ok=True)
+        write_manifest(sweep, workdir)
+    for run in runs:
+        check_recorded(run, workdir / run.name)
+    outcome = SweepOutcome(selected=[r.name for r in runs])
+    cache: dict[str, dict] = {}
+    ran_trainer = False
+    status = "pending"
+
+    def refresh() -> None:
+        if _lead_process(ran_trainer):
+            outcome.rows = write_results(sweep, workdir, stale_after=stale_after, cache=cache)
+
+    if lead:
+        refresh()
+    bar = _progress_bar(len(runs), progress)
+    try:
+        deferred: list[Run] = []
+        for attempt in (0, 1):
+            queue, deferred = (runs, []) if attempt == 0 else (deferred, [])
+            for run in queue:
+                run_dir = workdir / run.name
+                status = read_row(run, run_dir, stale_after=stale_after)["status"]
+                if status in FINISHED:
+                    outcome.skipped.append(run.name)
+                    if status == "diverged":
+                        outcome.diverged.append(run.name)
+                    bar.update(1)
+                    continue
+                run_dir.mkdir(parents=True, exist_ok=True)
+                claim = runlib.RunLock(run_dir, stale_after=stale_after) if lock else None
+                if claim is not None and not claim.acquire():
+                    if attempt == 0:
+                        deferred.append(run)
+                    else:
+                        outcome.held_elsewhere.append(run.name)
+                        bar.update(1)
+                    continue
+                try:
+                    bar.set_postfix_str(run.name)
+                    status = _train_one(run, run_dir, runner, progress, outcome, bar, lead)
+                    ran_trainer = True
+                finally:
+                    if claim is not None:
+                        claim.release()
+                bar.update(1)
+                refresh()
+                if status == "preempted":
+                    break
+            if not deferred or outcome.preempted:
+                break
+    finally:
+        bar.close()
+        refresh()
+    return outcome
+
+
+def _train_one(run: Run, run_dir: epath.Path, runner: Runner, progress: bool,
+               outcome: SweepOutcome, bar, lead: bool) -> str:
+    """Train one claimed run; returns its status (done, diverged or failed)."""
+    if lead:
+        record_run(run, run_dir)
+    start = time.time()
+    try:
+        result = runner(run.config, str(run_dir), progress=progress)
+    except ConfigError:
+        raise  # bad input (data paths, a changed config): one line, exit 2, for every run alike
+    except Exception as e:  # recorded, and the sweep goes on
+        tb = traceback.format_exc()
+        if _lead_process(after_run=True):
+            runlib.atomic_write(run_dir / FAILURE_FILE, tb)
+        outcome.failed.append(run.name)
+        bar.write(f"{run.name}: FAILED after {time.time() - start:.0f} s: "
+                  f"{type(e).__name__}: {e} (traceback in {run_dir / FAILURE_FILE})")
+        return "failed"
+    if result.get("status") == "preempted":
+        # SIGTERM/SIGINT reached the trainer: it checkpointed; stop the whole sweep.
+        outcome.preempted = run.name
+        bar.write(f"{run.name}: stopped at step {result.get('step')} (signal); re-run the "
+                  "sweep to resume it")
+        return "preempted"
+    if _lead_process(after_run=True):
+        if not lead:
+            record_run(run, run_dir)
+        if (run_dir / FAILURE_FILE).exists():
+            (run_dir / FAILURE_FILE).unlink()
+    outcome.trained.append(run.name)
+    if result.get("diverged"):
+        outcome.diverged.append(run.name)
+        bar.write(f"{run.name}: diverged at step {result.get('diverged_at_step')}")
+        return "diverged"
+    loss = result.get("final_val_loss")
+    tps = result.get("tokens_per_sec")
+    bar.write(f"{run.name}: done  val_loss {_fmt(loss, '.4f')}  "
+              f"{_fmt(tps, ',.0f')} tok/s  {time.time() - start:.0f} s")
+    return "done"
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _say(log: Callable[[str], None] | None, text: str) -> None:
+    (log or (lambda s: print(s, file=sys.stderr)))(text)
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None: ...
+    def set_postfix_str(self, s: str) -> None: ...
+    def close(self) -> None: ...
+    def write(self, s: str) -> None:
+        print(s, file=sys.stderr)
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    class _Bar(tqdm):
+        def write(self, s: str) -> None:  # type: ignore[override]
+            tqdm.write(s, file=sys.stderr)
+
+    return _Bar(total=total, desc="sweep", unit="run", position=0, leave=True, file=sys.stderr,
+                dynamic_ncols=True)

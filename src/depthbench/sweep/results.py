@@ -1,0 +1,161 @@
+"""A sweep directory's results: each run's status read from its directory,
+results.csv (rebuilt atomically), the manifest, and the per-run record.
+
+The state of a run is read from its directory, never from memory, so any
+number of sweep processes (``--shard i/N`` or not) can share one directory:
+
+* ``result.json`` present: done (or diverged, as it records) -- skipped;
+* the run lock held by a live process: running elsewhere -- skipped now,
+  looked at again at the end;
+* ``failure.txt`` present: the trainer raised -- retried by the next sweep;
+* otherwise pending; an interrupted run resumes from its checkpoints
+  (the trainer does that).
+
+``sweep_run.json`` records the config a run was started with; resuming or
+skipping a run whose config has since changed is refused (one line naming
+the fields), so a results table never mixes two recipes under one name.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import ml_collections
+from etils import epath
+
+from depthbench import runs
+from depthbench.errors import ConfigError
+from depthbench.sweep.expand import Run, Sweep
+
+RESULT_COLUMNS = (
+    "name", "family", "suite", "depth", "d_model", "aspect_ratio", "lr", "params", "seq_len",
+    "steps", "tokens", "final_val_loss", "tokens_per_sec", "mfu", "diverged_at_step",
+    "wall_seconds", "status",
+)
+STATUSES = ("done", "diverged", "failed", "pending", "running")
+FINISHED = ("done", "diverged")
+
+FAILURE_FILE = "failure.txt"
+RUN_RECORD = "sweep_run.json"
+MANIFEST = "sweep.json"
+RESULTS_CSV = "results.csv"
+
+
+def read_row(run: Run, run_dir: epath.Path, *, stale_after: float = 600.0) -> dict:
+    """The run's results.csv row as its directory says now."""
+    row = run.static_row()
+    result = runs.read_json(run_dir / runs.RESULT_FILE)
+    if result is not None:
+        for key in ("params", "steps", "tokens", "final_val_loss", "tokens_per_sec", "mfu",
+                    "diverged_at_step", "wall_seconds"):
+            if result.get(key) is not None:
+                row[key] = result[key]
+        row["status"] = "diverged" if result.get("diverged") else "done"
+        return row
+    if runs.is_local(run_dir) and runs.RunLock(run_dir, stale_after=stale_after).held_elsewhere():
+        row["status"] = "running"
+    elif (run_dir / FAILURE_FILE).exists():
+        row["status"] = "failed"
+    return row
+
+
+def recorded_run(run_dir: epath.Path) -> Run | None:
+    """The Run a sweep recorded in ``run_dir`` (sweep_run.json), if any."""
+    record = runs.read_json(run_dir / RUN_RECORD)
+    if record is None or "config" not in record:
+        return None
+    return Run(int(record.get("index", -1)), str(record.get("name", run_dir.name)),
+               tuple(record.get("overrides", {}).items()),
+               ml_collections.ConfigDict(record["config"]))
+
+
+def other_runs(sweep: Sweep, workdir: epath.Path) -> list[Run]:
+    """Runs in ``workdir`` that earlier sweeps (other specs) recorded: a
+    directory is the union of the sweeps run into it, so a spec that adds an
+    aspect ratio or a family need not repeat the runs already there."""
+    mine = {r.name for r in sweep.runs}
+    found = []
+    for record in sorted(workdir.glob(f"*/{RUN_RECORD}")):
+        if record.parent.name not in mine:
+            run = recorded_run(record.parent)
+            if run is not None:
+                found.append(dataclasses.replace(run, name=record.parent.name))
+    return found
+
+
+def write_results(sweep: Sweep, workdir: epath.Path, *, stale_after: float = 600.0,
+                  cache: dict[str, dict] | None = None) -> list[dict]:
+    """Rebuild results.csv from the run directories (atomically) and return its rows:
+    the sweep's runs in order, then those earlier sweeps left in ``workdir``.
+
+    ``cache`` keeps rows of finished runs between calls, so a long sweep does
+    not re-read every result.json after each run.
+    """
+    rows = []
+    for run in [*sweep.runs, *other_runs(sweep, workdir)]:
+        if cache is not None and run.name in cache:
+            rows.append(cache[run.name])
+            continue
+        row = read_row(run, workdir / run.name, stale_after=stale_after)
+        if cache is not None and row["status"] in FINISHED:
+            cache[run.name] = row
+        rows.append(row)
+    runs.atomic_write(workdir / RESULTS_CSV, rows_to_csv(rows))
+    return rows
+
+
+def _csv_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "nan" if math.isnan(value) else str(value)
+        return f"{value:.6g}" if abs(value) < 1e-3 or abs(value) >= 1e6 else f"{value:.6f}".rstrip(
+            "0").rstrip(".")
+    return str(value)
+
+
+def rows_to_csv(rows: Sequence[dict], columns: Sequence[str] = RESULT_COLUMNS) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_csv_value(row.get(c)) for c in columns])
+    return buf.getvalue()
+
+
+def write_manifest(sweep: Sweep, workdir: epath.Path) -> None:
+    manifest = {
+        "spec": sweep.spec,
+        "cli_overrides": list(sweep.cli_overrides),
+        "runs": [{"index": r.index, "name": r.name, "overrides": dict(r.overrides)}
+                 for r in sweep.runs],
+    }
+    runs.atomic_write_json(workdir / MANIFEST, manifest)
+
+
+def check_recorded(run: Run, run_dir: epath.Path) -> None:
+    """Refuse to resume or skip a run that was started with a different config."""
+    record = runs.read_json(run_dir / RUN_RECORD)
+    if record is None or "config" not in record:
+        return
+    changes = [f"{key} {a!r} -> {b!r}"
+               for key, a, b in runs.config_changes(record["config"], run.config.to_dict())]
+    if changes:
+        more = f" (+{len(changes) - 3} more)" if len(changes) > 3 else ""
+        raise ConfigError(
+            f"run {run.name!r} in {str(run_dir.parent)!r} was started with a different config: "
+            f"{'; '.join(changes[:3])}{more}; use a new --workdir or delete {str(run_dir)!r}"
+        )
+
+
+def record_run(run: Run, run_dir: epath.Path) -> None:
+    """sweep_run.json: the run's name, index, overrides and full config."""
+    record = {"name": run.name, "index": run.index, "overrides": dict(run.overrides),
+              "config": run.config.to_dict()}
+    runs.atomic_write_json(run_dir / RUN_RECORD, record)

@@ -1,0 +1,125 @@
+"""The import graph of ``src/``: no cycles (imports inside functions count too),
+errors.py below everything, and the library never imports its command line."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> file, for every module under src/ (packages as their __init__)."""
+    out = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imported(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package modules ``name`` imports anywhere in its file (top level or not).
+
+    ``import a.b.c`` and ``from a.b import c`` (``c`` a module) import ``a.b.c``;
+    ``from a.b import f`` (``f`` not a module) reads ``a.b``'s namespace, an edge
+    to ``a.b``.  The packages enclosing ``name`` are not edges: they are being
+    imported already whenever ``name`` is (that is not a cycle, it is nesting)."""
+    is_package = path.name == "__init__.py"
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                package = name.split(".") if is_package else name.split(".")[:-1]
+                package = package[: len(package) - (node.level - 1)]
+                base = ".".join([*package, *([base] if base else [])])
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                targets.add(sub if sub in known else base)
+    if name.endswith(".model.residual.registry"):
+        # The registry imports its families by name ("module:Class" strings).
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                    node.value.count(":") == 1 and node.value.split(":")[0].isidentifier():
+                targets.add(f"{name.rpartition('.')[0]}.{node.value.split(':')[0]}")
+    enclosing = {".".join(name.split(".")[:k]) for k in range(1, name.count(".") + 1)}
+    edges = set()
+    for target in targets:
+        parts = target.split(".")
+        for k in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:k])
+            if prefix in known and prefix != name and prefix not in enclosing:
+                edges.add(prefix)
+    return edges
+
+
+def graph() -> dict[str, set[str]]:
+    files = module_files()
+    known = set(files)
+    return {name: imported(name, path, known) for name, path in files.items()}
+
+
+def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(g.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(g):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_checker_finds_a_cycle_and_resolves_imports(tmp_path):
+    # A known answer for the checker itself: a -> b -> (function-level) a.
+    assert find_cycle({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == ["a", "b", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "b.py").write_text("def f():\n    from pkg import a\n    from . import c\n")
+    (pkg / "d.py").write_text("from pkg.a import f\nimport pkg.c\n")
+    known = {"pkg", "pkg.a", "pkg.b", "pkg.c", "pkg.d"}
+    assert imported("pkg.b", pkg / "b.py", known) == {"pkg.a", "pkg.c"}
+    assert imported("pkg.d", pkg / "d.py", known) == {"pkg.a", "pkg.c"}
+    # A module outside the package that imports one inside runs the package too.
+    (tmp_path / "top.py").write_text("def g():\n    import pkg.a\n")
+    assert imported("top", tmp_path / "top.py", known | {"top"}) == {"pkg", "pkg.a"}
+
+
+def test_src_has_no_import_cycles():
+    g = graph()
+    assert "depthbench.config" in g and "depthbench.model.residual.registry" in g
+    cycle = find_cycle(g)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_errors_imports_nothing_and_the_library_not_its_cli():
+    g = graph()
+    assert g["depthbench.errors"] == set()
+    assert g["depthbench.formatting"] == set()
+    for name, targets in g.items():
+        if not name.startswith(("depthbench.cli", "depthbench.__main__")):
+            cli = sorted(t for t in targets if t.startswith("depthbench.cli"))
+            assert not cli, f"{name} imports the command line: {cli}"

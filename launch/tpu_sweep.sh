@@ -231,8 +231,8 @@ tokenize_data() {  # worker 0 tokenises the raw corpus into --stage-data, unless
     fetch="" raw=$(q "$TOKENIZE")
   fi
   if [[ "$TOKENIZER" == gs://* ]]; then
-    tok="$RAW_DIR/$(basename "$TOKENIZER")"
-    fetch+="gcloud storage cp $(q "$TOKENIZER") $(q "$tok") && "
+    tok="$RAW_DIR-tokenizer/$(basename "$TOKENIZER")"  # beside the raw files, not among them
+    fetch+="mkdir -p $(q "$RAW_DIR-tokenizer") && gcloud storage cp $(q "$TOKENIZER") $(q "$tok") && "
   else
     tok=$TOKENIZER
   fi

@@ -341,10 +341,11 @@ TOKENIZE = ["--tokenize", "gs://bkt/raw", "--tokenizer", "gs://bkt/neox/tokenize
 TOKENIZE_COMMAND = (
     "if gcloud storage ls gs://bkt/tok/manifest.json >/dev/null 2>&1; then echo "
     "'gs://bkt/tok already tokenised'; else mkdir -p /tmp/depthbench-raw && gcloud storage "
-    "rsync --recursive gs://bkt/raw /tmp/depthbench-raw && gcloud storage cp "
-    "gs://bkt/neox/tokenizer.json /tmp/depthbench-raw/tokenizer.json && cd depthbench && "
+    "rsync --recursive gs://bkt/raw /tmp/depthbench-raw && mkdir -p "
+    "/tmp/depthbench-raw-tokenizer && gcloud storage cp gs://bkt/neox/tokenizer.json "
+    "/tmp/depthbench-raw-tokenizer/tokenizer.json && cd depthbench && "
     ".venv/bin/depthbench data tokenize --input '/tmp/depthbench-raw/**/*.parquet' "
-    "--text-field text --tokenizer /tmp/depthbench-raw/tokenizer.json --out "
+    "--text-field text --tokenizer /tmp/depthbench-raw-tokenizer/tokenizer.json --out "
     "/tmp/depthbench-tokens --workers $(nproc) && gcloud storage rsync --recursive "
     "/tmp/depthbench-tokens gs://bkt/tok; fi")
 

@@ -241,7 +241,10 @@ tokenize_data() {  # worker 0 tokenises the raw corpus into --stage-data, unless
   cmd+="echo $(q "$STAGE_DATA already tokenised"); else $fetch"
   cmd+="cd $(q "$REMOTE_DIR") && $REMOTE_BIN data tokenize --input $(q "$raw/$TOKENIZE_GLOB")"
   cmd+=" --text-field $(q "$TEXT_FIELD") --tokenizer $(q "$tok") --out $out"
-  cmd+=" --workers \$(nproc) && gcloud storage rsync --recursive $out $(q "$STAGE_DATA"); fi"
+  # manifest.json last: the bucket holds one only when every shard is there
+  cmd+=" --workers \$(nproc) && gcloud storage rsync --recursive --exclude='manifest\.json\$'"
+  cmd+=" $out $(q "$STAGE_DATA") && gcloud storage cp $out/manifest.json"
+  cmd+=" $(q "$STAGE_DATA/manifest.json"); fi"
   on_workers 0 "$cmd"
 }
 

@@ -347,7 +347,8 @@ TOKENIZE_COMMAND = (
     ".venv/bin/depthbench data tokenize --input '/tmp/depthbench-raw/**/*.parquet' "
     "--text-field text --tokenizer /tmp/depthbench-raw-tokenizer/tokenizer.json --out "
     "/tmp/depthbench-tokens --workers $(nproc) && gcloud storage rsync --recursive "
-    "/tmp/depthbench-tokens gs://bkt/tok; fi")
+    "--exclude='manifest\\.json$' /tmp/depthbench-tokens gs://bkt/tok && gcloud storage cp "
+    "/tmp/depthbench-tokens/manifest.json gs://bkt/tok/manifest.json; fi")
 
 
 def test_tpu_dry_run_shows_the_tokenize_step_before_staging(fakes):
@@ -379,7 +380,10 @@ def test_tpu_tokenize_command_runs_tokenize_once_in_a_shell(fakes, tmp_path):
     seen = [(c["tool"], c["args"][:2]) for c in calls(fakes)]
     assert seen == [("gcloud", ["storage", "ls"]), ("gcloud", ["storage", "rsync"]),
                     ("gcloud", ["storage", "cp"]), ("depthbench", ["data", "tokenize"]),
-                    ("gcloud", ["storage", "rsync"])]
+                    ("gcloud", ["storage", "rsync"]), ("gcloud", ["storage", "cp"])]
+    upload = calls(fakes, "gcloud")[-2]["args"]
+    assert upload == ["storage", "rsync", "--recursive", "--exclude=manifest\\.json$",
+                      "/tmp/depthbench-tokens", "gs://bkt/tok"]  # the manifest goes last
     workers = calls(fakes, "depthbench")[0]["args"]
     assert workers[workers.index("--workers") + 1] == str(os.cpu_count())
     (fakes / "calls.jsonl").unlink()

@@ -3,7 +3,7 @@
 #
 #   launch/gpu_sweep.sh --config experiments/paper_400m.py --workdir /shared/runs/400m \
 #       --nodes 4 --gpus-per-node 8 --partition gpu --time 48:00:00 \
-#       -- --config.data.paths='/shared/fineweb_edu/train_*.npy'
+#       -- --config.data.paths='/shared/fineweb_edu/*.npy'
 #
 # Three modes of this one script:
 #   (default)  submit: `sbatch` this script with --in-job into an allocation of --nodes nodes;
@@ -17,7 +17,8 @@
 # exists; resumable), on --cpus-per-task cores; point --config.data.paths at 'DIR/*.npy'.
 # The workdir must be on a filesystem every node sees.  The job is submitted with --requeue:
 # after a preemption or a time-out SLURM (or you) starts it again, finished runs are skipped
-# and the interrupted one resumes from its last checkpoint.  --dry-run prints the commands.
+# and the interrupted one resumes from its last checkpoint.  --dry-run prints the sbatch
+# command and every run's srun step (it lists the runs here; the venv need not exist).
 # Exit status: 0 every run finished, 1 some run failed (see RUN/failure.txt), 2 bad usage.
 set -euo pipefail
 
@@ -46,6 +47,14 @@ run:
   --dry-run             print every command instead of running it
   -- OVERRIDES          --config.section.field=value arguments passed to every run
 environment: DEPTHBENCH  the depthbench command (default depthbench)
+
+examples:
+  launch/gpu_sweep.sh --config experiments/paper_400m.py --workdir /shared/runs/400m \
+      --nodes 2 --gpus-per-node 8 --partition gpu --time 48:00:00 --venv ~/venvs/depthbench \
+      -- --config.data.paths='/shared/fineweb_edu/*.npy'
+  launch/gpu_sweep.sh --config experiments/quickstart.py --workdir /shared/runs/qs --dry-run
+  launch/gpu_sweep.sh --config experiments/paper_400m.py --workdir /shared/runs/400m \
+      --nodes 4 --shard 0/2 --run 'hc-*' -- --config.data.paths='/shared/tok/*.npy'
 EOF
 }
 
@@ -148,7 +157,12 @@ if [[ "$MODE" == submit ]]; then
   [[ -z "$SHARD" ]] || forward+=(--shard "$SHARD")
   [[ -z "$TOKENIZE_INPUT" ]] || forward+=(--tokenize-input "$TOKENIZE_INPUT" --tokenizer
     "$TOKENIZER" --tokens-dir "$TOKENS_DIR" --text-field "$TEXT_FIELD")
-  [[ -z "$VENV" ]] || forward+=(--venv "$(realpath "$VENV")")
+  if [[ -n "$VENV" ]]; then
+    # A dry run only shows the commands; a submission needs the venv the nodes will use.
+    ((DRY)) || [[ -f "$VENV/bin/activate" ]] \
+      || die "--venv: '$VENV' is not a virtualenv (no bin/activate); create it first"
+    forward+=(--venv "$(realpath -m "$VENV")")
+  fi
   args=(--job-name "$JOB" --nodes "$NODES" --ntasks-per-node 1 --gpus-per-node "$GPUS"
         --cpus-per-task "$CPUS" --time "$TIME" --requeue --signal B:TERM@120
         --output "$WORKDIR/logs/%x-%j.out")
@@ -158,12 +172,17 @@ if [[ "$MODE" == submit ]]; then
   run mkdir -p "$WORKDIR/logs"
   run sbatch "${args[@]}" "${SBATCH_EXTRA[@]}" "$SCRIPT" --in-job "${forward[@]}" \
     -- "${OVERRIDES[@]}"
-  exit 0
+  ((DRY)) || exit 0
+  # The dry run goes on to show what the job will run in its allocation.
+  echo "gpu_sweep.sh: dry run: inside the job, for each run without result.json:" >&2
+  SLURM_JOB_ID=dry-run
 fi
 
 # ------------------------------------------------------------------------ --in-job
 : "${SLURM_JOB_ID:?--in-job runs inside an sbatch allocation (SLURM_JOB_ID is not set)}"
-if [[ -n "$VENV" ]]; then
+if [[ -n "$VENV" ]] && ((DRY)); then
+  run source "$VENV/bin/activate"
+elif [[ -n "$VENV" ]]; then
   # shellcheck disable=SC1091
   source "$VENV/bin/activate"
 fi
@@ -218,5 +237,9 @@ for k in "${!RUNS[@]}"; do
 done
 
 run "${DEPTHBENCH_CMD[@]}" report "$WORKDIR" || true
+if ((DRY)); then
+  echo "gpu_sweep.sh: dry run: ${#RUNS[@]} runs listed, nothing was run" >&2
+  exit 0
+fi
 echo "gpu_sweep.sh: $DONE/${#RUNS[@]} runs finished${FAILED:+, failed: ${FAILED[*]}}" >&2
 ((${#FAILED[@]} == 0))

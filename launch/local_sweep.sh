@@ -26,6 +26,13 @@ usage: launch/local_sweep.sh --config SPEC --workdir DIR [options] [-- OVERRIDES
   --dry-run             print every command instead of running it
   -- OVERRIDES          --config.section.field=value arguments passed to every run
 environment: DEPTHBENCH  the depthbench command (default depthbench)
+
+examples:
+  launch/local_sweep.sh --config experiments/micro_all.py --workdir runs/micro_all --procs 2 --report
+  launch/local_sweep.sh --config experiments/quickstart.py --workdir runs/qs --procs 4 \
+      --cpus-per-proc 2 --dry-run
+  launch/local_sweep.sh --config experiments/paper_400m.py --workdir runs/400m \
+      --gpus 0,1,2,3,4,5,6,7 -- --config.data.paths='/data/fineweb_edu/*.npy'
 EOF
 }
 

@@ -62,6 +62,16 @@ sweep:
   --dry-run             print every command instead of running it
   -- OVERRIDES          --config.section.field=value arguments passed to every run
 environment: DEPTHBENCH  the local depthbench command used to list runs (default depthbench)
+
+examples:
+  launch/tpu_sweep.sh --config experiments/paper_400m.py --workdir gs://BUCKET/400m \
+      --tpu depthbench-v5p --zone us-east5-a --project PROJECT --accelerator v5p-64 \
+      --create --spot --stage-data gs://BUCKET/fineweb_edu_neox \
+      -- --config.data.paths='/tmp/depthbench-data/*.npy'
+  launch/tpu_sweep.sh --config experiments/quickstart.py --workdir gs://BUCKET/qs \
+      --tpu my-v4 --zone us-central2-b --run 'hc-*' --dry-run
+  TPU_NAME=my-v4 TPU_ZONE=us-central2-b launch/tpu_sweep.sh \
+      --config experiments/quickstart.py --workdir gs://BUCKET/qs --shard 1/2 --delete
 EOF
 }
 

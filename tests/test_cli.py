@@ -278,8 +278,11 @@ def test_families_human_table(capsys):
     assert lines[1].split()[0] == "family"
     n = len(registry.names())
     assert [line.split()[0] for line in lines[3 : 3 + n]] == registry.names()
-    assert lines[3 + n : 5 + n] == ["", "references:"]
-    assert [line.split()[0] for line in lines[5 + n :]] == registry.names()
+    assert lines[3 + n : 5 + n] == [
+        "", "references (full descriptions: depthbench families --json):"]
+    # One entry per family, long ones wrapped onto indented lines.
+    assert [line.split()[0] for line in lines[5 + n :] if line[2] != " "] == registry.names()
+    assert max(len(line) for line in lines) <= 100
 
 
 @pytest.mark.parametrize(

@@ -229,19 +229,19 @@ def test_seq_len_longer_than_validation_set(capsys, cache, tmp_path, tokenizer_f
     assert_cache_intact(cache)
 
 
-def test_val_windows_beyond_validation_set(capsys, cache, tmp_path, tokenizer_file):
+def test_val_windows_adapt_to_a_small_validation_set(capsys, cache, tmp_path, tokenizer_file):
+    """data.val_windows is an upper bound (a small corpus trains with the defaults);
+    a validation split smaller than one batch is still bad input."""
     for i in range(30):
         (tmp_path / f"{i}.txt").write_text(ENGLISH + f"Line {i}.")
-    rc, err = run_prepare(
-        capsys,
-        cache,
-        "--config.data.corpus=text",
-        f"--config.data.paths={tmp_path}/*.txt",
-        "--config.model.vocab_size=300",
-        "--config.data.val_windows=100000",
-        tokenizer=tokenizer_file,
-    )
-    assert_bad_input(rc, err, "data.val_windows")
+    common = ("--config.data.corpus=text", f"--config.data.paths={tmp_path}/*.txt",
+              "--config.model.vocab_size=300", "--config.train.seq_len=8")
+    rc, err = run_prepare(capsys, cache, *common, "--config.data.val_windows=100000",
+                          tokenizer=tokenizer_file)
+    assert rc == 0, err
+    rc, err = run_prepare(capsys, cache, *common, "--config.train.batch_size=100000",
+                          tokenizer=tokenizer_file)
+    assert_bad_input(rc, err, "train.batch_size", "fewer than one batch")
 
 
 def test_jsonl_missing_field(capsys, cache, tmp_path):

@@ -8,10 +8,13 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from depthbench import config as config_lib
@@ -19,6 +22,7 @@ from depthbench import costs, parallel
 from depthbench.errors import ConfigError
 from depthbench.model.residual import registry
 from depthbench.model.spec import ModelSpec
+from depthbench.model.transformer import Transformer
 from depthbench.shapes import Shape
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,6 +100,33 @@ def test_registering_extends_schema_rules_and_costs(toy):
     with pytest.raises(ValueError, match="'hc_n'"):
         registry.register(clash)
     assert "clash" not in registry.names()
+
+
+def test_readme_adding_a_family_is_one_file_and_one_line():
+    """The README's example family is a working family, and its registry line has
+    the form of the registry's table."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("**A family.**", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 2, "one file and one line"
+    namespace: dict = {"__name__": "readme_family"}
+    exec(compile(blocks[0], "README.md", "exec"), namespace)  # noqa: S102 (our own README)
+    line = blocks[1].strip()
+    assert re.fullmatch(r'"(\w+):(\w+)",', line), line
+    module, cls_name = line.strip('",').split(":")
+    cls = namespace[cls_name]
+    assert cls.name == module  # the family's file is named after it
+    registry.register(cls)
+    try:
+        assert cls.name in registry.names()
+        config = config_lib.apply_overrides(config_lib.base_config(), {"model.family": cls.name})
+        config_lib.validate(config)
+        spec = ModelSpec.from_shape(SHAPE, family=cls.name)
+        tokens = jnp.zeros((1, 4), jnp.int32)
+        logits = Transformer(spec).init_with_output(jax.random.key(0), tokens)[0]
+        assert logits.shape == (1, 4, SHAPE.vocab_size) and bool(jnp.all(jnp.isfinite(logits)))
+    finally:
+        registry.unregister(cls.name)
 
 
 @pytest.mark.slow

@@ -1,32 +1,202 @@
-"""README's two commands are the ones CI and a new user run."""
+"""The executable README: every command block of README.md and docs/*.md runs as written.
 
+Each Markdown file gets a sandbox directory shaped like a checkout (copies of
+experiments/, launch/, docs/, README.md; ``.venv`` pointing at this test's
+virtualenv) and its blocks run there in document order, so a later block sees
+what an earlier one made (``report runs/quickstart`` after the sweep).  To keep
+the whole set to a few minutes, every command runs with
+
+    DEPTHBENCH_OVERRIDES='train.steps=3'   (every config: 3 training steps)
+    DEPTHBENCH_MAX_RUNS=1                  (a sweep process trains at most 1 run)
+
+both documented in ``depthbench --help``; cloud tools (gcloud, sbatch, srun,
+scontrol) are fakes on PATH that record their arguments, so the launchers run
+as they would on a workstation with no cluster behind it.  Outputs shown in
+``console`` blocks are compared with the real output.  A block that cannot run
+here is marked in the Markdown itself (``<!-- readme-test: skip: REASON -->``)
+and is the only kind skipped; a command naming a sub-command or flag that does
+not exist fails (argparse's exit status 2), it is never skipped.  See
+tests/readme_blocks.py for the block grammar.
+"""
+
+from __future__ import annotations
+
+import os
 import re
-import shlex
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
+from readme_blocks import Block, Command, parse, problem
+
 REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+INSTALL = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'"
+SMOKE_ENV = {"DEPTHBENCH_OVERRIDES": "train.steps=3", "DEPTHBENCH_MAX_RUNS": "1"}
+COMMAND_TIMEOUT_S = 600
+
+# Fake cloud tools (bash: hundreds of calls stay cheap): each records its argv in
+# $FAKE_DIR/calls.log; gcloud plays a slice that exists once created.
+FAKE_TOOL = r"""#!/usr/bin/env bash
+echo "$(basename "$0") $*" >> "$FAKE_DIR/calls.log"
+state="$FAKE_DIR/tpu_state"
+case "$(basename "$0") $1 $2 $3 $4" in
+  "gcloud compute tpus tpu-vm describe") [[ -f "$state" ]] || exit 1; cat "$state" ;;
+  "gcloud compute tpus tpu-vm create") echo READY > "$state" ;;
+  "gcloud compute tpus tpu-vm delete") rm -f "$state" ;;
+  "gcloud storage ls"*) exit 1 ;;  # no finished runs in the bucket
+  sbatch*) echo "Submitted batch job 4242" ;;
+  scontrol*) echo node-a ;;
+esac
+exit 0
+"""
 
 
-def _bash_blocks(text: str) -> list[str]:
-    return re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+def _blocks(doc: Path) -> list[Block]:
+    return parse(doc, REPO)
+
+
+# ------------------------------------------------------------------ fast checks
+
+
+def test_every_block_is_runnable_or_marked():
+    problems = [f"{b.where}: {why}" for doc in DOCS for b in _blocks(doc)
+                if (why := problem(b)) is not None]
+    assert not problems, "\n".join(problems)
+    commands = sum(len(b.commands()) for doc in DOCS for b in _blocks(doc) if b.skip is None)
+    assert commands >= 20  # the README alone documents more than this
+
+
+def test_block_grammar(tmp_path):
+    md = tmp_path / "x.md"
+    md.write_text(
+        "text\n\n```bash\ndepthbench a \\\n    --b c   # fine\n# a comment\n"
+        "depthbench d   # exit status 2\n```\n\n"
+        "<!-- readme-test: skip: needs a TPU -->\n```bash\ngcloud x\n```\n"
+        "<!-- readme-test: run: touch y -->\n"
+        "```console\n$ depthbench e\nline 1  \n\n$ depthbench f\n```\n"
+        "```python\n# experiments/z.py\nx = 1\n```\n```\nuntagged\n```\n")
+    blocks = parse(md, tmp_path)
+    assert [b.lang for b in blocks] == ["bash", "bash", "bash", "console", "python", ""]
+    first = blocks[0].commands()
+    assert [(c.text, c.expect_status) for c in first] == [
+        ("depthbench a      --b c   # fine", 0), ("depthbench d   # exit status 2", 2)]
+    assert blocks[1].skip == "needs a TPU" and blocks[2].hidden and blocks[2].body == "touch y"
+    shown = blocks[3].commands()
+    assert [(c.text, c.expect_output) for c in shown] == [("depthbench e", ["line 1"]),
+                                                          ("depthbench f", [])]
+    assert blocks[4].file == "experiments/z.py" and problem(blocks[4]) is None
+    assert "untagged" not in (problem(blocks[5]) or "") and problem(blocks[5]) is not None
 
 
 def test_ci_runs_the_readme_test_command_verbatim():
-    readme = (REPO / "README.md").read_text()
     ci = (REPO / ".ci" / "run").read_text()
     ci_command = [ln for ln in ci.splitlines() if "pytest" in ln and not ln.startswith("#")]
-    assert len(ci_command) == 1
-    assert ci_command[0].strip() in [b.strip() for b in _bash_blocks(readme)]
+    assert len(ci_command) == 1 and ci_command[0].startswith(INSTALL + " && ")
+    shown = [c.text for b in _blocks(REPO / "README.md") for c in b.commands()]
+    assert ci_command[0].strip() in shown
 
 
-def test_readme_main_command_names_existing_specs_and_commands():
+def test_readme_images_are_committed():
     readme = (REPO / "README.md").read_text()
-    main = _bash_blocks(readme)[0]
-    words = shlex.split(main)
-    specs = [w for w in words if w.startswith("experiments/")]
-    assert specs == ["experiments/quickstart.py"]
-    assert all((REPO / s).is_file() for s in specs)
-    assert "sweep" in words and "report" in words and "runs/quickstart" in words
-    # Every image the README shows is committed.
     for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme):
         assert (REPO / image).is_file(), image
+
+
+# ------------------------------------------------------------ running them
+
+
+def _sandbox(root: Path) -> dict[str, str]:
+    """A checkout-shaped directory to run documented commands in; returns the env."""
+    for name in ("experiments", "launch", "docs"):
+        shutil.copytree(REPO / name, root / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy2(REPO / "README.md", root / "README.md")
+    (root / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
+    bin_dir = root / ".fakebin"
+    bin_dir.mkdir()
+    for tool in ("gcloud", "sbatch", "srun", "scontrol"):
+        path = bin_dir / tool
+        path.write_text(FAKE_TOOL)
+        path.chmod(0o755)
+    home = root / ".home"
+    home.mkdir()
+    cache = os.environ.get("DEPTHBENCH_CACHE") or str(Path.home() / ".cache" / "depthbench")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TPU_", "SLURM_", "DEPTHBENCH", "JAX_COORDINATOR"))}
+    env.update(SMOKE_ENV)
+    env.update(FAKE_DIR=str(root), HOME=str(home), DEPTHBENCH_CACHE=cache, JAX_PLATFORMS="cpu",
+               PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent),
+                                     os.environ["PATH"]]))
+    return env
+
+
+def _as_run(command: Command, where: str) -> str:
+    """The README's install prefix is what CI runs before the tests (checked above);
+    here the package is installed already, so the rest of the command runs."""
+    text = command.text
+    if text.startswith(INSTALL):
+        assert INSTALL in (REPO / ".ci" / "run").read_text(), where
+        text = text[len(INSTALL):].lstrip()
+        assert text.startswith("&& "), f"{where}: {command.text!r}"
+        text = text[3:]
+    return text
+
+
+def _run(block: Block, command: Command, root: Path, env: dict) -> float:
+    """Run one command; returns its wall time in seconds."""
+    text = _as_run(command, block.where)
+    start = time.perf_counter()
+    r = subprocess.run(["bash", "-c", text], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=COMMAND_TIMEOUT_S)
+    detail = (f"{block.where}: `{command.text}` exited {r.returncode} "
+              f"(expected {command.expect_status})\n--- stdout\n{r.stdout[-3000:]}\n"
+              f"--- stderr\n{r.stderr[-3000:]}")
+    assert r.returncode == command.expect_status, detail
+    if command.expect_output is not None:
+        got = [ln.rstrip() for ln in r.stdout.splitlines()]
+        while got and not got[-1]:
+            got.pop()
+        assert got == command.expect_output, (
+            f"{block.where}: the output of `{command.text}` differs from the one shown:\n"
+            + "\n".join(f"shown: {a!r}\n  got: {b!r}" for a, b in
+                        zip(command.expect_output + [""] * len(got),
+                            got + [""] * len(command.expect_output), strict=False)
+                        if a != b)[:4000])
+    return time.perf_counter() - start
+
+
+def _runnable_docs() -> list[Path]:
+    return [d for d in DOCS if any(b.commands() or b.file for b in _blocks(d))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", _runnable_docs(), ids=lambda p: str(p.relative_to(REPO)))
+def test_documented_commands_run_as_written(doc, tmp_path):
+    root = tmp_path / "checkout"
+    root.mkdir()
+    env = _sandbox(root)
+    timings = []
+    for block in _blocks(doc):
+        if block.skip is not None:
+            continue
+        if block.file:
+            target = root / block.file
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(block.body + "\n")
+            continue
+        for command in block.commands():
+            timings.append((_run(block, command, root, env), block.where, command.text[:70]))
+    assert timings
+    print(f"\n{sum(t for t, *_ in timings):.0f} s in all; slowest:")  # shown with pytest -s
+    for seconds, where, text in sorted(timings, reverse=True)[:8]:
+        print(f"{seconds:6.1f} s  {where}  {text}")
+
+
+def test_marked_blocks_name_a_reason():
+    marked = [(b.where, b.skip) for doc in DOCS for b in _blocks(doc) if b.skip is not None]
+    for where, reason in marked:
+        assert len(reason.split()) >= 3, f"{where}: say why it cannot run here: {reason!r}"

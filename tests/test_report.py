@@ -214,4 +214,5 @@ def test_report_cli(synthetic_dir, tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)["summary"]["micro"]
     assert summary["hc"]["best"]["depth"] == 4 and summary["hc"]["best"]["lr"] == 3e-3
     assert cli_main(["report", str(tmp_path / "nothing")]) == 2
-    assert "results.csv' does not exist" in capsys.readouterr().err
+    assert capsys.readouterr().err == (f"depthbench: error: report: directory "
+                                       f"'{tmp_path / 'nothing'}' does not exist\n")

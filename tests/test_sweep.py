@@ -290,6 +290,25 @@ def test_a_new_spec_adds_runs_to_a_sweep_directory(sweep, tmp_path):
     assert float(rows["pre_ln-L4-lr1e-03"]["aspect_ratio"]) == 30.0
 
 
+def test_runs_recorded_by_older_or_other_checkouts_still_get_rows(sweep, tmp_path):
+    """A run recorded before a field joined the schema reads it as its default; a
+    run of a family this checkout does not know is counted with the backbone."""
+    sweeplib.run_sweep(sweep, tmp_path, runner=FakeRunner(), progress=False)
+    for name, family in (("old-L2", "hc"), ("gone-L2", "no_such_family")):
+        record = json.loads((tmp_path / "hc-L2-lr1e-03" / sweeplib.RUN_RECORD).read_text())
+        record["name"], record["config"]["model"]["family"] = name, family
+        del record["config"]["model"]["impl"], record["config"]["model"]["residual"]["hc_n"]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / sweeplib.RUN_RECORD).write_text(json.dumps(record))
+    (old,) = [r for r in sweeplib.other_runs(sweep, tmp_path) if r.name == "old-L2"]
+    assert old.config.model.impl == "xla" and old.config.model.residual.hc_n == 4
+    rows = {r["name"]: r for r in sweeplib.write_results(sweep, tmp_path)}
+    hc_params = sweep.by_name()["hc-L2-lr1e-03"].static_row()["params"]
+    assert rows["old-L2"]["params"] == hc_params  # costed as hc, with its defaults
+    assert rows["gone-L2"]["params"] == old.shape.total_params < hc_params
+    assert rows["old-L2"]["status"] == rows["gone-L2"]["status"] == "pending"
+
+
 # ------------------------------------------------------------------ locks
 
 

@@ -47,15 +47,18 @@ def test_wheel_installs_and_trains_from_an_unrelated_directory(tmp_path):
     assert not any(n.startswith(("experiments/", "tests/")) for n in names)
 
     # A fresh venv whose own site-packages comes first and that sees this
-    # environment's dependencies through a .pth line (no downloads).  The
-    # checkout's editable install is a .pth file *inside* that directory,
-    # which Python does not process for a directory added this way.
+    # environment's dependencies through .pth lines (no downloads): every
+    # site-packages directory on this interpreter's path.  The checkout's
+    # editable install is a .pth file *inside* one of them, which Python does
+    # not process for a directory added this way; src/ itself is left out.
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     python = venv / "bin" / "python"
     site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
                                          "['purelib'])"]).strip())
-    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    deps = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    assert sysconfig.get_paths()["purelib"] in deps
+    (site / "deps.pth").write_text("".join(f"{p}\n" for p in deps))
     _run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)])
 
     elsewhere = tmp_path / "elsewhere"

@@ -68,8 +68,18 @@ def import_spec(spec: str | Path) -> ModuleType:
 
 
 def sibling(spec_file: str, name: str) -> ModuleType:
-    """The spec ``name`` beside ``spec_file`` (for a user's specs that build on each other)."""
-    return import_spec(Path(spec_file).with_name(f"{name}.py"))
+    """The spec ``name`` beside ``spec_file`` (for a user's specs that build on each
+    other); a name not beside it is the bundled spec of that name, so a spec kept
+    anywhere can build on ``quickstart``, ``paper_400m``, ... (as
+    ``from depthbench.configs import paper_400m`` does)."""
+    beside = Path(spec_file).with_name(f"{name}.py")
+    if beside.is_file() or name not in configs.names():
+        if not beside.is_file():
+            raise ConfigError(f"config: sibling({name!r}): no spec {str(beside)!r}, and "
+                              f"{name!r} is none of the bundled specs ({', '.join(configs.names())}"
+                              "); give a file with depthbench.config.import_spec(PATH)")
+        return import_spec(beside)
+    return import_spec(name)
 
 
 def base_spec_path() -> Path:

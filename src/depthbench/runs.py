@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import ml_collections
 from etils import epath
 
 from depthbench.config import base_config, flatten
@@ -110,6 +111,21 @@ def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
         if va != vb:
             changes.append((key, va, vb))
     return changes
+
+
+def saved_config(saved: dict) -> ml_collections.ConfigDict:
+    """A config as a run saved it, fields added to the schema since then taking
+    their defaults (what :func:`config_changes` assumes too), so code reading
+    an old run's config finds every field."""
+
+    def merge(defaults: dict, given: dict) -> dict:
+        out = dict(defaults)
+        for key, value in given.items():
+            both = isinstance(value, dict) and isinstance(defaults.get(key), dict)
+            out[key] = merge(defaults[key], value) if both else value
+        return out
+
+    return ml_collections.ConfigDict(merge(base_config().to_dict(), saved))
 
 
 def check_run_dir(config, workdir: Path) -> dict | None:

@@ -11,12 +11,52 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
 
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError
 
 # Sub-command modules, in the order `depthbench --help` lists them.
 COMMANDS = ("shapes", "costs", "families", "data", "train", "sweep", "report")
+
+
+# Extra `section.field=value` overrides for every command that takes them, applied
+# after the command line's (they win): how smoke tests shrink every documented
+# command, including those a launch script starts, without editing it.
+OVERRIDES_ENV = "DEPTHBENCH_OVERRIDES"
+
+_EPILOG = f"""\
+environment:
+  {OVERRIDES_ENV}='train.steps=3 data.val_windows=8'
+      extra --config.* overrides for every command that takes them (they win over
+      the command line's); announced on stderr. For smoke tests of scripts.
+  DEPTHBENCH_MAX_RUNS=N   a sweep process trains at most N runs (sweep --max-runs).
+  DEPTHBENCH_CACHE=DIR    data cache root (default ~/.cache/depthbench).
+
+Exit status: 0 ok, 2 bad input (one line on stderr), 3 training diverged."""
+
+
+def env_overrides() -> list[str]:
+    """``--config.*`` arguments from $DEPTHBENCH_OVERRIDES (whitespace-separated,
+    shell quoting allowed; each ``section.field=value``, ``--config.`` optional)."""
+    text = os.environ.get(OVERRIDES_ENV, "").strip()
+    if not text:
+        return []
+    out = []
+    for word in shlex.split(text):
+        word = word.removeprefix("--").removeprefix("config.")
+        if "=" not in word:
+            raise ConfigError(f"${OVERRIDES_ENV}: {word!r} is not section.field=value")
+        out.append(f"--config.{word}")
+    return out
+
+
+def _missing_equals_hint(extra: list[str], unknown: list[str]) -> str:
+    """`--config.train.steps 40` (a space, not '='): say how to write it."""
+    for i, arg in enumerate(extra[:-1]):
+        if arg.startswith("--config.") and "=" not in arg and extra[i + 1] in unknown:
+            return f"; write {arg}={extra[i + 1]} (overrides take '=', not a space)"
+    return ""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="depthbench",
         description="Residual-connection designs at a fixed parameter budget, from width to depth.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit status: 0 ok, 2 bad input (one line on stderr), 3 training diverged.",
+        epilog=_EPILOG,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
@@ -56,11 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [a for a in extra if a.startswith("--config.")]
     unknown = [a for a in extra if not a.startswith("--config.")]
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        hint = _missing_equals_hint(extra, unknown)
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if overrides and not getattr(args, "accepts_overrides", False):
         parser.error(f"'{args.command}' takes no --config.* overrides")
-    args.overrides = overrides
     try:
+        if getattr(args, "accepts_overrides", False):
+            from_env = env_overrides()
+            if from_env:
+                sys.stderr.write(f"depthbench: ${OVERRIDES_ENV} adds {' '.join(from_env)}\n")
+            overrides = [*overrides, *from_env]
+        args.overrides = overrides
         return int(args.func(args) or 0)
     except ConfigError as e:
         sys.stderr.write(f"depthbench: error: {e}\n")

@@ -26,11 +26,25 @@ examples:
 """
 
 
+_EPILOG_DATA = """\
+examples:
+  depthbench data prepare --config experiments/base.py
+  depthbench data show --config experiments/base.py --split val --windows 2
+  depthbench data prepare --config experiments/micro.py \\
+      --config.data.corpus=text --config.data.paths='docs/**/*.md' \\
+      --config.data.split_by=paragraph --config.data.val_fraction=0.3
+
+`depthbench data ACTION --help` shows each action's options and more examples.
+"""
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "data",
         help="prepare the corpus (fetch, split, tokenizer, tokens) and show windows",
         description="Prepare and inspect the training data (see docs/DATA.md).",
+        epilog=_EPILOG_DATA,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(
         dest="data_command", metavar="ACTION", required=True, parser_class=type(parser)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 
 from depthbench import shapes
 from depthbench.errors import ConfigError
@@ -25,7 +26,9 @@ examples:
 
 Extra parameters are what a family adds to a pre_ln model of the same shape
 (negative when it drops the pre-norms); they are counted at width --d-model
-(16 heads, d_ff by the shape rule, vocabulary {vocab}) and depth --depth.
+(16 heads, d_ff by the shape rule, vocabulary {vocab}) and depth --depth;
+state/token is the residual state's floats per token.  Descriptions are cut to
+fit 100 columns; --json has them whole.
 Set a family with --config.model.family=NAME.
 """
 
@@ -68,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
         json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    headers = ["family", "extra/block", "extra global", "state floats/token", "description"]
+    headers = ["family", "extra/block", "extra global", "state/token", "description"]
     cells = [
         [
             r["name"],
@@ -80,13 +83,33 @@ def _run(args: argparse.Namespace) -> int:
         for r in rows
     ]
     print(f"{len(rows)} residual families; extra parameters at d_model {d_model}, depth {depth}")
-    print(table(headers, cells, align="lrrrl"))
-    # References are long: one line each under the table keeps the table readable.
-    print("\nreferences:")
+    print(fit_table(headers, cells, align="lrrrl", width=WIDTH))
+    # References are long: one wrapped entry each under the table keeps the table readable.
+    print("\nreferences (full descriptions: depthbench families --json):")
     width = max(len(r["name"]) for r in rows)
     for r in rows:
-        print(f"  {r['name']:<{width}}  {r['reference']}")
+        lines = textwrap.wrap(r["reference"], WIDTH - width - 4) or [""]
+        print(f"  {r['name']:<{width}}  {lines[0]}")
+        for more in lines[1:]:
+            print(f"  {'':<{width}}  {more}")
     return 0
+
+
+WIDTH = 100  # characters: the table and the references fit a terminal and the README
+
+
+def fit_table(headers: list[str], cells: list[list[str]], *, align: str, width: int) -> str:
+    """``table`` with the last column cut (at a word, ending in '...') so no line
+    exceeds ``width`` characters."""
+    lead = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers[:-1])]
+    room = width - sum(lead) - 2 * len(lead)
+
+    def cut(text: str) -> str:
+        if len(text) <= room:
+            return text
+        return text[: room - 3].rsplit(" ", 1)[0].rstrip(" ,;:") + "..."
+
+    return table(headers, [[*r[:-1], cut(r[-1])] for r in cells], align=align)
 
 
 def register(subparsers) -> None:

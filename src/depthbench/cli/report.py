@@ -1,8 +1,11 @@
-"""`depthbench report DIR`: tables and plots of a sweep directory.
+"""`depthbench report DIR`: tables and plots of a sweep directory, or of one run.
 
-Writes DIR/report.md, DIR/results.csv (refreshed from the run directories),
-DIR/loss_vs_aspect.png, DIR/training_curves.png and DIR/costs_vs_aspect.png,
-and prints the loss table.  Exit status: 0 ok, 2 no sweep in DIR.
+For a sweep, writes DIR/report.md, DIR/results.csv (refreshed from the run
+directories), DIR/loss_vs_aspect.png, DIR/training_curves.png and
+DIR/costs_vs_aspect.png, and prints the loss table.  For a run directory
+(`depthbench train --workdir DIR`), writes DIR/report.md, DIR/loss_curves.png
+and DIR/layer_stats.png (see depthbench.run_report) and prints the summary.
+Exit status: 0 ok, 2 no such directory, or neither a sweep nor a run in it.
 """
 
 from __future__ import annotations
@@ -10,13 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from depthbench import report as reportlib
+from depthbench.errors import ConfigError
 from depthbench.formatting import table
 
 EPILOG = """\
 examples:
   depthbench report runs/quickstart
+  depthbench report runs/demo              # one run: summary, loss curves, per-block stats
   depthbench report gs://BUCKET/400m --json
   depthbench report runs/micro_all --no-plots
 
@@ -31,7 +37,46 @@ def _strip_bold(cells: list[str]) -> list[str]:
     return [c.replace("**", "") + (" *" if c.startswith("**") else "") for c in cells]
 
 
+def _run_dir_report(args: argparse.Namespace, run_dir: Path) -> int:
+    from depthbench import run_report
+
+    rep = run_report.build(run_dir, plots=not args.no_plots)
+    if args.json:
+        last = {stat: by_step[max(by_step)] for stat, by_step in rep.layer_stats.items()}
+        json.dump({"files": rep.files, "layer_stats_last": last}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    summary = rep.text.split("```text\n", 1)[1].split("\n```", 1)[0]
+    print(summary)
+    for what, path in rep.files.items():
+        print(f"{what:>12}: {path}")
+    return 0
+
+
+def _locate(workdir: str) -> Path | None:
+    """The run directory ``workdir`` names, or None for a sweep; a missing local
+    directory, or one holding neither, is bad input."""
+    from depthbench import run_report
+
+    if "://" in workdir:
+        return None  # sweeps in buckets: the sweep report reads them
+    path = Path(workdir).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"report: directory {workdir!r} does not exist")
+    if run_report.is_run_dir(path):
+        return path
+    if not (path / "results.csv").exists() and not (path / "sweep.json").exists():
+        raise ConfigError(
+            f"report: {workdir!r} holds neither a sweep (results.csv) nor a run (config.json); "
+            f"write one with `depthbench sweep --config SPEC --workdir {workdir}` or "
+            f"`depthbench train --config SPEC --workdir {workdir}`")
+    return None
+
+
 def _run(args: argparse.Namespace) -> int:
+    run_dir = _locate(args.workdir)
+    if run_dir is not None:
+        return _run_dir_report(args, run_dir)
     rep = reportlib.write_report(args.workdir, plots=not args.no_plots)
     if args.json:
         json.dump(reportlib.summary_json(rep), sys.stdout, indent=1, default=str)
@@ -56,7 +101,8 @@ def register(subparsers) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("workdir", metavar="DIR", help="a sweep directory (local or gs://...)")
+    parser.add_argument("workdir", metavar="DIR",
+                        help="a sweep directory (local or gs://...) or one run's directory")
     parser.add_argument("--no-plots", action="store_true", help="tables only")
     parser.add_argument("--json", action="store_true",
                         help="print the per-family summary as JSON instead of the table")

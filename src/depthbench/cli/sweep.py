@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 
@@ -23,7 +24,7 @@ examples:
   depthbench sweep --config quickstart --workdir runs/qs --dry-run
   depthbench sweep --config micro_all --workdir runs/micro --shard 1/4
   depthbench sweep --config paper_400m --workdir gs://BUCKET/400m \\
-      --run hc-L32-lr2e-03 --no-lock --config.data.paths='/data/tok/train_*.npy'
+      --run hc-L32-lr2e-03 --no-lock --config.data.paths='/data/tok/*.npy'
 
 Runs are subdirectories named from their overrides (family, suite, L<depth>,
 lr<lr>, ...); DIR/results.csv has one row per run and is rewritten after each.
@@ -74,6 +75,37 @@ def _summary(rows: list[dict]) -> str:
     return f"{len(rows)} runs: {', '.join(parts)}"
 
 
+MAX_RUNS_ENV = "DEPTHBENCH_MAX_RUNS"
+
+
+def _max_runs(flag: str | None) -> int | None:
+    text, where = (flag, "--max-runs") if flag is not None else (
+        os.environ.get(MAX_RUNS_ENV), f"${MAX_RUNS_ENV}")
+    if text is None or not str(text).strip():
+        return None
+    if not str(text).strip().isdigit() or int(text) < 1:
+        raise ConfigError(f"{where}: expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def _at_most(runs: list[sweeplib.Run], workdir, limit: int | None) -> list[sweeplib.Run]:
+    """The selected runs with at most ``limit`` unfinished ones (the first, in
+    sweep order); finished runs stay so the summary lists them."""
+    if limit is None:
+        return runs
+    kept, todo = [], 0
+    for run in runs:
+        finished = sweeplib.read_row(run, workdir / run.name)["status"] in sweeplib.FINISHED
+        if finished or todo < limit:
+            kept.append(run)
+            todo += not finished
+    left = len(runs) - len(kept)
+    if left:
+        print(f"sweep: --max-runs {limit}: training {todo} runs; {left} stay pending "
+              "(run the same command again to continue)", file=sys.stderr)
+    return kept
+
+
 def _terminate(signum, frame) -> None:  # noqa: ARG001
     # SIGTERM (preemption, scancel) unwinds like Ctrl-C: locks are released,
     # results.csv is rewritten, the trainer's checkpoints stay for the resume.
@@ -85,12 +117,17 @@ def _run(args: argparse.Namespace) -> int:
     sweep = sweeplib.expand(args.config, args.overrides)
     names = [n for part in (args.run or []) for n in part.split(",") if n.strip()]
     runs = sweep.select(shard=shard, names=names, indices=_indices(args.only))
+    from depthbench import dryrun
+
     if args.list:
+        # The runs may read their files on other hosts: check what holds anywhere.
+        dryrun.check_data([r.config for r in runs], files=False)
         for run in runs:
             print(run.name)
         return 0
     workdir = runlib.as_path(args.workdir)
     if args.dry_run:
+        problems = dryrun.data_problems([r.config for r in runs])
         rows = [sweeplib.read_row(r, workdir / r.name) for r in runs]
         if args.json:
             json.dump([dict(r, index=run.index, overrides=dict(run.overrides))
@@ -101,7 +138,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{args.config}: {where}{len(sweep.runs)} runs -> {workdir}")
         _print_runs(rows, runs)
         print(_summary(rows) + " (dry run: nothing trained)")
-        return 0
+        for problem in problems:  # what would stop the runs: one line each, exit status 2
+            print(f"depthbench: error: {problem}", file=sys.stderr)
+        return 2 if problems else 0
+    runs = _at_most(runs, workdir, _max_runs(args.max_runs))
     signal.signal(signal.SIGTERM, _terminate)
     outcome = sweeplib.run_sweep(sweep, workdir, runs=runs, lock=not args.no_lock,
                                  progress=not args.no_progress)
@@ -139,12 +179,16 @@ def register(subparsers) -> None:
     parser.add_argument("--only", metavar="I[,I]",
                         help="run only the runs with these sweep indices (see --dry-run)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="list the runs with their shapes and status; train nothing")
+                        help="list the runs with their shapes and status and check their data "
+                             "(exit status 2 if a run could not start); train nothing")
     parser.add_argument("--list", action="store_true",
                         help="print the selected run names, one per line (for scripts)")
     parser.add_argument("--no-lock", action="store_true",
                         help="do not claim runs; for multi-host jobs where every process "
                              "trains the same --run together")
+    parser.add_argument("--max-runs", metavar="N",
+                        help="train at most N unfinished runs, then stop (the rest stay pending; "
+                             f"default ${MAX_RUNS_ENV}, else all)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=_run, accepts_overrides=True)

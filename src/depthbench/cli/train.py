@@ -15,6 +15,7 @@ from depthbench.errors import EXIT_DIVERGED, EXIT_OK
 
 _EPILOG = """\
 examples:
+  depthbench train --config micro --workdir runs/demo --dry-run
   depthbench train --config micro --workdir runs/demo
   depthbench train --config micro --workdir runs/hc-L8 \\
       --config.model.family=hc --config.model.depth=8 --config.train.lr=2e-3
@@ -44,11 +45,29 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print result.json on stdout instead of the summary table")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the config, data files, mesh and --workdir, print the "
+                             "resolved shape, parameter count, mesh and data; train nothing")
     parser.set_defaults(func=_train, accepts_overrides=True)
+
+
+def _dry_run(config, args) -> int:
+    from depthbench import dryrun
+
+    rows = dryrun.describe_train(config, args.workdir)
+    if args.json:
+        print(json.dumps(dict(rows), indent=1))
+    else:
+        width = max(len(k) for k, _ in rows)
+        print(f"{args.config} (dry run: nothing trained)")
+        print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+    return 0
 
 
 def _train(args) -> int:
     config = config_lib.load(args.config, args.overrides)
+    if args.dry_run:
+        return _dry_run(config, args)
     from depthbench.train import loop, summary  # late: keeps `depthbench --help` fast
 
     result = loop.run(config, args.workdir, progress=not args.no_progress)

@@ -1,4 +1,4 @@
-"""The micro sweep a new user runs first (under 15 minutes on a 2-core CPU).
+"""The micro sweep a new user runs first (about 10 minutes on a 2-core CPU).
 
 Four residual families x three aspect ratios of the micro suite (~1.2M
 parameters, 4 heads, vocabulary 2048), trained on the bundled micro corpus:

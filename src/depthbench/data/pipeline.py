@@ -16,7 +16,8 @@ arithmetic in a grain ``MapDataset`` (nothing is materialised), so the
 iterator's state is one integer per host and restoring it resumes exactly.
 
 Validation takes a fixed, evenly spaced set of windows of the validation
-split (``data.val_windows`` rounded up to whole global batches).
+split (``data.val_windows`` rounded up to whole global batches, or as many whole
+batches as a small validation split holds).
 """
 
 from __future__ import annotations
@@ -99,12 +100,15 @@ def val_window_ids(config, n_tokens: int) -> np.ndarray:
     if available == 0:
         raise _too_short("validation", n_tokens, seq_len)
     needed = math.ceil(config.data.val_windows / batch) * batch
-    if needed > available:
+    # data.val_windows is an upper bound: a small corpus's validation split is
+    # evaluated on as many whole batches as it holds (so a user's own small
+    # corpus trains with the defaults), never on repeated windows.
+    needed = min(needed, (available // batch) * batch)
+    if needed == 0:
         raise ConfigError(
-            f"config.data.val_windows: {config.data.val_windows} (rounded up to {needed}, whole "
-            f"batches of train.batch_size={batch}) windows of {seq_len} + 1 tokens, but the "
-            f"validation split holds only {available}; lower data.val_windows or raise "
-            "data.val_fraction"
+            f"config.train.batch_size: the validation split holds {available} windows of "
+            f"{seq_len} + 1 tokens, fewer than one batch of {batch}; raise data.val_fraction, "
+            "add data, or lower train.batch_size or train.seq_len"
         )
     return (np.arange(needed, dtype=np.int64) * available) // needed  # evenly spaced, distinct
 

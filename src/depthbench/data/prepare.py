@@ -225,12 +225,14 @@ def _trained_tokenizer(config, corpus, root: Path, log, progress: bool) -> tok.T
     if path.is_file():
         return tok.Tokenizer(path)
     counts = {True: [0, 0], False: [0, 0]}  # is_val -> [documents, bytes]
-    for doc in tqdm(
-        corpus.documents(), desc="scanning corpus", unit=" doc", disable=not progress, leave=False
-    ):
+    bar = tqdm(desc="scanning corpus", unit=" doc", disable=not progress, leave=False)
+    for doc in corpus.documents():
         c = counts[split.is_validation(doc, d.val_fraction)]
         c[0] += 1
         c[1] += len(doc.encode("utf-8"))
+        bar.update(1)
+    bar.refresh()  # a fast scan ends inside tqdm's refresh interval: show the true count
+    bar.close()
     _check_split(counts[False][0], counts[True][0], d.val_fraction)
     probability = min(1.0, d.tokenizer_sample_bytes / max(1, counts[False][1]))
     sample = (
@@ -295,7 +297,8 @@ def _tokenise_text(
                 writers[is_val].write(ids)
                 docs[is_val] += 1
                 nbytes[is_val] += len(doc.encode("utf-8"))
-            bar.update(len(chunk))
+                bar.update(1)  # per document: a small corpus is one chunk
+        bar.refresh()
         bar.close()
         _check_split(docs[False], docs[True], fraction)
     train_tokens, val_tokens = train_w.count, val_w.count

@@ -38,8 +38,12 @@ def _choice(value, dotted: str, allowed) -> None:
         raise ConfigError(f"config.{dotted}: {value!r} is not one of {', '.join(allowed)}")
 
 
-def validate_config(config) -> None:
-    """Raise one ConfigError for the first bad ``data`` field (or data-related train field)."""
+def validate_config(config, *, files: bool = True) -> None:
+    """Raise one ConfigError for the first bad ``data`` field (or data-related train field).
+
+    ``files=False`` skips what depends on this host's files (paths matching,
+    a tokenizer file existing) but still refuses an empty ``data.paths``: for
+    listing runs that will read files on other machines."""
     d = config.data
     _choice(d.corpus, "data.corpus", corpora.CORPORA)
     _choice(d.split_by, "data.split_by", SPLIT_BY)
@@ -61,10 +65,13 @@ def validate_config(config) -> None:
     _int(config, "train.seq_len", lo=1)
     _int(config, "train.batch_size", lo=1)
     if d.corpus != "micro":
-        corpora.resolve_paths(d.paths)
+        if files:
+            corpora.resolve_paths(d.paths)
+        elif not str(d.paths).strip(" ,"):
+            raise ConfigError("config.data.paths: empty; give comma-separated files or globs")
     if d.corpus == "jsonl" and not str(d.text_field):
         raise ConfigError("config.data.text_field: empty; name the JSON field holding the text")
-    if d.tokenizer and not os.path.isfile(os.path.expanduser(d.tokenizer)):
+    if files and d.tokenizer and not os.path.isfile(os.path.expanduser(d.tokenizer)):
         raise ConfigError(f"config.data.tokenizer: file {d.tokenizer!r} does not exist")
     if d.eos_id >= config.model.vocab_size:
         raise ConfigError(

@@ -25,7 +25,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import ml_collections
 from etils import epath
 
 from depthbench import runs
@@ -71,7 +70,7 @@ def recorded_run(run_dir: epath.Path) -> Run | None:
         return None
     return Run(int(record.get("index", -1)), str(record.get("name", run_dir.name)),
                tuple(record.get("overrides", {}).items()),
-               ml_collections.ConfigDict(record["config"]))
+               runs.saved_config(record["config"]))
 
 
 def other_runs(sweep: Sweep, workdir: epath.Path) -> list[Run]:

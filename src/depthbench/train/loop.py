@@ -75,6 +75,17 @@ def run(config, workdir: str | Path, *, progress: bool = True) -> dict:
     return session.outcome()
 
 
+def _restored_loss(meta: dict, workdir: Path, step: int) -> float | None:
+    """The training loss of the step a checkpoint was taken at: recorded in its
+    metadata, or (checkpoints written before it was) metrics.jsonl's row of that step."""
+    if meta.get("last_loss") is not None:
+        return float(meta["last_loss"])
+    from depthbench.train.metrics import METRICS_FILE, read_jsonl
+
+    rows = [r for r in read_jsonl(workdir / METRICS_FILE) if r.get("step") == step]
+    return rows[-1].get("loss") if rows and step > 0 else None
+
+
 class _Session:
     """One process's part of a run: start-up (data, compiled functions, state),
     the step loop, and the outcome."""
@@ -121,7 +132,10 @@ class _Session:
         self.clock = record.Clock(float(meta.get("train_seconds", 0.0)),
                             int(meta.get("timed_tokens", 0)))
         self.wall_before = float(meta.get("wall_seconds", 0.0))
-        self.status, self.diverged_at, self.val_loss, self.last_loss = "finished", None, None, None
+        self.status, self.diverged_at, self.val_loss = "finished", None, None
+        # A run resumed at its last step (result.json deleted to evaluate again)
+        # trains nothing: its final train loss is the checkpoint's.
+        self.last_loss = _restored_loss(meta, workdir, self.start)
         self.bar = summary_lib.progress_bar(progress and self.main, self.start, self.steps, spec)
         if self.main and self.start:
             # Messages go to stderr with the bar: stdout is the summary (or --json).
@@ -137,7 +151,7 @@ class _Session:
 
     def save(self) -> None:
         meta = {"train_seconds": self.clock.seconds, "timed_tokens": self.clock.tokens,
-                "wall_seconds": self.wall_seconds()}
+                "wall_seconds": self.wall_seconds(), "last_loss": self.last_loss}
         self.ckpt.save(self.step, self.state, data.checkpoint_save_arg(self.it), meta)
 
     def mfu(self, rate: float | None) -> float | None:

@@ -163,14 +163,17 @@ def test_costs_human_table(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == "family pre_ln, sequence length 4096"
     assert "prefill FLOPs" in lines[2] and "KV cache" in lines[2]
-    assert len(lines) == 4 + 7 and len({len(line) for line in lines[2:]}) == 1
+    assert len(lines) == 4 + 7 + 2 and len({len(line) for line in lines[2:-2]}) == 1
+    # Which number reproduces the original benchmark's "3.0 -> 4.4 TFLOPs".
+    assert lines[-1].startswith('note: the original benchmark quotes "3.0 -> 4.4 TFLOPs"')
+    assert "2.98T -> 4.33T (with the head 3.48T -> 4.59T)" in lines[-1]
     row24 = lines[6].split()
     spec = ModelSpec.from_shape(shapes.suite("paper-400m").shape(24))
     assert row24[:4] == ["24", "1024", "42.67", "405.4M"]
     assert row24[4] == "3.30T"
     assert costs.prefill_flops(spec, 4096) == pytest.approx(3.30e12, rel=2e-3)
     # 2 * 24 * 4096 * 1024 * 2 B = 384 MiB of KV cache; 1024 * 2 B of state per token.
-    assert row24[7:] == ["384", "MiB", "2.00", "KiB"]
+    assert row24[7:] == ["384", "MiB", "2.00", "KiB", "+0.00%", "+0.00%"]
 
 
 def test_costs_budget_and_all_families(capsys):

@@ -112,8 +112,9 @@ def test_paper_data_comes_from_the_command_line(tmp_path):
 
 def test_quickstart_is_the_micro_sweep():
     sweep = sweeplib.expand(EXPERIMENTS / "quickstart.py")
-    families = {r.config.model.family for r in sweep.runs}
-    assert {"pre_ln", "hc", "mhc", "attnres_full"} <= families
+    families = {r.static_row()["family"] for r in sweep.runs}
+    # hc+sum_then_norm: hc with the readout that matches pre_ln at init (the control).
+    assert {"pre_ln", "hc", "hc+sum_then_norm", "mhc", "attnres_full"} <= families
     ars = sorted({r.shape.aspect_ratio for r in sweep.runs}, reverse=True)
     assert len(ars) >= 3 and ars[0] == 76.0 and ars[-1] <= 9.5
     assert len(sweep.runs) == len(families) * len(ars)

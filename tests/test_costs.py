@@ -99,10 +99,14 @@ def test_cost_row_keys_and_values(small):
         "train_flops_per_token",
         "kv_cache_bytes",
         "state_bytes_per_token",
+        "params_overhead",
+        "prefill_overhead",
+        "layout",
     }
     assert row["family"] == "pre_ln" and row["depth"] == 2 and row["d_model"] == 64
     assert row["aspect_ratio"] == 32.0 and row["params"] == TOTAL
     assert row["prefill_flops"] == 3_022_848 and row["kv_cache_bytes"] == 4096
+    assert row["params_overhead"] == row["prefill_overhead"] == 0.0 and row["layout"] == ""
 
 
 # ------------------------------------------------------------------ family hooks
@@ -137,16 +141,15 @@ def test_family_hooks_feed_every_cost(toy, small):
     extra_block = 2 * 7 * 64  # L * extra_block_params
     assert costs.backbone_params(toy) == BACKBONE + extra_block
     assert costs.param_count(toy) == TOTAL + extra_block + 11
-    # Prefill: backbone extras as weights (2 * 896 * T) plus T * extra(T) = T * 100 T.
-    assert (
-        costs.prefill_flops(toy, T)
-        == costs.prefill_flops(small, T) + 2 * extra_block * T + T * 100 * T
-    )
-    # Training: 6 per extra weight and 3x the family's forward extra per token.
-    assert (
-        costs.train_flops_per_token(toy, T)
-        == costs.train_flops_per_token(small, T) + 6 * extra_block + 3 * 100 * T
-    )
+    # Prefill: the family's parameters are not counted as 2 N T weights (its
+    # hook counts their matmuls, once): only T * extra(T) = T * 100 T is added.
+    assert costs.prefill_flops(toy, T) == costs.prefill_flops(small, T) + T * 100 * T
+    # Training: 3x the family's forward extra per token, nothing per extra weight.
+    train_small = costs.train_flops_per_token(small, T)
+    assert costs.train_flops_per_token(toy, T) == train_small + 3 * 100 * T
+    row = costs.cost_row(toy, T)
+    assert row["params_overhead"] == pytest.approx((extra_block + 11) / TOTAL)
+    assert row["prefill_overhead"] == pytest.approx(100 * T * T / costs.prefill_flops(small, T))
     assert costs.state_bytes_per_token(toy) == 3 * 64 * 2
     # Things no family changes.
     assert costs.lm_head_flops(toy, T) == costs.lm_head_flops(small, T)
@@ -166,6 +169,21 @@ def test_param_count_matches_instantiated_model_for_every_family(family):
     )
     n = sum(math.prod(x.shape) for x in jax.tree.leaves(tree["params"]))
     assert n == costs.param_count(spec), family
+
+
+def test_moda_keeps_the_budget_on_paper_400m():
+    """moda's depth K/V projection has few heads (2 of 16, as the reference's GQA
+    layout): at every paper-400m depth its parameters stay within +3% of
+    pre_ln's, and its prefill overhead is a few percent, as the paper reports."""
+    for depth, _, _ in shapes.suite("paper-400m").rows:
+        shape = shapes.suite("paper-400m").shape(depth)
+        moda = ModelSpec.from_shape(shape, family="moda")
+        pre_ln = ModelSpec.from_shape(shape, family="pre_ln")
+        ratio = costs.param_count(moda) / costs.param_count(pre_ln)
+        assert 1.0 < ratio <= 1.03, (depth, ratio)
+        row = costs.cost_row(moda, 4096)
+        assert row["params_overhead"] == pytest.approx(ratio - 1.0)
+        assert 0.0 < row["prefill_overhead"] < 0.06, (depth, row["prefill_overhead"])
 
 
 # ------------------------------------------------------------------- peaks, MFU

@@ -242,14 +242,16 @@ def _rms_norm(x, w, eps):
 
 
 @functools.cache
-def attnres_by_hand(spec: ModelSpec, block_size: int):
-    return fast_jit(functools.partial(_attnres_by_hand, spec, block_size=block_size))
+def attnres_by_hand(spec: ModelSpec, sizes: tuple[int, ...]):
+    return fast_jit(functools.partial(_attnres_by_hand, spec, sizes=sizes))
 
 
-def _attnres_by_hand(spec: ModelSpec, params, block_size: int):
+def _attnres_by_hand(spec: ModelSpec, params, sizes: tuple[int, ...]):
     """The spec's AttnRes written as a loop over sources: the bank starts [x0];
-    sublayer j >= 1 mixes over bank + [partial]; when j mod S == 0 the partial
-    is committed first and a new one starts with y_j."""
+    sublayer j >= 1 mixes over bank + [partial]; when j starts a block (blocks
+    of ``sizes`` sublayers, in order) the partial is committed first and a new
+    one starts with y_j."""
+    starts = set(np.cumsum((0, *sizes))[:-1].tolist())
     eps = spec.norm_eps
     blocks = params["blocks"]
     pos = jnp.arange(TOKENS.shape[1])
@@ -263,7 +265,7 @@ def _attnres_by_hand(spec: ModelSpec, params, block_size: int):
     for j in range(2 * spec.depth):
         b, sub = divmod(j, 2)
         blk = jax.tree.map(lambda a, b=b: a[b], blocks)
-        if j >= 1 and j % block_size == 0:
+        if j >= 1 and j in starts:
             bank, partial = bank + [partial], None
         sources = bank + ([] if partial is None else [partial])
         h = (
@@ -284,18 +286,20 @@ def _attnres_by_hand(spec: ModelSpec, params, block_size: int):
 
 
 @pytest.mark.parametrize(
-    "family,fields,block_size",
+    "family,fields,sizes",
     [
-        ("attnres_full", {}, 1),
-        ("attnres_block", {"attnres_block_size": 2}, 2),
-        ("attnres_block", {"attnres_block_size": 4}, 4),
+        ("attnres_full", {}, (1,) * 6),
+        ("attnres_block", {"attnres_block_size": 2}, (2, 2, 2)),
+        ("attnres_block", {"attnres_block_size": 4}, (4, 2)),
+        ("attnres_block", {"attnres_blocks": 4}, (2, 2, 1, 1)),  # exactly 4 blocks of 6
     ],
 )
-def test_attnres_equals_a_loop_over_sources(family, fields, block_size):
+def test_attnres_equals_a_loop_over_sources(family, fields, sizes):
     spec = make_spec(family, **fields)
     params = randomise(randomise(init_params(make_spec(family)), "query", 7, 2.0), "key_norm", 8)
     out = logits(spec, params)
-    np.testing.assert_allclose(out, attnres_by_hand(spec, block_size)(params), rtol=1e-4, atol=1e-5)
+    assert family_of(spec).blocks == sizes
+    np.testing.assert_allclose(out, attnres_by_hand(spec, sizes)(params), rtol=1e-4, atol=1e-5)
     # The queries matter: the uniform-average model gives other logits.
     uniform = init_params(make_spec(family))
     assert rel_err(logits(spec, with_backbone(uniform, params)), out) > 1e-3
@@ -306,9 +310,30 @@ def test_attnres_block_size_one_is_full():
     full = logits(make_spec("attnres_full"), params)
     block = logits(make_spec("attnres_block", attnres_block_size=1), params)
     np.testing.assert_allclose(block, full, rtol=1e-6, atol=1e-6)
-    assert family_of(make_spec("attnres_block")).block_size == 1  # ceil(2 * 3 / 8)
-    assert family_of(make_spec("attnres_block", depth=32)).block_size == 8
-    assert family_of(make_spec("attnres_block", depth=30)).block_size == 8  # ceil(60 / 8)
+    assert family_of(make_spec("attnres_block")).blocks == (1,) * 6  # 2L = 6 < 8 blocks
+    assert family_of(make_spec("attnres_block", depth=32)).blocks == (8,) * 8
+    # 60 sublayers in exactly 8 blocks: the first 60 mod 8 = 4 take the extra one.
+    assert family_of(make_spec("attnres_block", depth=30)).blocks == (8,) * 4 + (7,) * 4
+
+
+def test_attnres_block_has_exactly_n_blocks_at_every_suite_depth():
+    """Wherever 2L >= N: exactly N blocks, sizes differing by at most one, the
+    larger first, covering all 2L sublayers (ceil(2L / N) gave 7 at L14, L17, L21)."""
+    from depthbench import shapes
+
+    checked = 0
+    for suite in shapes.SUITES.values():
+        for depth, _, _ in suite.rows:
+            for n in (4, 8, 12):
+                if 2 * depth < n:
+                    continue
+                sizes = family_of(make_spec("attnres_block", depth=depth, attnres_blocks=n)).blocks
+                assert len(sizes) == n and sum(sizes) == 2 * depth, (suite.name, depth, n)
+                assert max(sizes) - min(sizes) <= 1 and list(sizes) == sorted(sizes, reverse=True)
+                checked += 1
+    assert checked > 30
+    layout = family_of(make_spec("attnres_block", depth=21)).layout()
+    assert layout == "2x6+6x5"  # two blocks of 6 sublayers, then six of 5
 
 
 def test_attnres_last_depth_state_is_the_readout_mix():
@@ -351,7 +376,8 @@ def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
     rng = np.random.default_rng(4)
     x0, y, x_in = (normal(rng, (b, t, spec.d_model)) for _ in range(3))
     kv = normal(rng, (2, b, t, spec.n_kv_heads, spec.head_dim))
-    p = {"depth_kv": normal(rng, (spec.d_model, 2, spec.n_kv_heads, spec.head_dim))}
+    p = {"depth_kv": normal(rng, (spec.d_model, 2, fam.kv_heads, spec.head_dim))}
+    p |= {k: np.ones((spec.d_model,), np.float32) for k in ("attn_post_norm", "mlp_post_norm")}
 
     @fast_jit
     def moda_writes(active):
@@ -360,7 +386,7 @@ def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
             p, state, y, Site(0, jnp.int32(1), jnp.int32(1)), {"kv": (kv[0], kv[1])}, active
         )
         mlp = fam.write(p, state, y, Site(1, jnp.int32(1), jnp.int32(1)), {"x_in": x_in}, active)
-        # The last block's MLP (slot 2L - 1 >= M = 2L - 2) writes nothing even when active.
+        # The last block's MLP (block L - 1 >= L - 1 slots) writes nothing even when active.
         last = fam.write(p, state, y, Site(1, jnp.int32(2), jnp.int32(2)), {"x_in": x_in}, active)
         return state, attn, mlp, last
 
@@ -368,17 +394,19 @@ def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
     for out in off:
         chex.assert_trees_all_equal(out, state)
     state, attn, mlp, last = moda_writes(jnp.bool_(True))
-    assert np.asarray(attn["valid"]).tolist() == [False, False, True, False]
-    np.testing.assert_array_equal(attn["k"][:, :, 2], kv[0])
-    np.testing.assert_array_equal(attn["v"][:, :, 2], kv[1])
-    assert np.asarray(mlp["valid"]).tolist() == [False, False, False, True]
+    np.testing.assert_array_equal(attn["ka"][:, :, 1], kv[0])
+    np.testing.assert_array_equal(attn["va"][:, :, 1], kv[1])
+    assert np.asarray(mlp["valid"]).tolist() == [False, True]  # block 1 complete
     np.testing.assert_allclose(
-        mlp["v"][:, :, 3],
+        mlp["vf"][:, :, 1],
         jnp.einsum("btd,dkh->btkh", x_in, p["depth_kv"][:, 1]),
         rtol=1e-5,
         atol=1e-5,
     )
-    np.testing.assert_array_equal(attn["x"], x0 + y)
+    # Post-norm (the default): x <- N(x + y) with a unit gain.
+    total = np.asarray(x0 + y, np.float64)
+    expected = total / np.sqrt(np.mean(total**2, -1, keepdims=True) + spec.norm_eps)
+    np.testing.assert_allclose(attn["x"], expected, rtol=1e-5, atol=1e-6)
     chex.assert_trees_all_equal({**last, "x": x0}, state)
 
     afam = family_of(make_spec("attnres_block", attnres_block_size=2))
@@ -416,52 +444,78 @@ def _np_norm(x, w, eps):
 
 
 def moda_by_hand(spec: ModelSpec, params):
-    """Depth-2 moda in float64 numpy: block 1's attention concatenates its causal
-    sequence logits (RoPE) with the depth logits of block 0's attention k, v and
-    block 0's MLP k, v (unrotated) and takes one softmax."""
+    """moda in float64 numpy: each attention concatenates its causal sequence
+    logits (RoPE) with the depth logits of every earlier attention's k, v
+    (``n_kv`` heads) and MLP k, v (``moda_kv_heads`` heads, unrotated) and
+    takes one softmax; the depth logits use the rotated or unrotated query;
+    the residual is post-norm ``N(x + F(x))`` or pre-norm ``x + F(N(x))``."""
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
-    eps, h = spec.norm_eps, spec.head_dim
-    g = spec.n_heads // spec.n_kv_heads
+    eps, h, n = spec.norm_eps, spec.head_dim, spec.n_heads
+    spec = family_of(spec).spec  # with the family's defaults for fields not given
+    post = spec.r("moda_norm") == "post"
+    rotated = spec.r("moda_depth_query") == "rotated"
     x = p["embed"][np.asarray(TOKENS)]
     t = x.shape[1]
-    depth_k, depth_v = [], []
+    depth_k, depth_v = [], []  # per query head already: [B, T, n, h]
+
+    def sublayer(x, blk, f, which):
+        if post:
+            return _np_norm(x + f(x), blk["residual"][f"{which}_post_norm"], eps)
+        return x + f(_np_norm(x, blk[f"{which}_norm"], eps))
+
     for b in range(spec.depth):
         blk = jax.tree.map(lambda a, b=b: a[b], p["blocks"])
-        a = blk["attn"]
-        xin = _np_norm(x, blk["attn_norm"], eps)
-        q = np.einsum("btd,dnh->btnh", xin, a["q"])
-        k = np.einsum("btd,dkh->btkh", xin, a["k"])
-        v = np.einsum("btd,dkh->btkh", xin, a["v"])
-        kr = np.repeat(_np_rope(k), g, axis=2)
-        seq = np.einsum("btnh,bsnh->bnts", _np_rope(q), kr) / np.sqrt(h)
-        seq = np.where(np.tril(np.ones((t, t), bool)), seq, -np.inf)
-        dks = [np.repeat(dk, g, axis=2) for dk in depth_k]
-        dvs = [np.repeat(dv, g, axis=2) for dv in depth_v]
-        dep = [np.einsum("btnh,btnh->bnt", q, dk)[..., None] / np.sqrt(h) for dk in dks]
-        logit = np.concatenate([seq, *dep], axis=-1)
-        w = np.exp(logit - logit.max(-1, keepdims=True))
-        w = w / w.sum(-1, keepdims=True)
-        out = np.einsum("bnts,bsnh->btnh", w[..., :t], np.repeat(v, g, axis=2))
-        for i, dv in enumerate(dvs):
-            out = out + w[..., t + i].transpose(0, 2, 1)[..., None] * dv
-        x = x + np.einsum("btnh,nhd->btd", out, a["o"])
-        depth_k.append(k)
-        depth_v.append(v)
-        m = blk["mlp"]
-        xin = _np_norm(x, blk["mlp_norm"], eps)
-        hid = xin @ m["gate"]
-        x = x + ((hid / (1 + np.exp(-hid))) * (xin @ m["up"])) @ m["down"]
-        kv = np.einsum("btd,dckh->cbtkh", xin, blk["residual"]["depth_kv"])
-        depth_k.append(kv[0])
-        depth_v.append(kv[1])
+        a, kv_out = blk["attn"], []
+
+        def attention(xin, a=a, kv_out=kv_out):
+            q = np.einsum("btd,dnh->btnh", xin, a["q"])
+            k = np.einsum("btd,dkh->btkh", xin, a["k"])
+            v = np.einsum("btd,dkh->btkh", xin, a["v"])
+            kv_out.extend([k, v])
+            g = n // k.shape[2]
+            seq = np.einsum("btnh,bsnh->bnts", _np_rope(q), np.repeat(_np_rope(k), g, 2))
+            seq = np.where(np.tril(np.ones((t, t), bool)), seq / np.sqrt(h), -np.inf)
+            qd = _np_rope(q) if rotated else q
+            dep = [np.einsum("btnh,btnh->bnt", qd, dk)[..., None] / np.sqrt(h) for dk in depth_k]
+            logit = np.concatenate([seq, *dep], axis=-1)
+            w = np.exp(logit - logit.max(-1, keepdims=True))
+            w = w / w.sum(-1, keepdims=True)
+            out = np.einsum("bnts,bsnh->btnh", w[..., :t], np.repeat(v, g, axis=2))
+            for i, dv in enumerate(depth_v):
+                out = out + w[..., t + i].transpose(0, 2, 1)[..., None] * dv
+            return np.einsum("btnh,nhd->btd", out, a["o"])
+
+        mlp_in = []
+
+        def mlp(xin, m=blk["mlp"], mlp_in=mlp_in):
+            mlp_in.append(xin)
+            hid = xin @ m["gate"]
+            return ((hid / (1 + np.exp(-hid))) * (xin @ m["up"])) @ m["down"]
+
+        x = sublayer(x, blk, attention, "attn")
+        x = sublayer(x, blk, mlp, "mlp")
+        kv = np.einsum("btd,dckh->cbtkh", mlp_in[0], blk["residual"]["depth_kv"])
+        for k, v in (kv_out, kv):  # attention's depth keys first, then the MLP's
+            depth_k.append(np.repeat(k, n // k.shape[2], axis=2))
+            depth_v.append(np.repeat(v, n // v.shape[2], axis=2))
     return _np_norm(x, p["final_norm"]["scale"], eps) @ p["head"]
 
 
-def test_moda_equals_one_softmax_over_sequence_and_depth(pre_ln):
-    spec = make_spec("moda", depth=2)
+@pytest.mark.parametrize(
+    "fields",
+    [{}, {"moda_norm": "pre", "moda_depth_query": "unrotated", "moda_kv_heads": 0},
+     {"moda_depth_query": "unrotated", "moda_kv_heads": 1}],
+)
+def test_moda_matches_a_loop_over_sequence_and_depth_keys(fields):
+    spec = make_spec("moda", depth=3, **fields)
     params = init_params(spec)
     out = logits(spec, params)
     np.testing.assert_allclose(out, moda_by_hand(spec, params), rtol=1e-4, atol=1e-5)
+
+
+def test_moda_block0_is_ordinary_attention(pre_ln):
+    spec = make_spec("moda", depth=2, moda_norm="pre")
+    params = init_params(spec)
     # Block 0 is ordinary causal attention: its depth state equals pre_ln's.
     pspec = make_spec("pre_ln", depth=2)
     backbone = take_blocks(pre_ln[1], [0, 1])
@@ -573,13 +627,14 @@ def test_documented_overheads_and_state_sizes():
     assert f["mhc"].extra_block_params() == 2 * (n * d * (n * n + 2 * n) + n * n + 2 * n + 3)
     assert f["attnres_full"].extra_block_params() == 2 * 2 * d
     assert f["attnres_full"].extra_global_params() == 2 * d
-    assert f["moda"].extra_block_params() == 2 * d * d
+    hd = d // 16
+    assert f["moda"].extra_block_params() == 2 * d * 2 * hd  # 2 depth K/V heads
     assert f["hc"].state_floats_per_token() == f["mhc"].state_floats_per_token() == n * d
     assert f["attnres_full"].state_floats_per_token() == (2 * L + 1) * d
     assert f["attnres_block"].state_floats_per_token() == (8 + 1) * d  # x0 + 8 blocks
-    assert f["moda"].state_floats_per_token() == d + 2 * (2 * L - 2) * d
+    assert f["moda"].state_floats_per_token() == d + 2 * (L - 1) * (16 + 2) * hd
     assert f["attnres_full"].sources_per_token() == 2 * L * L + 3 * L
-    assert f["moda"].extra_flops_per_token(128) == 4 * d * L * (L - 1) + (L - 1) * 4 * d * d
+    assert f["moda"].extra_flops_per_token(128) == 4 * d * L * (L - 1) + (L - 1) * 2 * d * 4 * hd
 
 
 def test_no_decay_leaves_and_logical_axes():
@@ -611,7 +666,7 @@ def test_no_decay_leaves_and_logical_axes():
     )
     assert hc.HC.no_decay == {"A0", "beta0"}
     assert mhc.MHC.no_decay == {"b_pre", "b_post", "B_res"}
-    assert moda.MoDA(make_spec("moda")).n_slots == 4
+    assert moda.MoDA(make_spec("moda")).n_slots == 2  # L - 1 of each kind (attention, MLP)
 
 
 @pytest.mark.parametrize(
@@ -621,6 +676,9 @@ def test_no_decay_leaves_and_logical_axes():
         ("hc", {"model.residual.hc_n": 100}, "hc_n"),
         ("hc", {"model.residual.hc_scale_init": float("nan")}, "hc_scale_init"),
         ("attnres_block", {"model.residual.attnres_block_size": -2}, "attnres_block_size"),
+        ("moda", {"model.residual.moda_kv_heads": 3}, "moda_kv_heads"),  # 4 heads at micro
+        ("moda", {"model.residual.moda_norm": "mid"}, "moda_norm"),
+        ("moda", {"model.residual.moda_depth_query": "sideways"}, "moda_depth_query"),
     ],
 )
 def test_validate_names_the_bad_field(family, override, field):

@@ -69,7 +69,9 @@ def test_depth_attention_without_depth_keys_is_causal_attention():
     v = jax.random.normal(k[2], (2, 5, 2, 8))
     ref = jax.nn.dot_product_attention(q, kk, v, is_causal=True)
     dk = jnp.zeros((2, 5, 3, 2, 8))
-    out = layers.attention_with_depth(q, kk, v, q, dk, dk, jnp.zeros((3,), bool))
+    none = jnp.zeros((3,), bool)
+    groups = ((dk, dk, none), (dk[:, :, :, :1], dk[:, :, :, :1], none))
+    out = layers.attention_with_depth(q, kk, v, q, groups)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
 
 

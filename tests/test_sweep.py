@@ -475,3 +475,62 @@ def test_real_sweep_end_to_end(tmp_path, capsys):
     assert cli_main(["report", str(workdir)]) == 0
     assert (workdir / "report.md").exists() and (workdir / "training_curves.png").exists()
 
+
+
+# ---------------------------------------------------------------- variants
+
+VARIANT_SPEC = """
+from depthbench.config import base_config
+
+def get_config():
+    c = base_config()
+    c.name = "variant_sweep"
+    c.train.steps = 20
+    return c
+
+def get_sweep():
+    return [{"model.family": f, "model.depth": 2, "train.lr": 3e-3}
+            for f in ("hc", "hc+sum_then_norm", "moda+pre_norm+unrotated_query")]
+"""
+
+
+def test_variant_names_round_trip_through_sweep_results_and_report(tmp_path):
+    from depthbench import report
+
+    spec = tmp_path / "variants.py"
+    spec.write_text(VARIANT_SPEC)
+    sweep = sweeplib.expand(spec)
+    names = ["hc-L2-lr3e-03", "hc+sum_then_norm-L2-lr3e-03",
+             "moda+pre_norm+unrotated_query-L2-lr3e-03"]
+    assert [r.name for r in sweep.runs] == names
+    plain, summed, moda = (r.config for r in sweep.runs)
+    assert plain.model.family == summed.model.family == "hc"
+    assert plain.model.residual.readout == "norm_then_sum"  # the original default stays
+    assert summed.model.residual.readout == "sum_then_norm"
+    assert moda.model.family == "moda" and moda.model.residual.moda_norm == "pre"
+    assert moda.model.residual.moda_depth_query == "unrotated"
+    work = tmp_path / "work"
+    sweeplib.run_sweep(sweep, work, runner=FakeRunner(), progress=False)
+    rows = read_csv(work / "results.csv")
+    assert [rows[n]["family"] for n in names] == ["hc", "hc+sum_then_norm",
+                                                  "moda+pre_norm+unrotated_query"]
+    # A second expansion (re-run) skips them, and the report keeps one row per label.
+    again = FakeRunner()
+    sweeplib.run_sweep(sweeplib.expand(spec), work, runner=again, progress=False)
+    assert again.calls == []
+    rep = report.write_report(work, plots=False)
+    families = [fr.family for fr in rep.summary["micro"]]
+    assert families == ["hc", "hc+sum_then_norm", "moda+pre_norm+unrotated_query"]
+    text = (work / "report.md").read_text()
+    assert "`hc+sum_then_norm`" in text and "variant's effect" in text
+    assert "| hc+sum_then_norm |" in text
+
+
+def test_bad_variants_are_one_line_errors(tmp_path):
+    spec = tmp_path / "bad.py"
+    spec.write_text(VARIANT_SPEC.replace("hc+sum_then_norm", "hc+sum_then_nrom"))
+    with pytest.raises(ConfigError, match="variant 'sum_then_nrom' in 'hc\\+sum_then_nrom'"):
+        sweeplib.expand(spec)
+    spec.write_text(VARIANT_SPEC)
+    with pytest.raises(ConfigError, match="model.residual.readout: the sweep sets it"):
+        sweeplib.expand(spec, ["--config.model.residual.readout=sum_then_norm"])

@@ -151,3 +151,90 @@ def test_lr_rule_needs_a_family_that_defines_it():
     fam = family_of(ModelSpec.from_shape(Shape(2, 32, 64, 4, 4, 64), family="pre_ln"))
     with pytest.raises(ConfigError, match=r"config\.train\.lr_rule"):
         optim.lr_multipliers(config, fam, PARAMS)
+
+
+def _completep(depth: int, base: int, alpha: float | None = None):
+    config = config_lib.base_config()
+    config.model.family = "completep"
+    if alpha is not None:
+        config.model.residual.completep_alpha = alpha
+    config.model.residual.completep_base_depth = base
+    spec = ModelSpec.from_shape(Shape(depth, 32, 64, 4, 4, 64), family="completep",
+                                residual=tuple(sorted(config.model.residual.to_dict().items())))
+    return config, family_of(spec)
+
+
+@pytest.mark.parametrize(("depth", "base", "alpha"), [(16, 4, None), (16, 4, 0.5), (2, 8, 1.0),
+                                                      (70, 16, 0.75)])
+def test_completep_constants_follow_the_paper(depth, base, alpha):
+    """Dey et al. 2025 (arXiv 2505.01618) and its code (nanoGPT-mup, completep):
+    branch multiplier m_L^-alpha, hidden LR m_L^(alpha-1), AdamW eps * m_L^-alpha with
+    m_L = L / L_base; alpha defaults to 1 (CompleteP), 0.5 is depth-muP."""
+    config, fam = _completep(depth, base, alpha)
+    a = 1.0 if alpha is None else alpha
+    m = depth / base
+    assert fam.alpha == a
+    assert fam.multiplier == pytest.approx(m**-a, rel=1e-12)
+    assert fam.hidden_lr == pytest.approx(m ** (a - 1.0), rel=1e-12)
+    assert optim.adam_eps(config, fam) == 1e-8  # the rule is off: the recipe's eps
+    config.train.lr_rule = "completep"
+    assert optim.adam_eps(config, fam) == pytest.approx(1e-8 * m**-a, rel=1e-12)
+
+
+def test_completep_eps_reaches_adam():
+    """The scaled epsilon is the one Adam divides by: with a gradient of the size
+    of eps, the first update differs from the recipe's by exactly that factor."""
+    config, fam = _completep(16, 4)
+    config.train.lr_rule = "completep"
+    eps = optim.adam_eps(config, fam)
+    assert eps == pytest.approx(2.5e-9)
+    g = {"w": jnp.full((3,), 1e-8)}
+    for e in (1e-8, eps):
+        tx = optim.adamw(lambda s: 1.0, eps=e, weight_decay=0.0)
+        u, _ = jax.jit(tx.update)(g, tx.init(g), g)
+        # First Adam step: m_hat = g, sqrt(v_hat) = |g|: update = -g / (|g| + eps).
+        np.testing.assert_allclose(u["w"], -1e-8 / (1e-8 + e), rtol=1e-5)
+
+
+MODEL_PARAMS = {
+    "embed": jnp.ones((4, 2)),
+    "head": jnp.ones((2, 4)),
+    "blocks": {"attn_norm": jnp.ones((2, 2)), "mlp_norm": jnp.ones((2, 2)),
+               "attn": {"q": jnp.ones((2, 2, 2))}, "mlp": {"up": jnp.ones((2, 2, 3))},
+               "residual": {"A0": jnp.ones((2, 4, 5)), "W_a": jnp.ones((2, 2, 5)),
+                            "attn_post_norm": jnp.ones((2, 2))}},
+    "residual": {"query": jnp.ones((2,))},
+    "final_norm": {"scale": jnp.ones((2,))},
+}
+
+
+def _mask(no_decay: str, family: str = "hc"):
+    config = _config(no_decay=no_decay)
+    fam = family_of(ModelSpec.from_shape(Shape(2, 32, 64, 4, 4, 64), family=family))
+    return optim.decay_mask(MODEL_PARAMS, optim.no_decay_names(config, fam),
+                            optim.no_decay_paths(config))
+
+
+def test_no_decay_presets():
+    assert config_lib.base_config().train.no_decay == "recipe"
+    recipe = _mask("recipe")
+    assert recipe["blocks"]["residual"] == {"A0": False, "W_a": True, "attn_post_norm": True}
+    assert all(jax.tree.leaves({k: v for k, v in recipe.items() if k != "blocks"}))
+    assert recipe["blocks"]["attn_norm"] and recipe["blocks"]["mlp"]["up"]
+    assert _mask("") == recipe  # no preset named: the recipe
+    alt = _mask("norms_embeddings_residual")
+    assert not alt["embed"] and not alt["final_norm"]["scale"]
+    assert not alt["blocks"]["attn_norm"] and not alt["blocks"]["mlp_norm"]
+    assert not any(jax.tree.leaves(alt["blocks"]["residual"])) and not alt["residual"]["query"]
+    assert alt["head"] and alt["blocks"]["attn"]["q"] and alt["blocks"]["mlp"]["up"]
+    extra = _mask("recipe, scale")
+    assert not extra["final_norm"]["scale"] and extra["embed"]
+
+
+def test_no_decay_default_keeps_the_recipe_mask_and_rejects_unknown_names():
+    c = _config()
+    fam = family_of(ModelSpec.from_shape(Shape(2, 32, 64, 4, 4, 64), family="mhc"))
+    tx, _ = optim.from_config(c, fam, MODEL_PARAMS)
+    assert tx is not None
+    with pytest.raises(ConfigError, match=r"config\.train\.no_decay: norms_embedings"):
+        optim.from_config(_config(no_decay="norms_embedings"), fam, MODEL_PARAMS)

@@ -21,7 +21,7 @@ from typing import Any
 
 from etils import epath
 
-from depthbench import reference, shapes
+from depthbench import reference, shapes, variants
 from depthbench import runs as runlib
 from depthbench import sweep as sweeplib
 from depthbench.errors import ConfigError
@@ -281,18 +281,25 @@ def cost_rows(workdir: epath.Path, rows: Sequence[dict]) -> list[dict]:
         except (ConfigError, KeyError):
             continue  # a family this checkout does not know
         seen.add(key)
-        out.append({**row, "suite": key[0], "seq_len": seq_len})
+        out.append({**row, "family": r["family"], "suite": key[0], "seq_len": seq_len})
     return out
 
 
 def markdown(workdir: str, rows: Sequence[dict], summary: dict[str, list[FamilyRow]],
-             costs_rows: Sequence[dict], plots: dict[str, str | None]) -> str:
+             costs_rows: Sequence[dict], plots: dict[str, str | None],
+             sections: Sequence[str] = ()) -> str:
     counts = {s: sum(r["status"] == s for r in rows) for s in sweeplib.STATUSES}
     status = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     out = [f"# depthbench sweep report: `{workdir}`", "",
            f"{len(rows)} runs: {status}.  Metric: validation loss at the end of training "
            "(nats per token); each cell is the best learning rate's run, **bold** the family's "
            "best aspect ratio (d_model / L).", ""]
+    labelled = sorted({r["family"] for r in rows if variants.SEPARATOR in str(r["family"])})
+    if labelled:
+        out += ["Rows named `family+variant` (" + ", ".join(f"`{f}`" for f in labelled) + ") "
+                "train the plain family with the variant's config overrides "
+                "(`depthbench.variants`): the difference from the family's own row is the "
+                "variant's effect at the same recipe, shapes and seed.", ""]
     for suite, family_rows in summary.items():
         title = f"suite `{suite}`" if suite else "shape rule"
         out += [f"## Validation loss by aspect ratio, {title}", ""]
@@ -326,6 +333,7 @@ def markdown(workdir: str, rows: Sequence[dict], summary: dict[str, list[FamilyR
                 "causal attention halved; LM head excluded), bf16 KV cache per sequence, "
                 "residual-state activation bytes per token (depthbench.costs).", ""]
         out += [_md_table(*costs_table(costs_rows), align="l"), ""]
+    out += list(sections)  # e.g. the downstream evaluation section
     out += ["## All runs", "", _md_table(*runs_table(rows), align="ll"), ""]
     return "\n".join(out)
 
@@ -373,8 +381,13 @@ def write_report(workdir: str | epath.Path, *, plots: bool = True) -> Report:
     else:
         for key in ("loss_vs_aspect", "training_curves", "costs_vs_aspect"):
             drawn[key + "_why"] = "--no-plots"
+    from depthbench.evaluation import report_section
+
+    downstream, downstream_files = report_section.section(workdir, summary, _md_table,
+                                                                  draw=plots)
+    files.update(downstream_files)
     runlib.atomic_write(workdir / sweeplib.RESULTS_CSV, sweeplib.rows_to_csv(rows))
-    text = markdown(str(workdir), rows, summary, costs_rows, drawn)
+    text = markdown(str(workdir), rows, summary, costs_rows, drawn, downstream)
     runlib.atomic_write(workdir / "report.md", text)
     files["report"] = str(workdir / "report.md")
     return Report(rows, summary, files)

@@ -38,6 +38,7 @@ LOCK_FILE = "run.lock"
 # trailing "." names a whole section.
 RUNTIME_FIELDS = (
     "parallel.",
+    "eval.",  # downstream evaluation after a sweep's run (depthbench.evaluation)
     "data.cache_dir",
     "data.prefetch",
     "data.worker_count",

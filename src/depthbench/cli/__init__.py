@@ -17,7 +17,8 @@ import sys
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError
 
 # Sub-command modules, in the order `depthbench --help` lists them.
-COMMANDS = ("shapes", "costs", "families", "data", "train", "sweep", "report")
+COMMANDS = ("shapes", "costs", "families", "data", "train", "sweep", "report",
+            "import_hf", "eval", "lm_eval_cmd")
 
 
 # Extra `section.field=value` overrides for every command that takes them, applied
@@ -87,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lm-eval"]:  # lm-eval's own flags pass through untouched
+        from depthbench.cli import lm_eval_cmd
+
+        return lm_eval_cmd.passthrough(argv[1:])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if not getattr(args, "func", None):

@@ -29,6 +29,16 @@ columns (per sequence of --seq-len tokens unless stated):
   train     training FLOPs per token (forward + backward, MaxText convention)
   kv_cache  K and V of every layer, bf16: 2 L T n_kv head_dim * 2 bytes
   state     residual-state memory per token, bf16 (hc/mhc: n streams; attnres: its sources)
+  +params   the family's parameters over the plain backbone's (pre_ln) at the same shape
+  +prefill  the family's own forward work over the backbone's prefill (LM head excluded)
+  layout    how the family arranges depth at that shape: attnres_block's blocks as
+            runs of (blocks)x(sublayers), e.g. 4x18+4x17 = four blocks of 18 then four
+            of 17; moda's depth K/V heads (attention+MLP), norm placement and query
+Every FLOP is counted once (see depthbench.costs), and agrees with XLA's count of the
+compiled program (tests/test_costs_xla.py).  The original benchmark's "3.0 -> 4.4
+TFLOPs" (paper-400m, L16 -> L70, T 4096) is the prefill column without the LM head:
+2.98T at L16 (its 3.0) and 4.33T at L70 (with the head: 3.48T and 4.59T); its 4.4
+follows from neither form, so it is not reproduced.
 families: {families}
 """
 
@@ -73,7 +83,12 @@ def _human(rows: list[dict], title: str) -> str:
         "train FLOPs/token",
         "KV cache",
         "state/token",
+        "+params",
+        "+prefill",
     ]
+    with_layout = any(r["layout"] for r in rows)
+    if with_layout:
+        headers.append("layout")
     cells = [
         [
             str(r["depth"]),
@@ -85,7 +100,10 @@ def _human(rows: list[dict], title: str) -> str:
             fmt_si(r["train_flops_per_token"]),
             fmt_bytes(r["kv_cache_bytes"]),
             fmt_bytes(r["state_bytes_per_token"]),
+            f"{100 * r['params_overhead']:+.2f}%",
+            f"{100 * r['prefill_overhead']:+.2f}%",
         ]
+        + ([r["layout"]] if with_layout else [])
         for r in rows
     ]
     return title + "\n" + table(headers, cells)
@@ -112,8 +130,28 @@ def _run(args: argparse.Namespace) -> int:
     for family, rows in blocks:
         title = f"{sel.title}\nfamily {family}, sequence length {seq_len}"
         out.append(_human(rows, title))
-    print("\n\n".join(out))
+    note = _paper_note(getattr(args, "suite", None), sel.shapes, seq_len)
+    print("\n\n".join(out + ([note] if note else [])))
     return 0
+
+
+# The original benchmark's prefill figure for paper-400m (L16 -> L70, T 4096).
+PAPER_QUOTE = "3.0 -> 4.4 TFLOPs"
+
+
+def _paper_note(suite: str | None, shapes_: list, seq_len: int) -> str:
+    """Which number reproduces PAPER_QUOTE, computed from the plain backbone's
+    rows (no family extras): only for paper-400m at T 4096 with both ends."""
+    by_depth = {s.depth: s for s in shapes_}
+    if suite != "paper-400m" or seq_len != 4096 or not {16, 70} <= set(by_depth):
+        return ""
+    specs = [ModelSpec.from_shape(by_depth[d]) for d in (16, 70)]
+    bare = [costs.prefill_flops(s, seq_len) / 1e12 for s in specs]
+    head = [b + costs.lm_head_flops(s, seq_len) / 1e12 for b, s in zip(bare, specs, strict=True)]
+    return (f"note: the original benchmark quotes \"{PAPER_QUOTE}\" for L16 -> L70; prefill "
+            f"FLOPs here exclude the LM head: {bare[0]:.2f}T -> {bare[1]:.2f}T (with the head "
+            f"{head[0]:.2f}T -> {head[1]:.2f}T). Its 3.0 is this column; its 4.4 follows from "
+            "neither.")
 
 
 def register(subparsers) -> None:

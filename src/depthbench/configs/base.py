@@ -44,7 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
     m.scan_unroll = 1  # 1: rolled nn.scan; depth: fully unrolled (same params)
     # "none" or a jax.checkpoint_policies name ("nothing_saveable", "dots_saveable" ...)
     m.remat_policy = "nothing_saveable"
-    m.impl = "xla"  # residual-routing implementation ("pallas" once pallas_kernels/ lands)
+    m.impl = "xla"  # routing: "xla" | "pallas" (fused kernels) | "auto" (pallas on 1 TPU/GPU)
     # Residual-family fields (spec/residuals.md): each family declares its own,
     # with defaults, in its module (``fields``); the registry gathers them here.
     m.residual = ml_collections.ConfigDict(registry.residual_defaults())
@@ -80,7 +80,10 @@ def get_config() -> ml_collections.ConfigDict:
     t.b2 = 0.95
     t.eps = 1e-8
     t.weight_decay = 0.1
-    t.no_decay = ""  # comma-separated param leaf names exempt from decay, beyond the family's
+    # Parameters without weight decay: "recipe" (the original's: only what a family exempts,
+    # hc/mhc static routing) | "norms_embeddings_residual" (no decay on norm gains, the input
+    # embedding, every residual-family parameter); extra leaf names may follow: "recipe,scale".
+    t.no_decay = "recipe"
     t.clip_norm = 1.0
     t.seed = 0
     t.log_every = 10
@@ -89,6 +92,15 @@ def get_config() -> ml_collections.ConfigDict:
     t.keep_checkpoints = 2
     t.max_loss = 20.0  # a loss above this counts as divergence
     t.layer_stats_every = 100  # per-block residual RMS / update norms to TensorBoard
+
+    # ------------------------------------------------------------------- eval
+    # Downstream evaluation after a sweep trains each run (docs/EVAL.md); runtime
+    # fields: changing them never blocks resuming.
+    e = c.eval = ml_collections.ConfigDict()
+    e.suites = ""  # comma-separated: nll-code-stem-math, commonsense, bbh-reasoning
+    e.data_dir = ""  # local records (DIR/<task>.jsonl or .parquet); "" = the hub
+    e.limit = 0  # records per task (0: all)
+    e.batch_size = 8
 
     # --------------------------------------------------------------- parallel
     p = c.parallel = ml_collections.ConfigDict()

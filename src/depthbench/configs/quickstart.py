@@ -1,7 +1,8 @@
 """The micro sweep a new user runs first (about 10 minutes on a 2-core CPU).
 
-Four residual families x three aspect ratios of the micro suite (~1.2M
-parameters, 4 heads, vocabulary 2048), trained on the bundled micro corpus:
+Four residual families, and hc's readout control, x three aspect ratios of
+the micro suite (~1.2M parameters, 4 heads, vocabulary 2048), trained on the
+bundled micro corpus:
 
     depthbench sweep --config quickstart --workdir runs/quickstart
     depthbench report runs/quickstart
@@ -11,14 +12,21 @@ Depths 2, 4 and 10 give aspect ratios 76, 30 and 8: the span of the paper's
 the same short recipe at one learning rate (~150k tokens: the families are
 compared early in training); micro_all.py is the full suite.
 
+``hc+sum_then_norm`` is the control for a confound: hc and mhc keep the
+original benchmark's ``norm_then_sum`` readout (``sum_s N_out(H[s])``), whose
+logits start exactly ``n = 4`` times pre_ln's; early in training that larger
+logit scale alone lowers the loss.  The same hc with ``sum_then_norm``
+(``N_out(sum_s H[s])``, the HC paper's form, equal to pre_ln at init) shows how
+much of hc's lead is its routing and how much its readout's scale.
+
 attnres_block is left out on purpose: with the default 8 blocks it equals
-attnres_full at L2 and L4 (one sublayer per block), so it would add 25% to
+attnres_full at L2 and L4 (one sublayer per block), so it would add 20% to
 the time for one new point; add it to FAMILIES to see it at L10.
 """
 
 from depthbench.configs import base
 
-FAMILIES = ("pre_ln", "hc", "mhc", "attnres_full")
+FAMILIES = ("pre_ln", "hc", "hc+sum_then_norm", "mhc", "attnres_full")
 DEPTHS = (2, 4, 10)  # micro suite: d_model 152, 120, 80 -> aspect ratios 76, 30, 8
 LRS = (3e-3,)
 

@@ -64,39 +64,50 @@ def rope(x_bthd: jax.Array, positions_t: jax.Array, theta: float) -> jax.Array:
     return out.astype(x_bthd.dtype)
 
 
-def attention_with_depth(
-    q_btnh, k_btkh, v_btkh, q_raw_btnh, depth_k_btmkh, depth_v_btmkh, depth_valid_m
-):
+def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
     """Causal attention whose softmax also covers depth keys at the same token.
 
-    Sequence logits use rotated q, k; depth logits use the unrotated query
-    (RoPE cancels at equal positions).  One softmax over both, in fp32.
+    Sequence logits use the rotated ``q_btnh`` against rotated ``k``; depth
+    logits use ``q_depth_btnh`` (the rotated or the unrotated query: the
+    family decides) against each group's depth keys.  ``groups`` is a sequence
+    of ``(k_btmgh, v_btmgh, valid_m)``, each with its own number of key heads
+    ``g`` dividing ``n`` (query head ``i`` uses key head ``i // (n / g)``, as
+    in GQA); invalid slots are masked.  One softmax over all of it, in fp32,
+    scale ``1/sqrt(d_h)``.
     """
     b, t, n, h = q_btnh.shape
-    kv = k_btkh.shape[2]
-    g = n // kv
     scale = 1.0 / jnp.sqrt(jnp.float32(h))
-    q = q_btnh.reshape(b, t, kv, g, h).astype(jnp.float32)
-    qr = q_raw_btnh.reshape(b, t, kv, g, h).astype(jnp.float32)
-    seq_logits = jnp.einsum("btkgh,bskh->bkgts", q, k_btkh.astype(jnp.float32)) * scale
+
+    def per_head(x_btgh):  # [B, S, g, h] -> [B, S, n, h]: the key head of each query head
+        return jnp.repeat(x_btgh.astype(jnp.float32), n // x_btgh.shape[2], axis=2)
+
+    q = q_btnh.astype(jnp.float32)
+    qd = q_depth_btnh.astype(jnp.float32)
+    seq_logits = jnp.einsum("btnh,bsnh->bnts", q, per_head(k_btkh)) * scale
     causal_ts = jnp.tril(jnp.ones((t, t), dtype=bool))
-    seq_logits = jnp.where(causal_ts, seq_logits, -jnp.inf)
-    depth_logits = jnp.einsum("btkgh,btmkh->bkgtm", qr, depth_k_btmkh.astype(jnp.float32)) * scale
-    depth_logits = jnp.where(depth_valid_m, depth_logits, -jnp.inf)
-    logits = jnp.concatenate([seq_logits, depth_logits], axis=-1)
-    probs = jax.nn.softmax(logits, axis=-1)
-    p_seq, p_depth = probs[..., :t], probs[..., t:]
-    out = jnp.einsum("bkgts,bskh->btkgh", p_seq, v_btkh.astype(jnp.float32))
-    out = out + jnp.einsum("bkgtm,btmkh->btkgh", p_depth, depth_v_btmkh.astype(jnp.float32))
-    return out.reshape(b, t, n, h).astype(q_btnh.dtype)
+    parts = [jnp.where(causal_ts, seq_logits, -jnp.inf)]
+    for k_btmgh, _, valid_m in groups:
+        k_btmnh = jnp.repeat(k_btmgh.astype(jnp.float32), n // k_btmgh.shape[3], axis=3)
+        logits = jnp.einsum("btnh,btmnh->bntm", qd, k_btmnh) * scale
+        parts.append(jnp.where(valid_m, logits, -jnp.inf))
+    probs = jax.nn.softmax(jnp.concatenate(parts, axis=-1), axis=-1)
+    out = jnp.einsum("bnts,bsnh->btnh", probs[..., :t], per_head(v_btkh))
+    start = t
+    for k_btmgh, v_btmgh, _ in groups:
+        m = k_btmgh.shape[2]
+        v_btmnh = jnp.repeat(v_btmgh.astype(jnp.float32), n // v_btmgh.shape[3], axis=3)
+        out = out + jnp.einsum("bntm,btmnh->btnh", probs[..., start : start + m], v_btmnh)
+        start += m
+    return out.astype(q_btnh.dtype)
 
 
 class Attention(nn.Module):
     """Causal multi-head attention with RoPE and optional GQA.
 
     Returns the output and the pre-RoPE ``(k, v)`` (mixture-of-depths
-    attention stores them as depth keys).  ``depth_kv`` adds depth keys to the
-    softmax (see :func:`attention_with_depth`).
+    attention stores them as depth keys).  ``depth_kv = (groups,
+    rotated_query)`` adds depth keys to the softmax (see
+    :func:`attention_with_depth`).
     """
 
     spec: ModelSpec
@@ -127,7 +138,8 @@ class Attention(nn.Module):
                 implementation=None if s.attention_impl == "xla" else s.attention_impl,
             )
         else:
-            out = attention_with_depth(qr, kr, v, q, *depth_kv)
+            groups, rotated_query = depth_kv
+            out = attention_with_depth(qr, kr, v, qr if rotated_query else q, groups)
         y = jnp.einsum("btnh,nhd->btd", out, wo.astype(s.dtype))
         return with_axes(y, BTD), (k, v)
 

@@ -22,6 +22,13 @@ from depthbench.model.residual import registry
 from depthbench.model.residual.base import BTD, ResidualFamily, Site, norm_param, rms_norm
 from depthbench.model.spec import ModelSpec
 
+# Parameter names the optimizer's weight-decay presets need (train/optim.py):
+# the scope holding every residual-family parameter, the backbone's norm gains
+# (pre-norms and the final norm's weight), the input embedding.
+FAMILY_SCOPE = "residual"
+NORM_PARAMS = ("attn_norm", "mlp_norm", "scale")
+EMBEDDING_PARAMS = ("embed",)
+
 
 def family_of(spec: ModelSpec) -> ResidualFamily:
     """The residual family ``spec`` names (its fields completed with the defaults)."""

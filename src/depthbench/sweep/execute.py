@@ -40,9 +40,12 @@ Runner = Callable[..., dict]
 def default_runner(config: ml_collections.ConfigDict, workdir: str, *, progress: bool = True
                    ) -> dict:
     """The real trainer (imported late: a dry run needs no training stack)."""
+    from depthbench.evaluation.after_training import maybe_evaluate
     from depthbench.train.loop import run
 
-    return run(config, workdir, progress=progress)
+    result = run(config, workdir, progress=progress)
+    maybe_evaluate(config, workdir, result, progress=progress)  # when config.eval.suites asks
+    return result
 
 
 def _lead_process(after_run: bool) -> bool:

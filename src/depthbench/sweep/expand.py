@@ -6,6 +6,9 @@ settings and whose ``get_sweep()`` returns one override dict per run
 from the command line apply to every run; a run's own overrides win, and
 overriding a swept field on the command line is an error (it would silently
 do nothing).  ``--shard i/N``, ``--run NAME`` and ``--only I`` select runs.
+A family may carry variants (``"hc+sum_then_norm"``, :mod:`depthbench.variants`):
+the run trains the plain family with the variants' overrides, and its name and
+results row keep the label.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import ml_collections
 
 from depthbench import config as config_lib
-from depthbench import costs, shapes
+from depthbench import costs, shapes, variants
 from depthbench.errors import ConfigError
 from depthbench.model.spec import ModelSpec
 from depthbench.sweep.naming import run_name
@@ -47,7 +50,8 @@ class Run:
         except ConfigError:  # a recorded run of a family this checkout does not know
             params = s.total_params
         return {
-            "name": self.name, "family": c.model.family, "suite": c.model.suite,
+            "name": self.name, "family": variants.label(dict(self.overrides), c.model.family),
+            "suite": c.model.suite,
             "depth": s.depth, "d_model": s.d_model, "aspect_ratio": round(s.aspect_ratio, 4),
             "lr": float(c.train.lr), "params": int(params), "seq_len": int(c.train.seq_len),
             "steps": int(c.train.steps),
@@ -112,7 +116,10 @@ def expand(spec: str | os.PathLike, cli_overrides: Iterable[str] = ()) -> Sweep:
         if not isinstance(entry, dict) or not all(isinstance(key, str) for key in entry):
             raise ConfigError(f"config: get_sweep() in {str(spec)!r}: entry {k} must be a dict "
                               f"{{'section.field': value}}, got {entry!r}")
-    swept = {key for entry in entries for key in entry}
+    try:  # a variant's fields count as swept: a command-line value would be ignored
+        swept = {key for entry in entries for key in variants.expand_entry(entry)}
+    except ConfigError as e:
+        raise ConfigError(f"{e} (get_sweep() in {str(spec)!r})") from None
     for text in cli_overrides:
         key = _override_key(text)
         if key in swept:
@@ -126,7 +133,8 @@ def expand(spec: str | os.PathLike, cli_overrides: Iterable[str] = ()) -> Sweep:
                               f"have the same name {name!r} (identical overrides?)")
         seen[name] = k
         try:
-            config = config_lib.validate(config_lib.apply_overrides(base, entry))
+            config = config_lib.validate(
+                config_lib.apply_overrides(base, variants.expand_entry(entry)))
         except ConfigError as e:
             raise ConfigError(f"sweep run {k} ({name}): {e}") from None
         runs.append(Run(k, name, tuple(entry.items()), config))

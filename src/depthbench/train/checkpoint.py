@@ -43,11 +43,14 @@ class Checkpoints:
         return list(self.manager.all_steps())
 
     def save(self, step: int, state: TrainState, data_arg: Any, meta: dict) -> None:
-        """Save ``state`` (``data_arg``: the data module's save arg for the iterator)."""
+        """Save ``state`` (``data_arg``: the data module's save arg for the iterator;
+        None for a run with no data position, e.g. one made by ``import-hf``)."""
         if step == self._saved or step in self.manager.all_steps():
             return  # e.g. a preemption right after a periodic save (perhaps still in flight)
-        args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=data_arg,
-                                  meta=ocp.args.JsonSave(meta))
+        items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
+        if data_arg is not None:
+            items["data"] = data_arg
+        args = ocp.args.Composite(**items)
         self.manager.save(step, args=args, force=True)
         self._saved = step
 

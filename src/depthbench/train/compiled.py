@@ -19,7 +19,7 @@ from depthbench.train import step as step_lib
 _COMPILED: dict[str, tuple] = {}
 _COMPILED_MAX = 2
 # Fields the compiled functions do not depend on (read on the host only).
-_HOST_ONLY = ("name", "data.", "train.seed", "train.max_loss", "train.keep_checkpoints",
+_HOST_ONLY = ("name", "data.", "eval.", "train.seed", "train.max_loss", "train.keep_checkpoints",
               "train.checkpoint_every", "train.log_every", "train.eval_every",
               "train.layer_stats_every")
 

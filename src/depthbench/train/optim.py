@@ -4,7 +4,10 @@ spec/shapes_and_recipe.md: AdamW with betas (0.9, 0.95), eps 1e-8, weight
 decay 0.1 on every weight except those a family exempts (hyper-connection
 static routing); linear warmup from 0 over 10% of the steps, then cosine to
 0.1 x peak; gradient clipping at global norm 1.0.  Every number is a
-``train.*`` config field.
+``train.*`` config field; ``train.no_decay`` names the set of parameters
+without decay (:data:`NO_DECAY_SETS`; the recipe's by default).  A family's
+depth rule (``train.lr_rule``) may scale each leaf's learning rate and
+Adam's epsilon (CompleteP).
 
 The chain is spelled out (rather than ``optax.adamw``) so that a family's
 per-parameter learning-rate multipliers (CompleteP's depth rule) can scale
@@ -60,17 +63,57 @@ def _leaf_name(path) -> str:
     return str(last)
 
 
-def decay_mask(params: Any, no_decay: Iterable[str] = ()) -> Any:
+def _keys(path) -> tuple[str, ...]:
+    return tuple(_leaf_name([k]) for k in path)
+
+
+# train.no_decay presets: the set of parameters that take no weight decay.
+#   recipe                     the original benchmark's (spec/shapes_and_recipe.md): every
+#                              weight decays except what a family exempts (hc/mhc static
+#                              routing: A0, beta0, b_pre, b_post, B_res);
+#   norms_embeddings_residual  the common alternative (GPT-NeoX, OLMo 2 style): no decay on
+#                              norm gains, the input embedding, and every residual-family
+#                              parameter (routing, depth queries, family norms, moda's
+#                              depth K/V projection); attention/MLP matrices and the LM
+#                              head still decay.
+NO_DECAY_SETS = ("recipe", "norms_embeddings_residual")
+
+
+def _tokens(config) -> list[str]:
+    return [n.strip() for n in str(config.train.no_decay).split(",") if n.strip()]
+
+
+def decay_mask(params: Any, no_decay: Iterable[str] = (),
+               exempt: Callable[[tuple[str, ...]], bool] | None = None) -> Any:
     """True for every leaf that takes weight decay: all of them except leaves
-    whose name (last key) is in ``no_decay``."""
-    exempt = frozenset(no_decay)
-    return jax.tree_util.tree_map_with_path(lambda p, _: _leaf_name(p) not in exempt, params)
+    whose name (last key) is in ``no_decay`` or whose key path ``exempt`` accepts."""
+    names = frozenset(no_decay)
+
+    def decays(path, _):
+        keys = _keys(path)
+        return keys[-1] not in names and not (exempt is not None and exempt(keys))
+
+    return jax.tree_util.tree_map_with_path(decays, params)
 
 
 def no_decay_names(config, family) -> frozenset[str]:
-    """The family's exemptions plus ``train.no_decay`` (comma-separated leaf names)."""
-    extra = {n.strip() for n in str(config.train.no_decay).split(",") if n.strip()}
+    """The family's exemptions (the recipe's) plus any leaf names ``train.no_decay``
+    lists beside its preset (``"recipe,scale"``: the recipe and the final norm)."""
+    extra = {n for n in _tokens(config) if n not in NO_DECAY_SETS}
     return frozenset(family.no_decay) | extra
+
+
+def no_decay_paths(config) -> Callable[[tuple[str, ...]], bool] | None:
+    """The path rule of the ``norms_embeddings_residual`` preset, or None (recipe)."""
+    if "norms_embeddings_residual" not in _tokens(config):
+        return None
+    from depthbench.model.transformer import EMBEDDING_PARAMS, FAMILY_SCOPE, NORM_PARAMS
+
+    def exempt(keys: tuple[str, ...]) -> bool:
+        return (FAMILY_SCOPE in keys or keys[-1] in NORM_PARAMS
+                or (len(keys) == 1 and keys[0] in EMBEDDING_PARAMS))
+
+    return exempt
 
 
 def lr_multipliers(config, family, params: Any) -> Any | None:
@@ -92,6 +135,16 @@ def lr_multipliers(config, family, params: Any) -> Any | None:
         raise ValueError(f"{family.name}.lr_multipliers returned a tree that does not match the "
                          f"parameters")
     return mults
+
+
+def adam_eps(config, family) -> float:
+    """``train.eps``, times the family's ``eps_multiplier()`` under its rule
+    (``train.lr_rule != "none"``; CompleteP: ``(L / L_base)^(-alpha)``)."""
+    eps = float(config.train.eps)
+    fn = getattr(family, "eps_multiplier", None)
+    if config.train.lr_rule == "none" or not callable(fn):
+        return eps
+    return eps * float(fn())
 
 
 def scale_by_tree(multipliers: Any) -> optax.GradientTransformation:
@@ -125,8 +178,13 @@ def from_config(config, family, params: Any) -> tuple[optax.GradientTransformati
     """The optimizer and its schedule for a run (``params``: concrete or abstract)."""
     t = config.train
     schedule = schedule_from_config(config)
-    tx = adamw(schedule, b1=float(t.b1), b2=float(t.b2), eps=float(t.eps),
+    names = {_keys(path)[-1] for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+    unknown = sorted(n for n in _tokens(config) if n not in NO_DECAY_SETS and n not in names)
+    if unknown:
+        raise ConfigError(f"config.train.no_decay: {', '.join(unknown)} is neither a preset "
+                          f"({', '.join(NO_DECAY_SETS)}) nor a parameter of this model")
+    tx = adamw(schedule, b1=float(t.b1), b2=float(t.b2), eps=adam_eps(config, family),
                weight_decay=float(t.weight_decay), clip_norm=float(t.clip_norm),
-               mask=decay_mask(params, no_decay_names(config, family)),
+               mask=decay_mask(params, no_decay_names(config, family), no_decay_paths(config)),
                multipliers=lr_multipliers(config, family, params))
     return tx, schedule

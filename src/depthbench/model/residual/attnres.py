@@ -14,21 +14,29 @@ sublayer, and one more ``q``, ``w`` pair for the readout mix that feeds
 
 Both variants keep one fixed-size bank ``[M, B, T, d]`` (logical axis
 'activation_sources') and a count ``c`` of the sublayers executed so far.
-With block size ``S`` (sublayers), sublayer output ``y_c`` is *added* into
-slot ``1 + c // S``, and a mix sees slots ``0 .. ceil(c / S)``:
+The ``2L`` sublayers are cut into consecutive blocks (:func:`block_sizes`);
+``block_of[c]`` is the block of sublayer ``c``.  Sublayer output ``y_c`` is
+*added* into slot ``1 + block_of[c]``, and the mix before sublayer ``c``
+sees slots ``0 .. started[c]``, where ``started[c]`` is the number of blocks
+holding at least one of the sublayers ``0 .. c-1`` (``started[0] = 0``):
 
 * slot 0 holds ``x0``; slot ``1 + b`` holds the sum of block ``b``'s outputs,
   the running partial while block ``b`` is open, the committed block once
   it is complete; the embedding is never summed into a partial;
-* before sublayer ``c`` with ``c mod S == 0`` the previous block is complete,
-  so the mix covers ``x0`` and the committed blocks; otherwise also the
+* before the first sublayer of a block the previous block is complete, so
+  the mix covers ``x0`` and the committed blocks; otherwise also the
   partial of the current block: exactly the spec's commit-then-mix rule;
 * the first sublayer sees only ``x0`` and reads it exactly (softmax over
   one source);
-* ``S = 1`` is **attnres_full**: every output is its own source,
-  ``M = 2L + 1``.  **attnres_block** takes ``S = attnres_block_size``, or
-  ``ceil(2L / attnres_blocks)`` when that is 0 (the last block keeps the
-  remainder); ``M = 1 + ceil(2L / S)``.
+* blocks of one sublayer are **attnres_full**: every output is its own
+  source, ``M = 2L + 1``.  **attnres_block** with ``attnres_block_size = S
+  > 0`` uses blocks of ``S`` (the last keeps the remainder); with
+  ``attnres_block_size = 0`` it uses exactly ``N = attnres_blocks`` blocks
+  whenever ``2L >= N``, sizes ``floor(2L / N)`` or one more, the **first**
+  ``2L mod N`` blocks taking the extra sublayer (the original benchmark's
+  ``ceil(2L / N)`` also made the early blocks the larger ones, but gave
+  fewer than ``N`` blocks at e.g. L14, L17, L21 with ``N = 8``); with
+  ``2L < N`` every sublayer is its own block.  ``M = 1 + number of blocks``.
 
 A skipped block (``active`` false) adds nothing to its slot and does not
 advance ``c``: it adds no source, and the following blocks fill the bank in
@@ -54,12 +62,12 @@ kernel in ``pallas_kernels`` replaces it one for one.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from depthbench.model.residual import fused
 from depthbench.model.residual.base import BTD, ResidualFamily, family_param, norm_param, with_axes
 from depthbench.model.residual.fields import check_number
 
@@ -81,9 +89,31 @@ def depth_mix(
     return h_btd.astype(bank_mbtd.dtype)
 
 
-def uniform_block_size(depth: int, blocks: int, block_size: int) -> int:
-    """``S``: ``block_size`` if positive, else ``ceil(2L / blocks)``."""
-    return int(block_size) if block_size > 0 else math.ceil(2 * depth / int(blocks))
+def block_sizes(depth: int, blocks: int, block_size: int = 0) -> tuple[int, ...]:
+    """Sublayers per block over the ``2L`` sublayers, in order.
+
+    ``block_size > 0``: blocks of ``block_size``, the last keeps the remainder.
+    Otherwise exactly ``blocks`` blocks when ``2L >= blocks``: ``q = 2L // blocks``
+    sublayers each, the first ``2L mod blocks`` of them one more; and ``2L``
+    blocks of one sublayer when ``2L < blocks``."""
+    total = 2 * int(depth)
+    if block_size > 0:
+        full, rest = divmod(total, int(block_size))
+        return (int(block_size),) * full + ((rest,) if rest else ())
+    n = min(int(blocks), total)
+    q, r = divmod(total, n)
+    return (q + 1,) * r + (q,) * (n - r)
+
+
+def describe_blocks(sizes: tuple[int, ...]) -> str:
+    """``(5, 5, 4, 4)`` -> ``'2x5+2x4'``: runs of blocks x sublayers each, in order."""
+    runs: list[list[int]] = []
+    for size in sizes:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    return "+".join(f"{count}x{size}" for size, count in runs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,19 +128,29 @@ class AttnResFull(ResidualFamily):
 
     # ------------------------------------------------------------ layout
     @property
-    def block_size(self) -> int:
-        """Sublayers summed into one source (1: every output is a source)."""
-        return 1
+    def blocks(self) -> tuple[int, ...]:
+        """Sublayers per block, in order (full: ``2L`` blocks of one)."""
+        return (1,) * (2 * self.spec.depth)
 
     @property
     def n_slots(self) -> int:
-        """Bank slots ``M``: ``x0`` plus one per block of ``S`` sublayers."""
-        return 1 + math.ceil(2 * self.spec.depth / self.block_size)
+        """Bank slots ``M``: ``x0`` plus one per block."""
+        return 1 + len(self.blocks)
+
+    @property
+    def block_of(self) -> tuple[int, ...]:
+        """``block_of[c]``: the block of sublayer ``c``, ``c = 0 .. 2L-1``."""
+        return tuple(b for b, size in enumerate(self.blocks) for _ in range(size))
+
+    @property
+    def started(self) -> tuple[int, ...]:
+        """``started[c]``, ``c = 0 .. 2L``: blocks holding one of sublayers ``0 .. c-1``."""
+        return (0, *(b + 1 for b in self.block_of))
 
     def _valid(self, count) -> jax.Array:
-        """Slots a mix sees after ``count`` executed sublayers: ``0 .. ceil(count / S)``."""
-        s = self.block_size
-        return jnp.arange(self.n_slots) <= (count + s - 1) // s
+        """Slots a mix sees after ``count`` executed sublayers: ``0 .. started[count]``."""
+        started = jnp.asarray(self.started, jnp.int32)
+        return jnp.arange(self.n_slots) <= started[count]
 
     # ------------------------------------------------------------ parameters
     def create_block_params(self, mod, ident):
@@ -134,16 +174,15 @@ class AttnResFull(ResidualFamily):
         return {"bank": bank, "count": jnp.zeros((), jnp.int32)}
 
     def _mix(self, state, query, key_norm):
-        return depth_mix(
-            state["bank"], self._valid(state["count"]), query, key_norm, self.spec.norm_eps
-        )
+        mix = fused.depth_mix if fused.use_pallas(self.spec) else depth_mix
+        return mix(state["bank"], self._valid(state["count"]), query, key_norm, self.spec.norm_eps)
 
     def read(self, p, state, site):
         return self._mix(state, p["query"][site.sub], p["key_norm"][site.sub]), {}
 
     def write(self, p, state, y, site, aux, active):
         bank, count = state["bank"], state["count"]
-        slot = 1 + count // self.block_size
+        slot = 1 + jnp.asarray(self.block_of, jnp.int32)[jnp.minimum(count, len(self.block_of) - 1)]
         old_btd = jax.lax.dynamic_index_in_dim(bank, slot, axis=0, keepdims=False)
         new_btd = old_btd + jnp.where(active, y.astype(bank.dtype), jnp.zeros_like(old_btd))
         bank = jax.lax.dynamic_update_index_in_dim(bank, new_btd, slot, axis=0)
@@ -170,32 +209,38 @@ class AttnResFull(ResidualFamily):
 
     def sources_per_token(self) -> int:
         """Sources mixed per token over a forward pass: for the sublayer after
-        ``c >= 1`` executed ones, ``1 + ceil(c / S)``; the readout, all ``M``.  The
+        ``c >= 1`` executed ones, ``1 + started[c]``; the readout, all ``M``.  The
         first sublayer's mix has the single source ``x0`` and is not counted
         (it reads ``x0``).  Full: ``2L^2 + 3L``."""
-        s, two_l = self.block_size, 2 * self.spec.depth
-        return sum(1 + -(-c // s) for c in range(1, two_l)) + self.n_slots
+        started = self.started
+        return sum(1 + started[c] for c in range(1, 2 * self.spec.depth)) + self.n_slots
 
     def extra_flops_per_token(self, seq_len: int) -> float:
         """``6 d`` per source per mix: the key's sum of squares (its RMS), the
         logit ``v . (q * w)`` and the weighted sum, 2 FLOPs per element each;
-        the softmax over sources is negligible.  (The XLA path also touches
-        the not-yet-valid slots, masked: those are not model FLOPs.)"""
+        the softmax over sources is negligible."""
         return float(6 * self.spec.d_model * self.sources_per_token())
+
+    def masked_flops_per_token(self, seq_len: int) -> float:
+        """The XLA path mixes over all ``M`` slots at each of the ``2L`` sublayers
+        (the first one too) and masks the slots not yet valid: ``6 d`` for each
+        of those ``2L M - (sources - M)`` slot visits.  Not model FLOPs."""
+        visits = 2 * self.spec.depth * self.n_slots
+        return float(6 * self.spec.d_model * (visits - (self.sources_per_token() - self.n_slots)))
 
     def state_floats_per_token(self) -> int:
         """The bank: ``M * d`` (full: ``(2L + 1) d``; block: ``(1 + ceil(2L/S)) d``)."""
         return self.n_slots * self.spec.d_model
 
     def describe(self) -> dict:
-        return {**super().describe(), "block_size": self.block_size, "sources": self.n_slots}
+        return {**super().describe(), "blocks": list(self.blocks), "sources": self.n_slots}
 
 
 @dataclasses.dataclass(frozen=True)
 class AttnResBlock(AttnResFull):
     name = "attnres_block"
     description = (
-        "Block Attention Residuals: sublayer outputs summed in blocks of S; each "
+        "Block Attention Residuals: sublayer outputs summed in N blocks; each "
         "sublayer mixes over the embedding, the committed blocks and the partial"
     )
     reference = "Kimi Team 2026, Attention Residuals (arXiv 2603.15031), Block AttnRes"
@@ -212,13 +257,16 @@ class AttnResBlock(AttnResFull):
             "attnres_block_size",
             0,
             integer=True,
-            meaning="sublayers per block; 0 = ceil(2L / attnres_blocks)",
+            meaning="sublayers per block; 0 = exactly attnres_blocks blocks",
         )
 
     @property
-    def block_size(self) -> int:
-        return uniform_block_size(
+    def blocks(self) -> tuple[int, ...]:
+        return block_sizes(
             self.spec.depth,
             int(self.spec.r("attnres_blocks")),
             int(self.spec.r("attnres_block_size")),
         )
+
+    def layout(self) -> str:
+        return describe_blocks(self.blocks)

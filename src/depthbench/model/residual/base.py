@@ -205,8 +205,24 @@ class ResidualFamily:
         return 0
 
     def extra_flops_per_token(self, seq_len: int) -> float:
-        """Forward FLOPs per token beyond pre_ln's (routing, depth attention ...)."""
+        """Forward FLOPs per token beyond pre_ln's (routing, depth attention ...),
+        multiply-add = 2, counting the matmuls of the family's own parameters
+        here and only here (``costs`` counts ``2 N T`` over the shape's backbone
+        parameters alone, so nothing is counted twice).  Norms, softmax and
+        other element-wise work are left out, as for the backbone."""
         return 0.0
+
+    def masked_flops_per_token(self, seq_len: int) -> float:
+        """Forward FLOPs per token the XLA path spends on masked work that is
+        not model FLOPs (depth slots not yet valid, computed then masked), in
+        the convention of :meth:`extra_flops_per_token`.  Not part of any cost;
+        the cross-check against XLA's count of the compiled program adds it."""
+        return 0.0
+
+    def layout(self) -> str:
+        """How the family arranges depth at this shape, for ``depthbench costs``
+        (attnres_block: its blocks); empty when there is nothing to say."""
+        return ""
 
     def state_floats_per_token(self) -> int:
         """Floats of residual state kept per token (pre_ln: d_model)."""

@@ -15,10 +15,18 @@ norm keep ``eta``.  :meth:`CompleteP.lr_multipliers` returns that factor
 per leaf; the trainer multiplies each leaf's AdamW update by it when
 ``config.train.lr_rule == "completep"`` (decoupled weight decay is scaled
 with it, as PyTorch's per-group ``lr`` does).  With ``alpha = 1`` the rule
-is the identity: that is the parameterisation whose optimal learning rate
-transfers across depth.  The paper also scales the hidden layers' Adam
-epsilon by ``(L / L_base)^(-alpha)``; at the recipe's ``eps = 1e-8`` that
-term is far below ``sqrt(v)`` and is not applied.
+is the identity.  Under the same rule AdamW's epsilon is
+``eps * (L / L_base)^(-alpha)`` (:meth:`CompleteP.eps_multiplier`): the
+reference code multiplies the optimizer's one ``adam_eps`` by
+``(1 / m_N) * m_L^(-alpha)`` (``m_N`` the muP width multiplier, 1 here: no
+width muP; ``m_L = L / L_base``), for every parameter group alike, so that
+epsilon stays in proportion to the gradients, which shrink like the branch
+multiplier.
+
+``alpha = 1`` (the default) is CompleteP, the paper's recommendation: the only
+setting with both depth-wise transfer and non-lazy layers.  ``alpha = 0.5``
+is the depth-muP of Yang et al. 2023 and Bordelon et al. 2023, kept
+available.
 """
 
 from __future__ import annotations
@@ -42,6 +50,11 @@ def hidden_lr_multiplier(depth: int, base_depth: int, alpha: float) -> float:
     return (depth / base_depth) ** (alpha - 1.0)
 
 
+def eps_multiplier(depth: int, base_depth: int, alpha: float) -> float:
+    """``(L / L_base)^(-alpha)``: the factor on AdamW's epsilon."""
+    return (depth / base_depth) ** -alpha
+
+
 @dataclasses.dataclass(frozen=True)
 class CompleteP(ResidualFamily):
     name = "completep"
@@ -50,7 +63,7 @@ class CompleteP(ResidualFamily):
     reference = ("Dey et al. 2025, Don't be lazy: CompleteP enables compute-efficient deep "
                  "transformers (arXiv 2505.01618); Yang et al. 2023, Tensor Programs VI")
     fields = {
-        "completep_alpha": 0.5,  # branch multiplier (L / L_base) ** -alpha
+        "completep_alpha": 1.0,  # (L / L_base) ** -alpha: 1 = CompleteP, 0.5 = depth-muP
         "completep_base_depth": 4,  # L_base: the depth the learning rate was tuned at
     }
 
@@ -75,6 +88,10 @@ class CompleteP(ResidualFamily):
     def hidden_lr(self) -> float:
         return hidden_lr_multiplier(self.spec.depth, self.base_depth, self.alpha)
 
+    def eps_multiplier(self) -> float:
+        """AdamW epsilon factor under ``train.lr_rule = "completep"``."""
+        return eps_multiplier(self.spec.depth, self.base_depth, self.alpha)
+
     def write(self, p, state, y, site, aux, active):
         return gate(active, state + self.multiplier * y, state)
 
@@ -93,4 +110,5 @@ class CompleteP(ResidualFamily):
     def describe(self) -> dict:
         return {**super().describe(), "branch_multiplier": self.multiplier,
                 "hidden_lr_multiplier": self.hidden_lr, "alpha": self.alpha,
+                "eps_multiplier": self.eps_multiplier(),
                 "base_depth": self.base_depth}

@@ -1,28 +1,45 @@
-"""moda: mixture-of-depths attention on a pre-LN residual stream.
+"""moda: mixture-of-depths attention (Zhu et al. 2026), as its authors built it.
 
 Each attention head's one softmax covers the causal sequence keys of the
 current block **and** depth keys at the same token written by earlier
-sublayers (spec/residuals.md, family 10):
+sublayers (spec/residuals.md, family 10; arXiv 2603.15619, section 2.2 and
+Algorithm 1; reference code hustvl/MoDA):
 
 * the attention sublayer of block ``b`` (execution position) writes its own
-  pre-RoPE ``k, v`` (``aux["kv"]``) into depth slot ``2b``;
-* the MLP sublayer writes ``k, v`` from an extra linear ``d -> 2 n_kv d_h``
-  (parameter ``depth_kv``, init like the backbone's K/V) on its normalised
-  input (``aux["x_in"]``) into slot ``2b + 1``;
-* the attention of block ``b`` sees slots ``0 .. 2b - 1``: block 0 is
-  ordinary causal attention.  RoPE cancels at equal positions, so depth
-  logits use the unrotated query (``layers.attention_with_depth``).
+  pre-RoPE ``k, v`` (``aux["kv"]``: the sequence KV reused as depth KV, no
+  parameters, ``n_kv`` heads) into attention slot ``b``;
+* the MLP sublayer writes ``k, v`` from an extra linear ``d -> 2 H d_h``
+  (parameter ``depth_kv``, init like the backbone's K/V) on its input
+  (``aux["x_in"]``) into MLP slot ``b``.  ``H = moda_kv_heads`` (default 2):
+  the reference trains GQA backbones and its FFN projection has the few KV
+  heads of the backbone, which keeps its parameter cost small; here the
+  backbone may be full multi-head, so the depth projection gets its own
+  small head count.  Query head ``h`` scores the MLP depth keys of head
+  ``h // (n_heads / H)``, as GQA shares a key head;
+* the attention of block ``b`` sees the slots ``0 .. b - 1`` of both kinds:
+  block 0 is ordinary causal attention;
+* depth logits use the **rotated** query against the unrotated depth keys
+  (``moda_depth_query = "rotated"``): the reference's fused kernel
+  (``parallel_moda``) takes one query for the sequence and the depth keys, so
+  the query the sequence keys need (rotated) also meets the depth keys.
+  ``"unrotated"`` uses the pre-RoPE query there (RoPE cancels at equal
+  positions, the spec's original reading);
+* norm placement (``moda_norm``): ``"post"`` (default; the paper's Table 6
+  finds MoDA better with post-norm, and the authors' companion paper is
+  "Post-LayerNorm is back", arXiv 2601.19895): ``x <- N(x + F(x))``, no
+  pre-norm, as post_ln; ``"pre"``: ``x <- x + F(N(x))``, the original
+  benchmark's.
 
-Only slots a later attention reads are kept: ``M = 2L - 2`` of them, so the
+Only slots a later attention reads are kept: ``L - 1`` of each kind, so the
 last block writes nothing (its MLP does not even compute its extra linear:
 ``lax.cond``); every block owns the extra linear so the scanned parameters
 have one shape, and the last block's copy is unused (it is still counted
 in ``extra_block_params``: it exists and is trained by nothing).
 
-State: ``{"x": [B, T, d], "k", "v": [B, T, M, n_kv, d_h], "valid": [M]}``.
-Slots follow execution positions (``Site.j``); a skipped block (``active``
-false) leaves ``x`` unchanged and its two slots invalid: it writes no depth
-keys.  Each write touches one slot.  The cache is in the compute dtype.
+State: ``{"x": [B, T, d], "ka", "va": [B, T, L-1, n_kv, d_h], "kf", "vf":
+[B, T, L-1, H, d_h], "valid": [L-1]}``.  Slots follow execution positions;
+a skipped block (``active`` false) leaves ``x`` unchanged and its slots
+invalid: it writes no depth keys.  The caches are in the compute dtype.
 """
 
 from __future__ import annotations
@@ -32,10 +49,23 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from depthbench.errors import ConfigError
 from depthbench.model.layers import weight
-from depthbench.model.residual.base import BTD, ResidualFamily, gate, with_axes
+from depthbench.model.residual.base import (
+    BTD,
+    ResidualFamily,
+    gate,
+    norm_param,
+    post_norm,
+    rms_norm,
+    with_axes,
+)
+from depthbench.model.residual.fields import check_choice, check_number
 
 BTMKH = ("activation_batch", "activation_length", "activation_sources", "activation_kv_heads", None)
+_POST_NORM = ("attn_post_norm", "mlp_post_norm")
+NORMS = ("post", "pre")
+DEPTH_QUERIES = ("rotated", "unrotated")
 
 
 def put_slot(cache_btmkh: jax.Array, new_btkh: jax.Array, j: jax.Array, ok: jax.Array) -> jax.Array:
@@ -57,36 +87,78 @@ class MoDA(ResidualFamily):
         "mixture-of-depths attention: one softmax over the causal sequence keys and "
         "the same token's keys from earlier sublayers"
     )
-    reference = "Mixture-of-Depths Attention, 2026 (arXiv 2603.15619)"
-    sharding_rules = (("activation_sources", None),)  # the depth-KV cache's slot axis
+    reference = "Zhu et al. 2026, Mixture-of-Depths Attention (arXiv 2603.15619; hustvl/MoDA)"
+    fields = {
+        "moda_kv_heads": 2,  # heads of the MLP's depth K/V projection; 0 = the model's KV heads
+        "moda_depth_query": "rotated",  # "rotated" (the reference kernel) | "unrotated"
+        "moda_norm": "post",  # "post": x <- N(x + F(x)) (the paper's best) | "pre"
+    }
+    sharding_rules = (("activation_sources", None),)  # the depth-KV caches' slot axis
 
+    @classmethod
+    def validate(cls, config) -> None:
+        r = config.model.residual
+        check_choice(config, "moda_norm", NORMS)
+        check_choice(config, "moda_depth_query", DEPTH_QUERIES)
+        check_number(config, "moda_kv_heads", 0, integer=True,
+                     meaning="depth K/V heads of the MLP projection; 0 = model's KV heads")
+        from depthbench.model.spec import ModelSpec
+
+        spec = ModelSpec.from_config(config)
+        heads = int(r.moda_kv_heads) or spec.n_kv_heads
+        if spec.n_heads % heads:
+            raise ConfigError(f"config.model.residual.moda_kv_heads: {heads} must divide the "
+                              f"{spec.n_heads} attention heads")
+
+    # ------------------------------------------------------------ layout
     @property
     def n_slots(self) -> int:
-        """``M = 2L - 2``: sublayers whose keys a later attention sublayer reads."""
-        return max(2 * self.spec.depth - 2, 0)
+        """``L - 1`` slots of each kind: blocks whose keys a later attention reads."""
+        return max(self.spec.depth - 1, 0)
+
+    @property
+    def kv_heads(self) -> int:
+        """``H``: heads of the MLP's depth key/value projection."""
+        return int(self.spec.r("moda_kv_heads")) or self.spec.n_kv_heads
+
+    @property
+    def pre_norm(self) -> bool:  # type: ignore[override]
+        return self.spec.r("moda_norm") == "pre"
+
+    @property
+    def rotated_query(self) -> bool:
+        return self.spec.r("moda_depth_query") == "rotated"
 
     # ------------------------------------------------------------ parameters
     def create_block_params(self, mod, ident):
         s = self.spec
-        w = weight(
-            mod,
-            "depth_kv",
-            (s.d_model, 2, s.n_kv_heads, s.head_dim),
-            ("embed", None, "kv_heads", "head_dim"),
-            s,
-        )
-        return {"depth_kv": w}
+        p = {
+            "depth_kv": weight(
+                mod,
+                "depth_kv",
+                (s.d_model, 2, self.kv_heads, s.head_dim),
+                ("embed", None, "kv_heads", "head_dim"),
+                s,
+            )
+        }
+        if not self.pre_norm:
+            p.update({k: norm_param(mod, k, s.d_model) for k in _POST_NORM})
+        return p
 
     # ------------------------------------------------------------ protocol
     def init_state(self, g, x0):
         s, m = self.spec, self.n_slots
         b, t, _ = x0.shape
-        cache = with_axes(jnp.zeros((b, t, m, s.n_kv_heads, s.head_dim), x0.dtype), BTMKH)
-        return {"x": x0, "k": cache, "v": cache, "valid": jnp.zeros((m,), bool)}
+        attn = with_axes(jnp.zeros((b, t, m, s.n_kv_heads, s.head_dim), x0.dtype), BTMKH)
+        mlp = with_axes(jnp.zeros((b, t, m, self.kv_heads, s.head_dim), x0.dtype), BTMKH)
+        return {"x": x0, "ka": attn, "va": attn, "kf": mlp, "vf": mlp,
+                "valid": jnp.zeros((m,), bool)}
 
     def read(self, p, state, site):
         if site.sub == 0 and self.n_slots > 0:
-            return state["x"], {"depth_kv": (state["k"], state["v"], state["valid"])}
+            groups = ((state["ka"], state["va"], state["valid"]),
+                      (state["kf"], state["vf"], state["valid"]))
+            return state["x"], {"depth_kv": (groups, self.rotated_query)}
         return state["x"], {}
 
     def _depth_kv(self, p, x_in_btd):
@@ -94,30 +166,32 @@ class MoDA(ResidualFamily):
         kv = jnp.einsum("btd,dckh->cbtkh", x_in_btd.astype(s.dtype), p["depth_kv"].astype(s.dtype))
         return kv[0], kv[1]
 
+    def _residual(self, p, x, y, sub: int):
+        if self.pre_norm:
+            return x + y
+        return post_norm(rms_norm, x, y, p[_POST_NORM[sub]], self.spec.norm_eps)
+
     def write(self, p, state, y, site, aux, active):
-        x = with_axes(gate(active, state["x"] + y, state["x"]), BTD)
+        x = with_axes(gate(active, self._residual(p, state["x"], y, site.sub), state["x"]), BTD)
         m = self.n_slots
         if m == 0:
             return {**state, "x": x}
-        j = site.j
-        ok = active & (j < m)
+        b = site.pos
+        ok = active & (b < m)
         if site.sub == 0:
             k, v = aux["kv"]
-        else:
-            # The last block's MLP keys are never read: do not compute them.
-            zeros = jnp.zeros(
-                (*y.shape[:2], self.spec.n_kv_heads, self.spec.head_dim), self.spec.dtype
-            )
-            k, v = jax.lax.cond(
-                ok, lambda xi: self._depth_kv(p, xi), lambda xi: (zeros, zeros), aux["x_in"]
-            )
-        valid = state["valid"] | ((jnp.arange(m) == j) & ok)
-        return {
-            "x": x,
-            "k": with_axes(put_slot(state["k"], k, j, ok), BTMKH),
-            "v": with_axes(put_slot(state["v"], v, j, ok), BTMKH),
-            "valid": valid,
-        }
+            return {**state, "x": x,
+                    "ka": with_axes(put_slot(state["ka"], k, b, ok), BTMKH),
+                    "va": with_axes(put_slot(state["va"], v, b, ok), BTMKH)}
+        # The last block's MLP keys are never read: do not compute them.
+        zeros = jnp.zeros((*y.shape[:2], self.kv_heads, self.spec.head_dim), self.spec.dtype)
+        k, v = jax.lax.cond(
+            ok, lambda xi: self._depth_kv(p, xi), lambda xi: (zeros, zeros), aux["x_in"]
+        )
+        return {**state, "x": x,
+                "kf": with_axes(put_slot(state["kf"], k, b, ok), BTMKH),
+                "vf": with_axes(put_slot(state["vf"], v, b, ok), BTMKH),
+                "valid": state["valid"] | ((jnp.arange(m) == b) & ok)}
 
     def readout(self, g, state, final_norm):
         return final_norm(state["x"])
@@ -130,29 +204,44 @@ class MoDA(ResidualFamily):
 
     # ------------------------------------------------------------ costs
     def extra_block_params(self) -> int:
-        """The MLP sublayer's key/value projection ``d x 2 n_kv d_h``."""
+        """The MLP sublayer's key/value projection ``d x 2 H d_h`` (post-norm's two
+        norms replace the two pre-norms: no change)."""
         s = self.spec
-        return 2 * s.d_model * s.n_kv_heads * s.head_dim
+        return 2 * s.d_model * self.kv_heads * s.head_dim
 
     def extra_flops_per_token(self, seq_len: int) -> float:
         """Forward FLOPs per token beyond pre_ln's, multiply-add = 2:
 
         * depth attention: the attention of the block at position ``b`` scores
-          and averages ``2b`` depth keys per query head, ``2 d_h`` FLOPs each for
-          ``q . k`` and for ``p v``: ``4 d`` per key over the ``n_heads`` heads;
-          summed over ``b``: ``4 d L (L - 1)`` (no causal halving: every depth
-          key is visible);
+          and averages ``2b`` depth keys (``b`` attention, ``b`` MLP) per query
+          head, ``2 d_h`` FLOPs each for ``q . k`` and for ``p v``: ``4 d`` per
+          key over the ``n_heads`` heads; summed over ``b``: ``4 d L (L - 1)``
+          (no causal halving: every depth key is visible);
         * the extra projection in the ``L - 1`` MLPs that write:
-          ``2 d (2 n_kv d_h)`` each."""
+          ``2 d (2 H d_h)`` each."""
         s = self.spec
         attn = 4 * s.d_model * s.depth * (s.depth - 1)
-        proj = (s.depth - 1) * 2 * s.d_model * 2 * s.n_kv_heads * s.head_dim
+        proj = (s.depth - 1) * 2 * s.d_model * 2 * self.kv_heads * s.head_dim
         return float(attn + proj)
 
-    def state_floats_per_token(self) -> int:
-        """The stream ``d`` plus the depth cache ``2 M n_kv d_h``, ``M = 2L - 2``."""
+    def masked_flops_per_token(self, seq_len: int) -> float:
+        """Every attention scores all ``2(L-1)`` slots and masks the ``2(L-1-b)``
+        not yet written: ``4 d L (L - 1)`` in all.  Not model FLOPs."""
         s = self.spec
-        return s.d_model + 2 * self.n_slots * s.n_kv_heads * s.head_dim
+        return float(4 * s.d_model * s.depth * (s.depth - 1))
+
+    def state_floats_per_token(self) -> int:
+        """The stream ``d`` plus the depth caches ``2 (L-1) (n_kv + H) d_h``."""
+        s = self.spec
+        return s.d_model + 2 * self.n_slots * (s.n_kv_heads + self.kv_heads) * s.head_dim
+
+    def layout(self) -> str:
+        """``kv=16+2,post-norm,rotated-q``: depth K/V heads (attention + MLP), norm
+        placement, the query the depth keys meet."""
+        return (f"kv={self.spec.n_kv_heads}+{self.kv_heads},{self.spec.r('moda_norm')}-norm,"
+                f"{self.spec.r('moda_depth_query')}-q")
 
     def describe(self) -> dict:
-        return {**super().describe(), "depth_slots": self.n_slots}
+        return {**super().describe(), "depth_slots": 2 * self.n_slots,
+                "depth_kv_heads": self.kv_heads, "norm": self.spec.r("moda_norm"),
+                "depth_query": self.spec.r("moda_depth_query")}

@@ -1,0 +1,283 @@
+"""``load_run(run_dir) -> Run``: a trained (or imported) model, ready to probe.
+
+The one entry point the CLI, the notebook, the evaluation backend and the
+tests share.  A run directory is what ``depthbench train`` writes (see
+``train/loop.py``): ``config.json`` (the config plus what it resolved to) and
+Orbax checkpoints under ``checkpoints/``.  The latest checkpoint's parameters
+are restored straight into the shardings of a mesh built from the run's
+``config.parallel`` (or, when this host has a different number of devices,
+an FSDP mesh over all of them), so a model that needed a mesh to train is
+sharded here as well.
+
+A checkpoint may hold the full train state (item ``state``, a
+:class:`~depthbench.train.state.TrainState`; only its parameters are read,
+the optimizer state is skipped) or only the parameters (item ``params``,
+which is what a converted checkpoint needs).
+
+Every model call is jitted once per (batch, length, capture) and takes the
+scan's ``active`` [L] (False skips a block: identity) and ``order`` [L]
+(position ``i`` runs block ``order[i]``, which keeps its identity, see
+``model.transformer.permute_blocks``) as traced inputs, so the O(L^2) skip
+and swap analyses compile once.  Batches are padded to a multiple of the
+mesh's batch shards and the padding is dropped from the outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import linen as nn
+
+from depthbench import parallel
+from depthbench.config import ConfigError
+from depthbench.model.residual.base import ResidualFamily
+from depthbench.model.spec import ModelSpec
+from depthbench.model.transformer import Transformer, family_of
+
+CONFIG_FILE = "config.json"
+CHECKPOINT_DIR = "checkpoints"
+
+
+def _read_config(run_dir: Path) -> tuple[ml_collections.ConfigDict, dict]:
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"RUN_DIR: {str(run_dir)!r} has no {CONFIG_FILE}; give a directory "
+                          "written by `depthbench train` (or `depthbench import-hf`)")
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"RUN_DIR: {path} is unreadable ({e})") from e
+    resolved = saved.pop("resolved", {}) or {}
+    return ml_collections.ConfigDict(saved), resolved
+
+
+def _mesh(config) -> jax.sharding.Mesh:
+    """The run's mesh if this host can build it, else FSDP over all devices."""
+    try:
+        return parallel.mesh_from_config(config)
+    except ConfigError:
+        return parallel.make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
+
+
+class Run:
+    """A model restored from a run directory.
+
+    Attributes: ``run_dir``, ``config`` (ConfigDict), ``spec`` (ModelSpec),
+    ``family`` (the residual family object), ``params`` (unboxed, sharded on
+    ``mesh``), ``step`` (the checkpoint's step; None for a fresh init),
+    ``resolved`` (config.json's "resolved" block) and ``tokenizer``.
+    """
+
+    def __init__(self, config, *, run_dir: str | Path | None = None, resolved: dict | None = None,
+                 step: int | None = None, init_seed: int | None = None):
+        self.run_dir = None if run_dir is None else Path(run_dir).expanduser().resolve()
+        self.config, self.resolved = config, dict(resolved or {})
+        self.spec: ModelSpec = ModelSpec.from_config(self.config)
+        self.family: ResidualFamily = family_of(self.spec)
+        self.model = Transformer(self.spec)
+        self.mesh = _mesh(self.config)
+        self.rules = tuple(parallel.axis_rules())
+        tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+        with self._context():
+            boxed = jax.eval_shape(lambda k: self.model.init(k, tokens),
+                                   jax.random.key(0))["params"]
+        self.param_shardings = parallel.param_shardings(boxed, self.mesh, self.rules)
+        self.abstract_params = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            nn.unbox(boxed), self.param_shardings)
+        if init_seed is not None or self.run_dir is None:
+            self.params, self.step = self._init(init_seed or 0), None
+        else:
+            self.params, self.step = self._restore(step)
+        self._fns: dict = {}
+
+    def with_params(self, params) -> Run:
+        """A copy of this run whose model uses ``params`` (same tree), placed on the mesh."""
+        other = object.__new__(Run)
+        other.__dict__.update({k: v for k, v in self.__dict__.items() if k != "tokenizer"})
+        other.params = jax.device_put(params, self.param_shardings)
+        other._fns = {}
+        return other
+
+    # ------------------------------------------------------------ restore
+    def _context(self):
+        from contextlib import ExitStack
+
+        stack = ExitStack()
+        stack.enter_context(jax.set_mesh(self.mesh))
+        stack.enter_context(nn.logical_axis_rules(list(self.rules)))
+        return stack
+
+    def _init(self, seed: int):
+        fn = jax.jit(lambda k: nn.unbox(self.model.init(k, jnp.zeros((1, 8), jnp.int32))["params"]),
+                     out_shardings=self.param_shardings)
+        with self._context():
+            return fn(jax.random.key(seed))
+
+    def _restore(self, step: int | None):
+        import orbax.checkpoint as ocp
+
+        directory = self.run_dir / CHECKPOINT_DIR
+        if not directory.is_dir():
+            raise ConfigError(f"RUN_DIR: {str(self.run_dir)!r} has no {CHECKPOINT_DIR}/ (was the "
+                              "run started?)")
+        manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
+            create=False, read_only=True))
+        try:
+            steps = sorted(manager.all_steps())
+            if not steps:
+                raise ConfigError(f"RUN_DIR: {directory} holds no finished checkpoint")
+            if step is None:
+                step = steps[-1]
+            elif step not in steps:
+                raise ConfigError(f"--step: {step} is not one of the checkpointed steps {steps}")
+        finally:
+            manager.close()
+        item = directory / str(step) / "params"
+        if not item.is_dir():
+            item = directory / str(step) / "state"
+        if not item.is_dir():
+            raise ConfigError(f"RUN_DIR: {directory / str(step)} holds neither a 'params' nor a "
+                              "'state' item")
+        return self._restore_params(item), int(step)
+
+    def _restore_params(self, item: Path):
+        """The parameters of a ``params`` item, or those of a saved TrainState
+        (``state`` item) with every other leaf an Orbax placeholder, so the
+        optimizer state is never read."""
+        import orbax.checkpoint as ocp
+
+        with ocp.StandardCheckpointer() as ckptr:
+            if item.name == "params":
+                return ckptr.restore(item, self.abstract_params)
+        wanted = {"params": self.abstract_params}
+        args = ocp.args.PyTreeRestore(
+            item=wanted, restore_args=ocp.checkpoint_utils.construct_restore_args(wanted),
+            partial_restore=True)
+        with ocp.PyTreeCheckpointer() as ckptr:
+            return ckptr.restore(item, args=args)["params"]
+
+    # ------------------------------------------------------------ tokenizer
+    @cached_property
+    def tokenizer(self):
+        """``encode(str) -> list[int]``, ``decode(ids) -> str``, ``eos_id``, ``vocab_size``."""
+        info = self.resolved.get("tokenizer") or {}
+        path = str(info.get("tokenizer_path") or "")
+        # An imported run carries its tokenizer.json (relocatable with the directory).
+        local = None if self.run_dir is None else self.run_dir / "tokenizer.json"
+        if local is not None and local.is_file() and (not path or path.endswith(".json")):
+            path = str(local)
+        if not path:
+            raise ConfigError(f"RUN_DIR: {self.run_dir} records no tokenizer in {CONFIG_FILE} "
+                              "(resolved.tokenizer.tokenizer_path)")
+        if path.endswith(".json"):
+            from depthbench.data.hf_tokenizer import HFTokenizer
+
+            return HFTokenizer(path, eos_id=int(info.get("eos_id", -1)),
+                               bos_id=int(info.get("bos_id", -1)))
+        from depthbench.data import spm_tokenizer
+
+        return spm_tokenizer.Tokenizer(path, field="resolved.tokenizer.tokenizer_path")
+
+    # ------------------------------------------------------------ model calls
+    @property
+    def depth(self) -> int:
+        return self.spec.depth
+
+    def _fn(self, capture: bool):
+        if capture not in self._fns:
+            model = self.model
+            batch_sh = parallel.batch_sharding(self.mesh)
+
+            def call(params, tokens_bt, active_l, order_l):
+                params = dict(params)
+                params["blocks"] = jax.tree.map(lambda a: jnp.take(a, order_l, axis=0),
+                                                params["blocks"])
+                return model.apply({"params": params}, tokens_bt, capture=capture,
+                                   active=active_l, ident=order_l)
+
+            rep = parallel.replicated(self.mesh)
+            self._fns[capture] = jax.jit(
+                call, in_shardings=(self.param_shardings, batch_sh, rep, rep))
+        return self._fns[capture]
+
+    def _prepare(self, tokens_bt, active, ident) -> tuple[jax.Array, int, Any, Any]:
+        tokens = np.asarray(tokens_bt)
+        if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+            raise ValueError(f"tokens_bt: want an integer array [B, T], got {tokens.dtype} "
+                             f"{tokens.shape}")
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.spec.vocab_size):
+            raise ValueError(f"tokens_bt: ids must lie in [0, {self.spec.vocab_size})")
+        b = tokens.shape[0]
+        shards = parallel.batch_shards(self.mesh)
+        pad = -b % shards
+        if pad:
+            tokens = np.concatenate([tokens, np.zeros((pad, tokens.shape[1]), tokens.dtype)])
+        L = self.depth
+        active = np.ones(L, bool) if active is None else np.asarray(active, bool)
+        order = np.arange(L, dtype=np.int32) if ident is None else np.asarray(ident, np.int32)
+        if active.shape != (L,) or order.shape != (L,):
+            raise ValueError(f"active/ident: want shape [{L}], got {active.shape}, {order.shape}")
+        if sorted(order.tolist()) != list(range(L)):
+            raise ValueError(f"ident: want a permutation of 0..{L - 1}, got {order.tolist()}")
+        global_tokens = jax.device_put(tokens.astype(np.int32), parallel.batch_sharding(self.mesh))
+        return global_tokens, b, jnp.asarray(active), jnp.asarray(order)
+
+    def apply(self, tokens_bt, *, active=None, ident=None, capture: bool = False,
+              to_numpy: bool = True):
+        """Logits ``[B, T, V]`` (fp32), or ``(logits, z [L+1, B, T, D])`` with ``capture``.
+
+        ``active`` [L] bool: False replaces the block at that position by the
+        identity.  ``ident`` [L]: a permutation; position ``i`` runs block
+        ``ident[i]`` with all of that block's parameters and its identity.
+        With ``to_numpy=False`` the outputs stay (sharded) jax arrays.
+        """
+        tokens, b, active_l, order_l = self._prepare(tokens_bt, active, ident)
+        with self._context():
+            out = self._fn(capture)(self.params, tokens, active_l, order_l)
+        if capture:
+            logits, z = out
+            out = (logits[:b], z[:, :b])
+        else:
+            out = out[:b]
+        if to_numpy:
+            out = jax.tree.map(lambda a: np.asarray(jax.device_get(a), np.float32), out)
+        return out
+
+    def logits(self, tokens_bt, **kw) -> np.ndarray:
+        """fp32 numpy ``[B, T, V]``."""
+        return self.apply(tokens_bt, **kw)
+
+    def states(self, tokens_bt, **kw) -> np.ndarray:
+        """The depth states ``z_0 .. z_L`` (docs/spec/analysis.md) as fp32 numpy
+        ``[L + 1, B, T, D]`` (``D = n*d`` for multi-stream families)."""
+        return self.apply(tokens_bt, capture=True, **kw)[1]
+
+    def __repr__(self) -> str:
+        s = self.spec
+        return (f"Run({str(self.run_dir)!r}, family={s.family}, L={s.depth}, d={s.d_model}, "
+                f"step={self.step})")
+
+
+def load_run(run_dir: str | Path, *, step: int | None = None) -> Run:
+    """The model of ``run_dir`` at its latest (or the given) checkpoint step."""
+    run_dir = Path(run_dir).expanduser().resolve()
+    config, resolved = _read_config(run_dir)
+    return Run(config, run_dir=run_dir, resolved=resolved, step=step)
+
+
+def init_run(config_or_run_dir, seed: int = 0) -> Run:
+    """A freshly initialised model (no checkpoint read) of a ConfigDict or of
+    a run directory's config."""
+    if isinstance(config_or_run_dir, (str, Path)):
+        run_dir = Path(config_or_run_dir).expanduser().resolve()
+        config, resolved = _read_config(run_dir)
+        return Run(config, run_dir=run_dir, resolved=resolved, init_seed=seed)
+    return Run(config_or_run_dir, init_seed=seed)

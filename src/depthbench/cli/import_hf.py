@@ -1,0 +1,47 @@
+"""``depthbench import-hf PATH --out RUN_DIR``: a local Hugging Face Llama
+checkpoint as a pre_ln run directory (see :mod:`depthbench.hf_import`).
+
+Exit status: 0 imported, 2 bad input (one line: unsupported config, missing
+file, a non-empty --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+EPILOG = """\
+examples:
+  depthbench import-hf ~/models/TinyLlama-1.1B --out runs/tinyllama
+  depthbench analyze runs/tinyllama
+  lm_eval --model depthbench --model_args run=runs/tinyllama --tasks arc_easy
+
+PATH is a local directory (config.json + *.safetensors; the hub is never
+contacted).  Supported: LlamaForCausalLM without rope scaling (GQA, tied or
+untied embeddings, any rope_theta and rms_norm_eps).  tokenizer.json and its
+companions are copied into RUN_DIR.
+"""
+
+
+def _run(args: argparse.Namespace) -> int:
+    from depthbench.hf_import import import_hf  # late: keeps `depthbench --help` fast
+
+    written = import_hf(args.path, args.out, progress=not args.no_progress)
+    shape, hf = written["resolved"]["shape"], written["resolved"]["hf"]
+    print(f"imported {args.path} -> {args.out}: pre_ln, depth {shape['depth']}, d_model "
+          f"{shape['d_model']}, heads {shape['n_heads']}/{shape['n_kv_heads']} kv, "
+          f"{written['resolved']['params']:,} parameters"
+          f"{' (tied embeddings copied to head)' if hf['tie_word_embeddings'] else ''}; "
+          f"copied {', '.join(hf['copied']) or 'no tokenizer files'}")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "import-hf", help="import a local Hugging Face Llama checkpoint as a pre_ln run",
+        description=__doc__.split("\n\n")[0], epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("path", metavar="PATH", help="local checkpoint directory")
+    parser.add_argument("--out", required=True, metavar="RUN_DIR",
+                        help="new (or empty) run directory to write")
+    parser.add_argument("--no-progress", action="store_true", help="no progress output")
+    parser.set_defaults(func=_run)

@@ -1,0 +1,171 @@
+"""Evaluate one run directory on a suite; write ``RUN_DIR/eval/<suite>.json``.
+
+Suites:
+
+* ``nll-code-stem-math``: completion-only NLL of six tasks
+  (:mod:`depthbench.evaluation.nll_suite`); needs no lm-eval.
+* ``commonsense``: zero-shot openbookqa, winogrande, arc_challenge,
+  arc_easy, hellaswag, social_iqa, piqa (lm-eval tasks);
+* ``bbh-reasoning``: ten zero-shot BBH tasks (lm-eval tasks);
+* ``--tasks a,b``: any lm-eval tasks (result name ``tasks``, or ``--name``).
+
+The lm-eval suites run ``lm_eval.simple_evaluate`` on the ``depthbench``
+backend with each task's own settings (zero-shot for these task sets, as the
+original benchmark runs them); ``--include-path`` adds task YAMLs (local
+data files), as lm-eval's own flag does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from depthbench.errors import ConfigError
+
+COMMONSENSE = ("openbookqa", "winogrande", "arc_challenge", "arc_easy", "hellaswag",
+               "social_iqa", "piqa")
+BBH_REASONING = tuple(f"bbh_zeroshot_{t}" for t in (
+    "tracking_shuffled_objects_three_objects", "tracking_shuffled_objects_five_objects",
+    "tracking_shuffled_objects_seven_objects", "logical_deduction_three_objects",
+    "logical_deduction_five_objects", "logical_deduction_seven_objects",
+    "boolean_expressions", "multistep_arithmetic_two", "web_of_lies", "navigate"))
+LM_EVAL_SUITES = {"commonsense": COMMONSENSE, "bbh-reasoning": BBH_REASONING}
+NLL_SUITE = "nll-code-stem-math"
+SUITES = (NLL_SUITE, *LM_EVAL_SUITES)
+EVAL_DIR = "eval"
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe: NaN/inf -> None, tuples -> lists, anything else -> str."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (str, int, bool)):
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item"):
+        return _clean(obj.item())
+    return str(obj)
+
+
+def run_meta(run) -> dict[str, Any]:
+    s = run.spec
+    return {"run_dir": str(run.run_dir), "step": run.step, "family": s.family, "depth": s.depth,
+            "d_model": s.d_model, "aspect_ratio": round(s.d_model / s.depth, 4),
+            "name": str(run.config.get("name", ""))}
+
+
+def nll_suite(run, scorer, *, tasks=None, data_dir=None, limit=None) -> dict[str, Any]:
+    from depthbench.evaluation import nll_suite as suite
+    from depthbench.evaluation import records
+
+    names = list(tasks or suite.TASKS)
+    unknown = [t for t in names if t not in suite.TASKS]
+    if unknown:
+        raise ConfigError(f"--only: {unknown[0]!r} is not a task of {NLL_SUITE}; allowed: "
+                          f"{', '.join(suite.TASKS)}")
+    tok = run.tokenizer
+    prefix = prefix_token_id(tok)
+    loaded = {}
+    for name in names:  # load everything first: a missing file fails before any scoring
+        t = suite.TASKS[name]
+        docs, source = records.load(name, hf_path=t.hf_path, hf_name=t.hf_name, split=t.split,
+                                    data_dir=data_dir, limit=limit)
+        loaded[name] = (suite.examples(t, docs, source), source)
+    results = {name: suite.score_task(scorer, tok, prefix, suite.TASKS[name], pairs, source)
+               for name, (pairs, source) in loaded.items()}
+    categories, overall = suite.aggregate(results)
+    return {"tasks": results, "categories": categories, "aggregate": overall}
+
+
+def prefix_token_id(tokenizer) -> int:
+    """BOS for Hugging Face tokenizers that have one (lm-eval's hf backend), else EOS."""
+    bos = int(getattr(tokenizer, "bos_id", -1))
+    if getattr(tokenizer, "kind", "") == "huggingface" and bos >= 0:
+        return bos
+    return int(tokenizer.eos_id)
+
+
+def lm_eval_suite(lm, tasks, *, include_path=None, limit=None, num_fewshot=None
+                  ) -> dict[str, Any]:
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        raise ConfigError("--suite/--tasks: lm-eval is not installed; pip install "
+                          "'depthbench[eval]'") from None
+    manager = None
+    if include_path:  # indexing only the given YAMLs is much faster than lm-eval's ~15k
+        manager = TaskManager(include_path=str(include_path), include_defaults=False)
+        if any(t not in manager.all_tasks for t in tasks):
+            manager = None
+    manager = manager or TaskManager(include_path=str(include_path) if include_path else None)
+    missing = [t for t in tasks if t not in manager.all_tasks]
+    if missing:
+        raise ConfigError(f"--tasks: {missing[0]!r} is not an lm-eval task"
+                          f"{' (nor in --include-path)' if include_path else ''}")
+    try:
+        out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot,
+                                      limit=limit, task_manager=manager, log_samples=False,
+                                      batch_size=lm.batch_size)
+    except ConnectionError as e:  # datasets' "Couldn't reach '...' on the Hub"
+        raise ConfigError(f"--tasks: {str(e).splitlines()[0][:160]}; run where the hub is "
+                          "reachable, or define the tasks with local data files and pass "
+                          "--include-path") from None
+    results = {task: {k: v for k, v in metrics.items() if k != "alias"}
+               for task, metrics in out.get("results", {}).items()}
+    return {"tasks": results, "n_samples": out.get("n-samples", {}),
+            "versions": out.get("versions", {}), "lm_eval_version": lm_eval.__version__}
+
+
+def evaluate(run_dir: str | Path, *, suite: str | None = None, tasks: list[str] | None = None,
+             name: str | None = None, data_dir: str | Path | None = None,
+             include_path: str | Path | None = None, limit: int | None = None,
+             batch_size: int = 8, max_length: int | None = None, step: int | None = None,
+             num_fewshot: int | None = None, only: list[str] | None = None,
+             progress: bool = True) -> tuple[dict, Path]:
+    """Evaluate ``run_dir``; return (the result dict, the JSON path written)."""
+    from depthbench.analysis.run import load_run
+    from depthbench.evaluation.scoring import Scorer
+    from depthbench.runs import atomic_write_json
+
+    if (suite is None) == (not tasks):
+        raise ConfigError(f"eval: give exactly one of --suite ({', '.join(SUITES)}) or --tasks")
+    if suite is not None and suite not in SUITES:
+        raise ConfigError(f"--suite: {suite!r} is unknown; allowed: {', '.join(SUITES)}")
+    if only and suite != NLL_SUITE:
+        raise ConfigError(f"--only: picks tasks of --suite {NLL_SUITE}; use --tasks for lm-eval")
+    if data_dir and not Path(data_dir).expanduser().is_dir():
+        raise ConfigError(f"--data-dir: {str(data_dir)!r} is not a directory")
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit: must be >= 1, got {limit}")
+    start = time.time()
+    run = load_run(run_dir, step=step)
+    if suite == NLL_SUITE:
+        scorer = Scorer(run, batch_size=batch_size, max_length=max_length, progress=progress)
+        body = nll_suite(run, scorer, tasks=only, data_dir=data_dir, limit=limit)
+        shapes = sorted(scorer.compiled_shapes)
+        max_len, bs = scorer.max_length, scorer.batch_size
+    else:
+        from depthbench.evaluation.lm_backend import DepthbenchLM
+
+        lm = DepthbenchLM(run=run, batch_size=batch_size, max_length=max_length,
+                          progress=progress)
+        body = lm_eval_suite(lm, LM_EVAL_SUITES.get(suite, tasks), include_path=include_path,
+                             limit=limit, num_fewshot=num_fewshot)
+        shapes = sorted(lm.scorer.compiled_shapes)
+        max_len, bs = lm.scorer.max_length, lm.scorer.batch_size
+    label = name or suite or "tasks"
+    result = {"suite": label, **run_meta(run), "max_length": max_len, "batch_size": bs,
+              "limit": limit, **body, "compiled_shapes": [list(s) for s in shapes],
+              "wall_seconds": round(time.time() - start, 3)}
+    out_dir = run.run_dir / EVAL_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{label}.json"
+    atomic_write_json(path, _clean(result))
+    return json.loads(path.read_text()), path

@@ -1,0 +1,231 @@
+"""Completion scoring and greedy generation on a loaded run, in a few compiled shapes.
+
+:class:`Scorer` turns a :class:`~depthbench.analysis.run.Run` into the three
+operations an evaluation needs:
+
+* ``loglikelihood(pairs)``: for each ``(context_ids, target_ids)``, the sum
+  of ``log p(target_i | context, target_<i)`` over the target tokens only,
+  whether every target token is the argmax (lm-eval's ``is_greedy``), and the
+  number of target tokens.  The prompt is conditioned on, never scored.
+* ``rolling(ids, prefix_id)``: the log-likelihood of a whole text after one
+  prefix token (lm-eval's ``loglikelihood_rolling``).
+* ``generate(contexts, max_new, stop)``: greedy continuation, cut at the
+  first stop string, at EOS, or after ``max_new`` tokens.
+
+Windows.  A model sees at most ``max_length`` tokens.  When context plus
+target fit in ``max_length + 1`` tokens the input is exactly lm-eval's:
+``(context + target)[-(max_length + 1):][:-1]`` (the context is cut from the
+left).  A longer target is scored in consecutive windows, last one first,
+each predicting up to ``max_length`` target tokens with all the left context
+that fits (the same tokens lm-eval's rolling windows see).
+
+Compiled shapes.  Inputs are right-padded to the next length bucket (powers
+of two from 16, and ``max_length``) and batches to a fixed ``batch_size``
+(rounded up to the mesh's batch shards), so an evaluation compiles at most
+one program per bucket.  Padding cannot leak: attention is causal and padded
+positions are never read.  Log-softmax and the gather of the target ids run
+inside the jitted call, so ``[B, T, V]`` logits never leave the device.
+Generation has no KV cache: each step reruns the bucketed forward pass
+(greedy decoding is what the suites need; fine for short answers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from tqdm import tqdm
+
+from depthbench import parallel
+
+MIN_BUCKET = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """One model input: ``inputs`` [n], next-token ``targets`` [n]; the last
+    ``n_scored`` predictions count towards request ``owner``."""
+
+    owner: int
+    inputs: tuple[int, ...]
+    targets: tuple[int, ...]
+    n_scored: int
+
+
+def target_windows(owner: int, context: Sequence[int], target: Sequence[int],
+                   max_length: int, *, from_end: bool = True) -> list[Window]:
+    """The windows that score every token of ``target`` after ``context``.
+
+    Target positions are cut into runs of at most ``max_length``, from the end
+    (``from_end``: the last run sees the most context, and a target that fits
+    gets lm-eval's left-truncated input) or from the start (lm-eval's rolling
+    windows).  Each run's input is the ``max_length`` tokens before its end."""
+    if not context:
+        raise ValueError("context: at least one token (a prefix token for an empty prompt)")
+    if not target:
+        raise ValueError("target: empty; a completion needs at least one token to score")
+    full = list(context) + list(target)
+    first, total = len(context), len(full)  # predicted positions: first .. total-1
+    if from_end:
+        ends = list(range(total, first, -max_length))[::-1]
+    else:
+        ends = [min(total, s + max_length) for s in range(first, total, max_length)]
+    out, start = [], first
+    for end in ends:
+        lo = max(0, end - 1 - max_length)  # input full[lo : end-1] predicts full[lo+1 : end]
+        start = max(first, end - max_length) if from_end else start
+        out.append(Window(owner, tuple(full[lo:end - 1]), tuple(full[lo + 1:end]), end - start))
+        start = end
+    return out
+
+
+def buckets(max_length: int) -> list[int]:
+    """Padded lengths: powers of two from MIN_BUCKET below ``max_length``, then it."""
+    out, b = [], MIN_BUCKET
+    while b < max_length:
+        out.append(b)
+        b *= 2
+    return out + [max_length]
+
+
+def bucket_for(n: int, max_length: int) -> int:
+    for b in buckets(max_length):
+        if n <= b:
+            return b
+    raise ValueError(f"length {n} exceeds max_length {max_length}")
+
+
+class Scorer:
+    """Scoring and greedy generation on ``run`` (see the module docstring)."""
+
+    def __init__(self, run, *, batch_size: int = 8, max_length: int | None = None,
+                 progress: bool = True):
+        self.run = run
+        self.max_length = int(max_length or run.config.train.seq_len)
+        shards = parallel.batch_shards(run.mesh)
+        self.batch_size = -(-max(1, int(batch_size)) // shards) * shards
+        self.progress = progress
+        self.compiled_shapes: set[tuple[str, int, int]] = set()
+        batch = parallel.batch_sharding(run.mesh)
+        model = run.model
+
+        def score(params, tokens_bt, targets_bt):
+            logits = model.apply({"params": params}, tokens_bt).astype(jnp.float32)
+            logp = jax.nn.log_softmax(logits, axis=-1)
+            target_logp = jnp.take_along_axis(logp, targets_bt[..., None], axis=-1)[..., 0]
+            return target_logp, jnp.argmax(logits, axis=-1) == targets_bt
+
+        def next_token(params, tokens_bt, last_b):
+            logits = model.apply({"params": params}, tokens_bt)
+            at = jnp.take_along_axis(logits, last_b[:, None, None], axis=1)[:, 0]
+            return jnp.argmax(at, axis=-1).astype(jnp.int32)
+
+        vec = parallel.batch_sharding(run.mesh, 1)
+        self._score = jax.jit(score, in_shardings=(run.param_shardings, batch, batch),
+                              out_shardings=(batch, batch))
+        self._next = jax.jit(next_token, in_shardings=(run.param_shardings, batch, vec),
+                             out_shardings=vec)
+
+    def _call(self, fn: Callable, kind: str, *arrays: np.ndarray):
+        self.compiled_shapes.add((kind,) + arrays[0].shape)
+        with jax.set_mesh(self.run.mesh), nn.logical_axis_rules(list(self.run.rules)):
+            return jax.device_get(fn(self.run.params, *(jnp.asarray(a) for a in arrays)))
+
+    # ------------------------------------------------------------ scoring
+    def loglikelihood(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
+                      desc: str = "scoring", from_end: bool = True
+                      ) -> list[tuple[float, bool, int]]:
+        """``(sum log p(target | context), all greedy, n target tokens)`` per pair."""
+        windows = [w for i, (ctx, tgt) in enumerate(pairs)
+                   for w in target_windows(i, ctx, tgt, self.max_length, from_end=from_end)]
+        logp = np.zeros(len(pairs), np.float64)
+        greedy = np.ones(len(pairs), bool)
+        order = sorted(range(len(windows)), key=lambda k: -len(windows[k].inputs))
+        batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        for idx in tqdm(batches, desc=desc, unit="batch", disable=not self.progress):
+            group = [windows[k] for k in idx]
+            T = bucket_for(len(group[0].inputs), self.max_length)
+            tokens = np.zeros((self.batch_size, T), np.int32)
+            targets = np.zeros((self.batch_size, T), np.int32)
+            for r, w in enumerate(group):
+                tokens[r, :len(w.inputs)] = w.inputs
+                targets[r, :len(w.targets)] = w.targets
+            lp, ok = self._call(self._score, "score", tokens, targets)
+            for r, w in enumerate(group):
+                n = len(w.inputs)
+                logp[w.owner] += float(np.sum(lp[r, n - w.n_scored:n], dtype=np.float64))
+                greedy[w.owner] &= bool(np.all(ok[r, n - w.n_scored:n]))
+        return [(float(logp[i]), bool(greedy[i]), len(pairs[i][1])) for i in range(len(pairs))]
+
+    def rolling(self, texts_ids: Sequence[Sequence[int]], prefix_id: int, *,
+                desc: str = "scoring") -> list[float]:
+        """Log-likelihood of each whole token sequence, conditioned on ``prefix_id`` only."""
+        pairs = [([prefix_id], list(ids)) for ids in texts_ids]
+        out = [0.0] * len(pairs)
+        live = [i for i, (_, ids) in enumerate(pairs) if ids]
+        scored = self.loglikelihood([pairs[i] for i in live], desc=desc, from_end=False)
+        for i, (lp, _, _) in zip(live, scored, strict=True):
+            out[i] = lp
+        return out
+
+    # ------------------------------------------------------------ generation
+    def generate(self, contexts: Sequence[Sequence[int]], *, max_new: int,
+                 stop: Sequence[str], decode: Callable[[list[int]], str], eos_id: int,
+                 desc: str = "generating") -> list[str]:
+        """Greedy continuations (text), each cut before its first stop string.
+
+        A context is cut from the left to ``max_length - max_new`` tokens;
+        generation also ends at ``eos_id`` or when the window is full."""
+        if max_new < 1 or max_new >= self.max_length:
+            raise ValueError(f"max_gen_toks: {max_new} must be in [1, max_length "
+                             f"{self.max_length})")
+        keep = self.max_length - max_new
+        ctxs = [list(c)[-keep:] for c in contexts]
+        if any(not c for c in ctxs):
+            raise ValueError("context: empty; give at least one token (e.g. the prefix token)")
+        results: list[str] = [""] * len(ctxs)
+        order = sorted(range(len(ctxs)), key=lambda k: -len(ctxs[k]))
+        batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        for idx in tqdm(batches, desc=desc, unit="batch", disable=not self.progress):
+            T = bucket_for(len(ctxs[idx[0]]) + max_new, self.max_length)
+            tokens = np.zeros((self.batch_size, T), np.int32)
+            length = np.ones(self.batch_size, np.int32)
+            for r, k in enumerate(idx):
+                tokens[r, :len(ctxs[k])] = ctxs[k]
+                length[r] = len(ctxs[k])
+            new: list[list[int]] = [[] for _ in idx]
+            done = [False] * len(idx)
+            while not all(done):
+                nxt = self._call(self._next, "generate", tokens, length - 1)
+                for r in range(len(idx)):
+                    if done[r]:
+                        continue
+                    tok = int(nxt[r])
+                    if tok == eos_id:
+                        done[r] = True
+                        continue
+                    new[r].append(tok)
+                    tokens[r, length[r]] = tok
+                    length[r] += 1
+                    text = decode(new[r])
+                    if (len(new[r]) >= max_new or length[r] >= T
+                            or any(s and s in text for s in stop)):
+                        done[r] = True
+            for r, k in enumerate(idx):
+                results[k] = cut_at_stop(decode(new[r]), stop)
+        return results
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """``text`` up to (not including) the earliest occurrence of any stop string."""
+    cut = len(text)
+    for s in stop:
+        if s:
+            at = text.find(s)
+            if at >= 0:
+                cut = min(cut, at)
+    return text[:cut]

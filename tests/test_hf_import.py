@@ -1,0 +1,113 @@
+"""import-hf: a local Hugging Face Llama checkpoint becomes a pre_ln run whose
+logits equal transformers' own LlamaForCausalLM (fp32, relative 1e-4)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from depthbench import hf_import
+from depthbench.cli import main as cli_main
+from depthbench.config import ConfigError
+
+torch = pytest.importorskip("torch", reason="torch not installed (pip install -e '.[test-hf]')")
+transformers = pytest.importorskip(
+    "transformers", reason="transformers not installed (pip install -e '.[test-hf]')")
+
+
+def save_random_llama(path, *, seed=0, dtype=None, max_shard_size=None, **overrides):
+    """A small random LlamaForCausalLM saved with save_pretrained (safetensors).
+    Norm weights are perturbed too, so a mis-mapped norm cannot pass."""
+    fields = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                  rope_theta=5000.0, max_position_embeddings=64, initializer_range=0.1,
+                  tie_word_embeddings=False)
+    fields.update(overrides)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+    if dtype is not None:
+        model = model.to(dtype)
+    model.save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    return model
+
+
+def restored_logits(run_dir, tokens_bt):
+    """Logits of the imported run through the public loader (as analyze and eval use it)."""
+    from depthbench import load_run
+
+    run = load_run(run_dir)
+    assert run.step == 0 and run.spec.family == "pre_ln"
+    return run.logits(tokens_bt)
+
+
+def hf_logits(model, tokens_bt):
+    with torch.no_grad():
+        return model(torch.tensor(tokens_bt)).logits.float().numpy()
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(num_key_value_heads=2, tie_word_embeddings=False),  # GQA, untied
+    dict(num_key_value_heads=4, tie_word_embeddings=True, rope_theta=500000.0,
+         rms_norm_eps=1e-6),  # MHA, tied, another theta/eps
+    dict(num_key_value_heads=1, tie_word_embeddings=True),  # MQA, tied
+    dict(num_key_value_heads=2, tie_word_embeddings=False, max_shard_size="40KB"),  # sharded
+], ids=["gqa-untied", "mha-tied", "mqa-tied", "gqa-sharded"])
+def test_logits_match_transformers(tmp_path, overrides):
+    model = save_random_llama(tmp_path / "hf", **overrides)
+    if "max_shard_size" in overrides:
+        assert len(list((tmp_path / "hf").glob("*.safetensors"))) > 1
+        assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
+    assert cli_main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 0
+    tokens = np.random.default_rng(1).integers(0, 97, size=(2, 19)).astype(np.int32)
+    ours, ref = restored_logits(tmp_path / "run", tokens), hf_logits(model, tokens)
+    assert ours.shape == ref.shape == (2, 19, 97)
+    assert np.max(np.abs(ours - ref)) <= 1e-4 * np.max(np.abs(ref))
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    m = saved["model"]
+    assert (m["family"], m["n_kv_heads"], m["rope_theta"], m["norm_eps"]) == (
+        "pre_ln", overrides["num_key_value_heads"], model.config.rope_parameters["rope_theta"]
+        if hasattr(model.config, "rope_parameters") else model.config.rope_theta,
+        model.config.rms_norm_eps)
+    assert saved["resolved"]["hf"]["tie_word_embeddings"] == overrides["tie_word_embeddings"]
+
+
+def test_bf16_checkpoint_reads_exactly_without_torch(tmp_path):
+    model = save_random_llama(tmp_path / "hf", dtype=torch.bfloat16)
+    tensors = hf_import.read_tensors(tmp_path / "hf")
+    for name, p in model.state_dict().items():
+        if name in tensors:
+            np.testing.assert_array_equal(tensors[name], p.float().numpy())
+
+
+def test_rope_scaling_is_one_clear_line(tmp_path, capsys):
+    save_random_llama(tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    cfg.pop("rope_parameters", None)
+    cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    capsys.readouterr()  # transformers' own progress output while saving
+    assert cli_main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "rope_scaling" in err and "llama3" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_inputs_refused(tmp_path):
+    save_random_llama(tmp_path / "hf")
+    with pytest.raises(ConfigError, match="not a local directory"):
+        hf_import.import_hf("hf://meta-llama/Llama-3", tmp_path / "x")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="not empty"):
+        hf_import.import_hf(tmp_path / "hf", tmp_path / "full")
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**cfg, "attention_bias": True}))
+    with pytest.raises(ConfigError, match="attention_bias"):
+        hf_import.import_hf(tmp_path / "hf", tmp_path / "y")

@@ -244,9 +244,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _choice(config, "model.compute_dtype", ("float32", "bfloat16", "float16"))
     _choice(config, "model.remat_policy", remat_policy_names())
     _choice(config, "model.layer_scan", ("depth_linear", "carries"))
-    # "pallas" joins when pallas_kernels/ has the fused kernels; until then it is refused
-    # rather than silently running the XLA path.
-    _choice(config, "model.impl", ("xla",))
+    _choice(config, "model.impl", ("xla", "pallas", "auto"))  # model/residual/fused.py
     _choice(config, "model.attention_impl", ("xla", "cudnn"))
     # A learning-rate rule is a family's (its ``lr_multipliers``): "none" or a family name.
     _choice(config, "train.lr_rule", ("none", *(n for n in registry.names()
@@ -306,7 +304,13 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def load(spec: str | Path, overrides: Iterable[str] = ()) -> ml_collections.ConfigDict:
     """Load a spec (bundled name or file), apply overrides and validate: what every
     command starts from."""
-    config = import_spec(spec).get_config()
+    try:
+        config = import_spec(spec).get_config()
+    except ConfigError:
+        raise
+    except Exception as e:  # a spec failing when called is bad input, as when it fails to load
+        raise ConfigError(f"config: get_config() in {str(spec)!r} failed: "
+                          f"{type(e).__name__}: {e}") from e
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"config: get_config() in {str(spec)!r} must return a ConfigDict")
     config = apply_overrides(config, overrides)

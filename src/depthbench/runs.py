@@ -47,6 +47,7 @@ RUNTIME_FIELDS = (
     "train.log_every",
     "train.eval_every",
     "train.layer_stats_every",
+    "analysis.",
 )
 
 
@@ -151,7 +152,11 @@ def check_run_dir(config, workdir: Path) -> dict | None:
                           f"{new!r}; use the same config to resume it or a new --workdir")
     result_path = workdir / RESULT_FILE
     if result_path.exists():
-        return json.loads(result_path.read_text())
+        try:
+            return json.loads(result_path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"--workdir: {result_path} is unreadable ({e}); delete it to "
+                              "finish the run again from its last checkpoint") from e
     return None
 
 
@@ -318,6 +323,7 @@ def training_claim(workdir: Path, enabled: bool = True) -> Iterator[None]:
     if not enabled:
         yield
         return
+    created = not workdir.exists()
     workdir.mkdir(parents=True, exist_ok=True)
     lock = RunLock(workdir, foreign_is_stale=True)
     if not lock.held_by_this_process() and not lock.acquire():
@@ -328,3 +334,6 @@ def training_claim(workdir: Path, enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         lock.release()
+        with contextlib.suppress(OSError):
+            if created and not any(workdir.iterdir()):
+                workdir.rmdir()  # bad input found before anything was written: leave no trace

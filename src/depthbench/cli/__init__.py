@@ -14,11 +14,12 @@ import os
 import shlex
 import sys
 
+from depthbench import faults
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError
 
 # Sub-command modules, in the order `depthbench --help` lists them.
 COMMANDS = ("shapes", "costs", "families", "data", "train", "sweep", "report",
-            "import_hf", "eval", "lm_eval_cmd")
+            "import_hf", "eval", "lm_eval_cmd", "analyze")
 
 
 # Extra `section.field=value` overrides for every command that takes them, applied
@@ -34,7 +35,8 @@ environment:
   DEPTHBENCH_MAX_RUNS=N   a sweep process trains at most N runs (sweep --max-runs).
   DEPTHBENCH_CACHE=DIR    data cache root (default ~/.cache/depthbench).
 
-Exit status: 0 ok, 2 bad input (one line on stderr), 3 training diverged."""
+Exit status: 0 ok, 2 bad input (one line on stderr), 3 training diverged,
+4 disk full or read-only (one line on stderr; free space and re-run)."""
 
 
 def env_overrides() -> list[str]:
@@ -120,6 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `depthbench shapes ... | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:
+        if not (isinstance(e, faults.StorageError) or faults.is_storage_error(e)):
+            raise
+        if not isinstance(e, faults.StorageError):
+            e = faults.storage_error(e, f"could not write {e.filename or 'a file'}",
+                                     "free space and re-run the same command")
+        sys.stderr.write(f"depthbench: error: {e}\n")
+        return faults.EXIT_STORAGE
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """``depthbench train``: train one model into a run directory (resumable).
 
 Exit status: 0 finished, preempted (resumable) or already done; 2 bad input;
-3 diverged (``result.json`` records the step).
+3 diverged (``result.json`` records the step); 4 disk full or read-only.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ examples:
 Re-running the same command on the same --workdir resumes from the latest
 checkpoint (exactly: same batches, same losses); a finished run is not retrained.
 SIGTERM / Ctrl-C save a checkpoint at the next step and exit 0.
-Exit status: 0 finished / preempted / already done, 2 bad input, 3 diverged.
+A damaged latest checkpoint is skipped (with a warning) for the newest intact one.
+Exit status: 0 finished / preempted / already done, 2 bad input, 3 diverged,
+4 disk full or read-only (free space and re-run: it resumes).
 """
 
 
@@ -71,6 +73,10 @@ def _train(args) -> int:
     from depthbench.train import loop, summary  # late: keeps `depthbench --help` fast
 
     result = loop.run(config, args.workdir, progress=not args.no_progress)
+    from depthbench import parallel
+
+    if not parallel.is_main_process():  # process 0 reports for all of a multi-process run
+        return EXIT_DIVERGED if result.get("diverged") else EXIT_OK
     if args.json:
         print(json.dumps(result, indent=1))
     elif result.get("status") == "preempted":

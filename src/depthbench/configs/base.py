@@ -47,7 +47,7 @@ def get_config() -> ml_collections.ConfigDict:
     # "depth_linear": states with depth banks (attnres, moda) keep memory linear in
     # depth (model/depth_scan.py); "carries": nn.scan saves every block's carry.
     m.layer_scan = "depth_linear"
-    m.impl = "xla"  # residual-routing implementation ("pallas" once pallas_kernels/ lands)
+    m.impl = "xla"  # routing: "xla" | "pallas" (fused kernels) | "auto" (pallas on 1 TPU/GPU)
     # Residual-family fields (spec/residuals.md): each family declares its own,
     # with defaults, in its module (``fields``); the registry gathers them here.
     m.residual = ml_collections.ConfigDict(registry.residual_defaults())
@@ -111,4 +111,13 @@ def get_config() -> ml_collections.ConfigDict:
     p.fsdp = 1
     p.tensor = 1
     p.distributed = "auto"  # "auto" | "on" | "off": jax.distributed.initialize()
+
+    # --------------------------------------------------------------- analysis
+    # `depthbench sweep` analyses each run it finishes (docs/spec/analysis.md)
+    # when enabled; a runtime field: switching it does not change the run.
+    a = c.analysis = ml_collections.ConfigDict()
+    a.enabled = False
+    a.metrics = ""  # comma-separated subset; "" = all
+    a.windows = 16  # held-out windows of the validation split
+    a.seq_len = 128
     return c

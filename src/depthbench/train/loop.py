@@ -117,14 +117,15 @@ class _Session:
                 runlib.atomic_write_json(workdir / runlib.CONFIG_FILE,
                                   {**config.to_dict(), "resolved": resolved})
 
-        self.ckpt = Checkpoints(workdir / runlib.CHECKPOINT_DIR, int(t.keep_checkpoints))
+        self.ckpt = Checkpoints(workdir / runlib.CHECKPOINT_DIR, int(t.keep_checkpoints),
+                                main_process=self.main)
         self.it = data.train_iterator(config, prepared)
-        latest = self.ckpt.latest_step()
-        if latest is None:
+        restored = self.ckpt.restore_latest(s.abstract_state, data.checkpoint_restore_arg(self.it),
+                                            warn=lambda m: print(m, file=sys.stderr, flush=True))
+        if restored is None:
             self.state, meta = state_lib.init_state(s, int(t.seed), init_fn), {}
         else:
-            self.state, meta = self.ckpt.restore(latest, s.abstract_state,
-                                                 data.checkpoint_restore_arg(self.it))
+            self.state, meta = restored
         self.start = self.step = int(jax.device_get(self.state.step))
         self.val = [parallel.host_batch_to_global(b, self.mesh)
                     for b in data.val_batches(config, prepared)]

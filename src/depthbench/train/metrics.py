@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from depthbench import faults
+
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
 
@@ -68,6 +70,7 @@ class MetricsWriter:
         self.enabled = enabled
         self.path = Path(workdir) / METRICS_FILE
         self._tb = None
+        self._failed = False  # a write failed (disk full): closing may fail the same way
         if not enabled:
             return
         truncate_jsonl(self.path, start_step)
@@ -83,8 +86,15 @@ class MetricsWriter:
         row = {"step": int(step), **{k: _clean(v) for k, v in scalars.items()}}
         if not self.enabled:
             return row
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+        except OSError as e:
+            # A row torn by a full disk is dropped on resume (read_jsonl stops there).
+            self._failed = True
+            raise faults.storage_error(e, f"metrics: could not write {self.path}",
+                                       "earlier checkpoints are intact: free space and re-run "
+                                       "the same command to resume") from e
         for key, value in row.items():
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 group = "eval" if key.startswith("val_") else "train"
@@ -109,6 +119,11 @@ class MetricsWriter:
             self._tb.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        if not self.enabled:
+            return
+        try:
             self._file.close()
             self._tb.close()
+        except OSError:
+            if not self._failed:
+                raise  # else: the write that failed has been reported already

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from depthbench.model.residual import fused
 from depthbench.model.residual.base import family_param, gate, with_axes
 from depthbench.model.residual.streams import NBTD, StreamFamily, add_weighted, mix_streams
 
@@ -92,13 +93,24 @@ class HC(StreamFamily):
         return a, beta
 
     def read(self, p, state, site):
+        if fused.use_pallas(self.spec):
+            return fused.hc_pre(p, site.sub, state, bool(self.spec.r("hc_tanh")))[0], {}
         a, _ = self.coefficients(p, state, site.sub)
         return mix_streams(a[..., :1], state)[0].astype(state.dtype), {}
 
     def write(self, p, state, y, site, aux, active):
+        if fused.use_pallas(self.spec):
+            _, mix, beta = fused.hc_pre(p, site.sub, state, bool(self.spec.r("hc_tanh")))
+            return gate(active, with_axes(fused.stream_post(state, mix, beta, y), NBTD), state)
         a, beta = self.coefficients(p, state, site.sub)
         new = add_weighted(mix_streams(a[..., 1:], state), beta, y)
         return gate(active, with_axes(new.astype(state.dtype), NBTD), state)
+
+    def probe(self, p, state, site):
+        """The residual mixing ``A[s, t + 1]`` (``H[t] <- sum_s A[s, t+1] H[s]``),
+        token-averaged: ``mixing`` ``[n, n]``."""
+        a, _ = self.coefficients(p, state, site.sub)
+        return {"mixing": jnp.mean(a[..., 1:], axis=(1, 2))}
 
     # ------------------------------------------------------------ costs
     def connector_params(self) -> int:

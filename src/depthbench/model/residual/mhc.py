@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from depthbench.model.residual import fused
 from depthbench.model.residual.base import family_param, gate, with_axes
 from depthbench.model.residual.fields import check_number
 from depthbench.model.residual.sinkhorn import sinkhorn, sinkhorn_flops
@@ -129,14 +130,29 @@ class MHC(StreamFamily):
         )
         return (jnp.moveaxis(pre, -1, 0), jnp.moveaxis(post, -1, 0), jnp.moveaxis(p_btst, -2, 0))
 
+    def _fused_pre(self, p, state, sub: int):
+        iters, temp = int(self.spec.r("sinkhorn_iters")), float(self.spec.r("sinkhorn_temperature"))
+        return fused.mhc_pre(p, sub, state, iters, temp, self.spec.norm_eps)
+
     def read(self, p, state, site):
+        if fused.use_pallas(self.spec):
+            return self._fused_pre(p, state, site.sub)[0], {}
         pre, _, _ = self.coefficients(p, state, site.sub)
         return mix_streams(pre[..., None], state)[0].astype(state.dtype), {}
 
     def write(self, p, state, y, site, aux, active):
+        if fused.use_pallas(self.spec):
+            _, mix, post = self._fused_pre(p, state, site.sub)
+            return gate(active, with_axes(fused.stream_post(state, mix, post, y), NBTD), state)
         _, post, p_sbtt = self.coefficients(p, state, site.sub)
         new = add_weighted(mix_streams(p_sbtt, state), post, y)
         return gate(active, with_axes(new.astype(state.dtype), NBTD), state)
+
+    def probe(self, p, state, site):
+        """The residual mixing ``P[s, t]`` (``H[t] <- sum_s P[s, t] H[s]``),
+        token-averaged: ``mixing`` ``[n, n]``."""
+        _, _, p_sbtt = self.coefficients(p, state, site.sub)
+        return {"mixing": jnp.mean(p_sbtt, axis=(1, 2))}
 
     # ------------------------------------------------------------ costs
     def connector_params(self) -> int:

@@ -210,6 +210,13 @@ class MoDA(ResidualFamily):
     def lens_input(self, g, state):
         return state["x"]
 
+    def with_boundary_state(self, state, z):
+        return {**state, "x": z.astype(state["x"].dtype)}
+
+    def lens_state(self, p, g, state):
+        """Only the stream the readout reads (the depth cache stays out of captures)."""
+        return {"x": state["x"]}
+
     # ------------------------------------------------------------ costs
     def extra_block_params(self) -> int:
         """The MLP sublayer's key/value projection ``d x 2 H d_h`` (post-norm's two

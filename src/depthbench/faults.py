@@ -1,0 +1,58 @@
+"""Failures of the machine, not of the input: a full disk, a file-size or
+quota limit, a read-only filesystem.
+
+They are reported like bad input, as one line naming the file and the
+operating system's reason, but with their own exit status
+(:data:`EXIT_STORAGE`), since re-running after freeing space resumes the run
+rather than needing a different command.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+from depthbench.errors import EXIT_STORAGE
+
+__all__ = ["EXIT_STORAGE", "StorageError", "is_storage_error", "os_error_code", "storage_error"]
+
+# The errors a full or read-only disk produces (EFBIG: RLIMIT_FSIZE or the
+# filesystem's largest file; EDQUOT: a quota).
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS})
+
+_TENSORSTORE_CODE = re.compile(r"os_error_code='(\d+)'")
+
+
+class StorageError(OSError):
+    """A write failed for lack of space (or a read-only disk); ``str()`` is one line."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(code, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def os_error_code(e: BaseException) -> int | None:
+    """The errno behind ``e``: an OSError's own, or one quoted by a wrapped
+    TensorStore error (Orbax's writes raise ``ValueError`` with the code in text)."""
+    for err in (e, e.__cause__, e.__context__):
+        if isinstance(err, OSError) and err.errno:
+            return err.errno
+        if err is not None:
+            match = _TENSORSTORE_CODE.search(str(err))
+            if match:
+                return int(match.group(1))
+    return None
+
+
+def is_storage_error(e: BaseException) -> bool:
+    return os_error_code(e) in STORAGE_ERRNOS
+
+
+def storage_error(e: BaseException, what: str, hint: str) -> StorageError:
+    """``what`` (e.g. "metrics: could not write /x/metrics.jsonl") + the reason + ``hint``."""
+    code = os_error_code(e) or errno.EIO
+    return StorageError(code, f"{what} ({os.strerror(code)}); {hint}")

@@ -1,0 +1,113 @@
+"""The fused AttnRes depth attention against its reference (interpret mode, CPU).
+
+Forward and gradients (sources, query, key-norm weight) over odd token
+counts, a single source, all sources masked but one, fp32 (tight) and bf16
+(looser), under both backends' tiling rules (``interpret`` emulates TPU,
+``interpret_gpu`` Triton's power-of-two padding); the reference equals the
+model's ``attnres.depth_mix``; the two-phase prefill equals one mix over all
+sources.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, rel_err
+
+from depthbench.model.residual.attnres import depth_mix
+from pallas_kernels import (
+    completed_sources_attention,
+    depth_attention,
+    depth_attention_reference,
+    merge_partial,
+)
+
+EPS = 1e-6
+
+
+def inputs(n_src, lead, d, dtype=jnp.float32, seed=0):
+    k = jax.random.split(jax.random.key(seed), 3)
+    v = jax.random.normal(k[0], (n_src, *lead, d), jnp.float32)
+    # Distinct source scales make the softmax far from uniform.
+    v = v * (1.0 + jnp.arange(n_src, dtype=jnp.float32))[(...,) + (None,) * (len(lead) + 1)]
+    q = jax.random.normal(k[1], (d,), jnp.float32)
+    w = 1.0 + 0.3 * jax.random.normal(k[2], (d,), jnp.float32)
+    return v.astype(dtype), q, w
+
+
+def fused(backend):
+    return lambda v, valid, q, w: depth_attention(v, valid, q, w, EPS, backend)
+
+
+def reference(v, valid, q, w):
+    n_src, *lead, d = v.shape
+    return depth_attention_reference(v.reshape(n_src, -1, d), valid, q, w, EPS).reshape(*lead, d)
+
+
+@pytest.mark.parametrize(
+    "backend, n_src, lead, d, valid",
+    [
+        ("interpret", 5, (3, 7), 32, [1, 1, 0, 1, 0]),  # 21 tokens: a padded tile
+        ("interpret_gpu", 5, (19,), 24, [1, 0, 1, 1, 1]),  # odd width: padded to 32
+        ("interpret", 1, (11,), 16, [1]),  # S = 1: the identity
+        ("interpret", 6, (13,), 16, [0, 0, 0, 1, 0, 0]),  # all masked but one
+    ],
+)
+def test_depth_attention_fp32_matches_reference(backend, n_src, lead, d, valid):
+    v, q, w = inputs(n_src, lead, d)
+    args = (v, jnp.asarray(valid, bool), q, w)
+    # With one valid source the query and key-norm gradients are exactly zero
+    # (the softmax is constant); the kernel's are rounding (p = exp(logit - lse)
+    # is 1 to an ulp), compared with 10, below the size these gradients have
+    # at this shape when several sources are valid (about 30).
+    floor = 10.0 if sum(valid) == 1 else 1e-30
+    assert_matches(fused(backend), reference, args, (0, 2, 3), FP32_TOL, floor)
+
+
+def test_depth_attention_single_valid_source_reads_it_exactly():
+    v, q, w = inputs(6, (13,), 16)
+    valid = jnp.asarray([0, 0, 0, 1, 0, 0], bool)
+    np.testing.assert_allclose(fused("interpret")(v, valid, q, w), v[3], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["interpret", "interpret_gpu"])
+def test_depth_attention_bf16_matches_reference(backend):
+    v, q, w = inputs(9, (2, 9), 32, jnp.bfloat16, seed=1)
+    valid = jnp.asarray([1, 1, 1, 0, 1, 1, 0, 1, 1], bool)
+    assert_matches(fused(backend), reference, (v, valid, q, w), (0, 2, 3), BF16_TOL)
+
+
+def test_reference_is_the_models_depth_mix():
+    """What the kernel is checked against is exactly what the model computes."""
+    v, q, w = inputs(4, (2, 5), 16, seed=2)
+    valid = jnp.asarray([1, 1, 1, 0], bool)
+    assert rel_err(reference(v, valid, q, w), depth_mix(v, valid, q, w, EPS)) < 1e-6
+    grad_model = jax.grad(lambda v: jnp.sum(jnp.sin(depth_mix(v, valid, q, w, EPS))))(v)
+    grad_ref = jax.grad(lambda v: jnp.sum(jnp.sin(reference(v, valid, q, w))))(v)
+    assert rel_err(grad_ref, grad_model) < 1e-6
+
+
+@pytest.mark.parametrize("backend", ["interpret", "interpret_gpu"])
+def test_two_phase_prefill_equals_one_mix_over_all_sources(backend):
+    """Phase 1 over the completed sources for K queries at once, then each
+    query's merge with the running partial, equals the direct mix over
+    ``[V; partial]``; phase 1 alone equals the mix over ``V``."""
+    v, _, _ = inputs(4, (3, 5), 16, seed=3)
+    valid = jnp.asarray([1, 1, 0, 1], bool)
+    k = jax.random.split(jax.random.key(4), 3)
+    q_kd = jax.random.normal(k[0], (3, 16))
+    w_kd = 1.0 + 0.2 * jax.random.normal(k[1], (3, 16))
+    partial = 2.0 * jax.random.normal(k[2], (3, 5, 16))
+    o, lse = completed_sources_attention(v, valid, q_kd, w_kd, EPS, backend)
+    everything = jnp.concatenate([v, partial[None]])
+    for i in range(3):
+        assert rel_err(o[i], reference(v, valid, q_kd[i], w_kd[i])) < FP32_TOL
+        merged = merge_partial(o[i], lse[i], partial, q_kd[i], w_kd[i], EPS)
+        direct = reference(everything, jnp.append(valid, True), q_kd[i], w_kd[i])
+        assert rel_err(merged, direct) < FP32_TOL
+
+
+def test_bad_backend_is_one_clear_error():
+    v, q, w = inputs(2, (4,), 8)
+    with pytest.raises(ValueError, match="backend 'cuda'.*allowed"):
+        depth_attention(v, jnp.ones(2, bool), q, w, EPS, "cuda")

@@ -93,15 +93,16 @@ def cpu_curve(depths, steps: int, old: bool) -> None:
         base_mem = temp_bytes(base)
         base_time = time_step(base, p, t, steps) if steps else float("nan")
         print(f"| {depth} | pre_ln | " + " | ".join(
-            f"{base_time * 1e3:.0f} ms | {base_mem / 2**20:.1f} MiB" for _ in scans) + " |")
+            f"{base_time * 1e3:.0f} ms | {base_mem / 2**20:.1f} MiB".replace("nan", "-")
+            for _ in scans) + " |")
         for fam in BANKED:
             cells = []
             for scan in scans:
                 spec = ModelSpec.from_shape(shape, family=fam, layer_scan=scan)
                 c, p, t = compiled_step(spec, 2, 256)
                 rel = time_step(c, p, t, steps) / base_time if steps else float("nan")
-                cells.append(f"{rel:.2f}x | "
-                             f"{temp_bytes(c) / base_mem:.2f}x")
+                cells.append(f"{rel:.2f}x | ".replace("nanx", "-")
+                             + f"{temp_bytes(c) / base_mem:.2f}x")
             print(f"| {depth} | {fam} | " + " | ".join(cells) + " |", flush=True)
 
 

@@ -3,7 +3,7 @@
 #
 #   launch/gpu_sweep.sh --config experiments/paper_400m.py --workdir /shared/runs/400m \
 #       --nodes 4 --gpus-per-node 8 --partition gpu --time 48:00:00 \
-#       -- --config.data.paths='/shared/fineweb_edu/train_*.npy'
+#       -- --config.data.paths='/shared/fineweb_edu/*.npy'
 #
 # Three modes of this one script:
 #   (default)  submit: `sbatch` this script with --in-job into an allocation of --nodes nodes;
@@ -12,6 +12,9 @@
 #              (every process trains the same run together), then `depthbench report`;
 #   --task     inside one srun task: export the JAX coordinator address (first node of the
 #              step, port --port + run index) and process ids from SLURM's variables, exec.
+# --tokenize-input GLOB --tokenizer FILE --tokens-dir DIR: inside the job, before the runs,
+# one srun task runs `depthbench data tokenize` into DIR (skipped once DIR/manifest.json
+# exists; resumable), on --cpus-per-task cores; point --config.data.paths at 'DIR/*.npy'.
 # The workdir must be on a filesystem every node sees.  The job is submitted with --requeue:
 # after a preemption or a time-out SLURM (or you) starts it again, finished runs are skipped
 # and the interrupted one resumes from its last checkpoint.  --dry-run prints the sbatch
@@ -31,6 +34,11 @@ allocation (sbatch):
   --time T              wall-clock limit (default 24:00:00)
   --job-name NAME       (default depthbench-sweep)
   --sbatch-arg ARG      any further sbatch argument (repeatable)
+data (on a filesystem every node sees):
+  --tokenize-input GLOB raw Parquet / JSON-lines files to tokenise before the runs
+  --tokenizer FILE      tokenizer.json or SentencePiece .model for --tokenize-input
+  --tokens-dir DIR      where the shards go (skipped if DIR/manifest.json exists)
+  --text-field F        column / JSON field holding the text (default text)
 run:
   --venv DIR            activate this virtualenv on every node (default: depthbench on PATH)
   --port P              base coordinator port; run k uses P + k mod 1000 (default 29500)
@@ -43,10 +51,10 @@ environment: DEPTHBENCH  the depthbench command (default depthbench)
 examples:
   launch/gpu_sweep.sh --config experiments/paper_400m.py --workdir /shared/runs/400m \
       --nodes 2 --gpus-per-node 8 --partition gpu --time 48:00:00 --venv ~/venvs/depthbench \
-      -- --config.data.paths='/shared/fineweb_edu/train_*.npy'
+      -- --config.data.paths='/shared/fineweb_edu/*.npy'
   launch/gpu_sweep.sh --config experiments/quickstart.py --workdir /shared/runs/qs --dry-run
   launch/gpu_sweep.sh --config experiments/paper_400m.py --workdir /shared/runs/400m \
-      --nodes 4 --shard 0/2 --run 'hc-*' -- --config.data.paths='/shared/tok/train_*.npy'
+      --nodes 4 --shard 0/2 --run 'hc-*' -- --config.data.paths='/shared/tok/*.npy'
 EOF
 }
 
@@ -56,6 +64,7 @@ SCRIPT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0
 MODE=submit SPEC="" WORKDIR="" NODES=1 GPUS=8 CPUS=16 TIME=24:00:00 JOB=depthbench-sweep
 PARTITION="" ACCOUNT="" QOS="" VENV="" PORT=29500 SHARD="" DRY=0
 SBATCH_EXTRA=() RUN_ARGS=() OVERRIDES=()
+TOKENIZE_INPUT="" TOKENIZER="" TOKENS_DIR="" TEXT_FIELD=text
 
 while (($#)); do
   case "$1" in
@@ -70,6 +79,10 @@ while (($#)); do
     --time) TIME="${2:?--time needs a value}"; shift 2 ;;
     --job-name) JOB="${2:?--job-name needs a value}"; shift 2 ;;
     --sbatch-arg) SBATCH_EXTRA+=("${2:?--sbatch-arg needs a value}"); shift 2 ;;
+    --tokenize-input) TOKENIZE_INPUT="${2:?--tokenize-input needs a value}"; shift 2 ;;
+    --tokenizer) TOKENIZER="${2:?--tokenizer needs a value}"; shift 2 ;;
+    --tokens-dir) TOKENS_DIR="${2:?--tokens-dir needs a value}"; shift 2 ;;
+    --text-field) TEXT_FIELD="${2:?--text-field needs a value}"; shift 2 ;;
     --venv) VENV="${2:?--venv needs a value}"; shift 2 ;;
     --port) PORT="${2:?--port needs a value}"; shift 2 ;;
     --shard) SHARD="${2:?--shard needs a value}"; shift 2 ;;
@@ -110,6 +123,11 @@ for n in "$NODES" "$GPUS" "$CPUS" "$PORT"; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "--nodes/--gpus-per-node/--cpus-per-task/--port:" \
     "expected a positive integer, got '$n'"
 done
+if [[ -n "$TOKENIZE_INPUT" ]]; then
+  [[ -n "$TOKENIZER" && -n "$TOKENS_DIR" ]] \
+    || die "--tokenize-input needs --tokenizer FILE and --tokens-dir DIR"
+  TOKENIZER=$(realpath -m "$TOKENIZER") TOKENS_DIR=$(realpath -m "$TOKENS_DIR")
+fi
 SPEC=$(realpath "$SPEC")
 [[ "$WORKDIR" == *://* ]] || WORKDIR=$(realpath -m "$WORKDIR")
 read -r -a DEPTHBENCH_CMD <<<"${DEPTHBENCH:-depthbench}"
@@ -137,6 +155,8 @@ run() {  # print (dry run) or run a command
 if [[ "$MODE" == submit ]]; then
   forward=(--config "$SPEC" --workdir "$WORKDIR" --port "$PORT" "${RUN_ARGS[@]}")
   [[ -z "$SHARD" ]] || forward+=(--shard "$SHARD")
+  [[ -z "$TOKENIZE_INPUT" ]] || forward+=(--tokenize-input "$TOKENIZE_INPUT" --tokenizer
+    "$TOKENIZER" --tokens-dir "$TOKENS_DIR" --text-field "$TEXT_FIELD")
   if [[ -n "$VENV" ]]; then
     # A dry run only shows the commands; a submission needs the venv the nodes will use.
     ((DRY)) || [[ -f "$VENV/bin/activate" ]] \
@@ -167,6 +187,13 @@ elif [[ -n "$VENV" ]]; then
   source "$VENV/bin/activate"
 fi
 NNODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-$NODES}}
+# The data step: one task tokenises the raw corpus (resumable; skipped once it is done).
+if [[ -n "$TOKENIZE_INPUT" && ! -f "$TOKENS_DIR/manifest.json" ]]; then
+  run srun --nodes 1 --ntasks 1 --cpus-per-task "${SLURM_CPUS_PER_TASK:-$CPUS}" \
+    "${DEPTHBENCH_CMD[@]}" data tokenize --input "$TOKENIZE_INPUT" --text-field "$TEXT_FIELD" \
+    --tokenizer "$TOKENIZER" --out "$TOKENS_DIR" --workers "${SLURM_CPUS_PER_TASK:-$CPUS}" \
+    || die "tokenising $TOKENIZE_INPUT into $TOKENS_DIR failed (re-submit to resume it)"
+fi
 list=(sweep --config "$SPEC" --workdir "$WORKDIR" --list "${RUN_ARGS[@]}")
 [[ -z "$SHARD" ]] || list+=(--shard "$SHARD")
 RUN_LIST=$("${DEPTHBENCH_CMD[@]}" "${list[@]}" "${OVERRIDES[@]}") \

@@ -3,14 +3,18 @@
 #
 #   launch/tpu_sweep.sh --config experiments/paper_400m.py --workdir gs://BUCKET/400m \
 #       --tpu depthbench-v5p --zone us-east5-a --project my-proj --accelerator v5p-64 \
-#       --create --spot --stage-data gs://BUCKET/fineweb_edu \
-#       -- --config.data.paths='/tmp/depthbench-data/train_*.npy'
+#       --create --spot --tokenize gs://BUCKET/fineweb-edu/sample/10BT \
+#       --tokenizer gs://BUCKET/gpt-neox-20b/tokenizer.json --stage-data gs://BUCKET/fineweb_edu_neox \
+#       -- --config.data.paths='/tmp/depthbench-data/*.npy'
 #
 # What it does, in order (with --dry-run every gcloud command is printed, none is run):
 #   1. lists the sweep's runs here (`depthbench sweep --list`; needs this checkout installed);
 #   2. --create: creates the slice unless it exists;
 #   3. --install (implied by --create): copies this checkout to every worker and installs it
 #      with JAX for TPU in a virtualenv (<remote-dir>/.venv);
+#   --tokenize: unless --stage-data already holds a manifest.json, worker 0 copies the raw
+#      files (Parquet/JSON lines) and --tokenizer to its disk, runs `depthbench data tokenize`
+#      on all its cores (resumable) and copies the shards + manifest.json to --stage-data;
 #   --stage-data: copies token shards from a bucket to the same local directory on every
 #      worker (the data pipeline reads local files; point --config.data.paths there);
 #   4. lists finished runs in the bucket (one `gcloud storage ls`) and skips them;
@@ -44,6 +48,11 @@ install:
   --remote-dir DIR      checkout directory on the workers, relative to home (default depthbench)
   --jax SPEC            pip requirement for JAX on TPU (default 'jax[tpu]>=0.10,<0.12')
 data:
+  --tokenize URL        raw corpus (gs://... or a path on worker 0): tokenise it into
+                        --stage-data first (skipped when that holds manifest.json)
+  --tokenizer URL       tokenizer.json or SentencePiece .model (gs://... or a worker path)
+  --tokenize-glob PAT   which raw files, relative to --tokenize (default '**/*.parquet')
+  --text-field F        the column / JSON field holding the text (default text)
   --stage-data URL      copy gs://... (recursively) to --stage-dir on every worker first
   --stage-dir DIR       local directory for it (default /tmp/depthbench-data)
 sweep:
@@ -58,7 +67,7 @@ examples:
   launch/tpu_sweep.sh --config experiments/paper_400m.py --workdir gs://BUCKET/400m \
       --tpu depthbench-v5p --zone us-east5-a --project PROJECT --accelerator v5p-64 \
       --create --spot --stage-data gs://BUCKET/fineweb_edu_neox \
-      -- --config.data.paths='/tmp/depthbench-data/train_*.npy'
+      -- --config.data.paths='/tmp/depthbench-data/*.npy'
   launch/tpu_sweep.sh --config experiments/quickstart.py --workdir gs://BUCKET/qs \
       --tpu my-v4 --zone us-central2-b --run 'hc-*' --dry-run
   TPU_NAME=my-v4 TPU_ZONE=us-central2-b launch/tpu_sweep.sh \
@@ -76,6 +85,8 @@ ACCEL="${TPU_ACCELERATOR:-}" VERSION="${TPU_VERSION:-tpu-ubuntu2204-base}"
 CREATE=0 SPOT=0 DELETE=0 INSTALL=0 DRY=0 RETRIES=3 SHARD=""
 REMOTE_DIR="depthbench" JAX_REQ='jax[tpu]>=0.10,<0.12'
 STAGE_DATA="" STAGE_DIR=/tmp/depthbench-data
+TOKENIZE="" TOKENIZER="" TOKENIZE_GLOB='**/*.parquet' TEXT_FIELD=text
+RAW_DIR=/tmp/depthbench-raw TOKENS_DIR=/tmp/depthbench-tokens
 MOUNT_ROOT="${DEPTHBENCH_GCS_MOUNT:-/tmp/depthbench-gcs}"
 RUN_ARGS=() OVERRIDES=()
 
@@ -96,6 +107,10 @@ while (($#)); do
     --jax) JAX_REQ="${2:?--jax needs a value}"; shift 2 ;;
     --stage-data) STAGE_DATA="${2:?--stage-data needs a value}"; shift 2 ;;
     --stage-dir) STAGE_DIR="${2:?--stage-dir needs a value}"; shift 2 ;;
+    --tokenize) TOKENIZE="${2:?--tokenize needs a value}"; shift 2 ;;
+    --tokenizer) TOKENIZER="${2:?--tokenizer needs a value}"; shift 2 ;;
+    --tokenize-glob) TOKENIZE_GLOB="${2:?--tokenize-glob needs a value}"; shift 2 ;;
+    --text-field) TEXT_FIELD="${2:?--text-field needs a value}"; shift 2 ;;
     --shard) SHARD="${2:?--shard needs a value}"; shift 2 ;;
     --run) RUN_ARGS+=(--run "${2:?--run needs a value}"); shift 2 ;;
     --retries) RETRIES="${2:?--retries needs a value}"; shift 2 ;;
@@ -112,6 +127,11 @@ done
 [[ -n "$TPU" ]] || die "--tpu NAME (or TPU_NAME) is required"
 [[ -n "$ZONE" ]] || die "--zone ZONE (or TPU_ZONE) is required"
 [[ "$RETRIES" =~ ^[0-9]+$ ]] || die "--retries: expected a non-negative integer, got '$RETRIES'"
+if [[ -n "$TOKENIZE" ]]; then
+  [[ -n "$TOKENIZER" ]] || die "--tokenize needs --tokenizer (a tokenizer.json or .model)"
+  [[ "$STAGE_DATA" == gs://* ]] || die "--tokenize needs --stage-data gs://... (where the" \
+    "shards go, for every worker to copy)"
+fi
 if ((CREATE)) && [[ -z "$ACCEL" ]]; then
   die "--create needs --accelerator TYPE (or TPU_ACCELERATOR), e.g. v5p-64"
 fi
@@ -211,6 +231,33 @@ mount_bucket() {
   on_workers all "mkdir -p $at && (mountpoint -q $at || gcsfuse --implicit-dirs $(q "$BUCKET") $at)"
 }
 
+tokenize_data() {  # worker 0 tokenises the raw corpus into --stage-data, unless it is there
+  [[ -n "$TOKENIZE" ]] || return 0
+  local raw tok out fetch
+  raw=$(q "$RAW_DIR") out=$(q "$TOKENS_DIR")
+  if [[ "$TOKENIZE" == gs://* ]]; then
+    fetch="mkdir -p $raw && gcloud storage rsync --recursive $(q "$TOKENIZE") $raw && "
+  else
+    fetch="" raw=$(q "$TOKENIZE")
+  fi
+  if [[ "$TOKENIZER" == gs://* ]]; then
+    tok="$RAW_DIR-tokenizer/$(basename "$TOKENIZER")"  # beside the raw files, not among them
+    fetch+="mkdir -p $(q "$RAW_DIR-tokenizer") && gcloud storage cp $(q "$TOKENIZER") $(q "$tok") && "
+  else
+    tok=$TOKENIZER
+  fi
+  local cmd
+  cmd="if gcloud storage ls $(q "$STAGE_DATA/manifest.json") >/dev/null 2>&1; then "
+  cmd+="echo $(q "$STAGE_DATA already tokenised"); else $fetch"
+  cmd+="cd $(q "$REMOTE_DIR") && $REMOTE_BIN data tokenize --input $(q "$raw/$TOKENIZE_GLOB")"
+  cmd+=" --text-field $(q "$TEXT_FIELD") --tokenizer $(q "$tok") --out $out"
+  # manifest.json last: the bucket holds one only when every shard is there
+  cmd+=" --workers \$(nproc) && gcloud storage rsync --recursive --exclude='manifest\.json\$'"
+  cmd+=" $out $(q "$STAGE_DATA") && gcloud storage cp $out/manifest.json"
+  cmd+=" $(q "$STAGE_DATA/manifest.json"); fi"
+  on_workers 0 "$cmd"
+}
+
 stage_data() {  # every worker gets the same local copy of the token shards
   [[ -n "$STAGE_DATA" ]] || return 0
   on_workers all "mkdir -p $(q "$STAGE_DIR") && gcloud storage rsync --recursive $(q "$STAGE_DATA") $(q "$STAGE_DIR")"
@@ -234,6 +281,7 @@ if ((CREATE)); then
 fi
 ((INSTALL)) && install
 mount_bucket
+tokenize_data
 stage_data
 
 # 4. finished runs (result.json in the bucket) are skipped without starting a job
@@ -260,6 +308,7 @@ recover() {  # after a failed run: 0 = retry it, 1 = the run itself failed (slic
   create_slice
   install
   mount_bucket
+  tokenize_data
   stage_data
   return 0
 }

@@ -26,10 +26,12 @@ def tiny_config(family: str = "pre_ln", depth: int = 3, **overrides):
     return config_lib.load(ROOT / "experiments" / "micro.py", [f"{k}={v}" for k, v in o.items()])
 
 
-def write_run(run_dir: Path, config, seed: int = 0, noise: float = 0.05, step: int = 7):
+def write_run(run_dir: Path, config, seed: int = 0, noise: float = 0.05, step: int = 7,
+              val_tokens: int = 0):
     """A run directory as ``depthbench train`` leaves it: config.json and one
     checkpoint of a full TrainState whose parameters are the init plus noise
-    (so no parameter sits at an init value such as a zero query)."""
+    (so no parameter sits at an init value such as a zero query); with
+    ``val_tokens`` also a random validation split recorded in config.json."""
     s = state_lib.setup(config, parallel.mesh_from_config(config))
     state = state_lib.init_state(s, seed)
     leaves, tree = jax.tree.flatten(state.params)
@@ -38,7 +40,13 @@ def write_run(run_dir: Path, config, seed: int = 0, noise: float = 0.05, step: i
               for x, k in zip(leaves, keys, strict=True)]
     state = state.replace(params=jax.tree.unflatten(tree, leaves), step=state.step + step)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps({**config.to_dict(), "resolved": {}}))
+    resolved = {}
+    if val_tokens:
+        path = run_dir / "val.npy"
+        ids = tokens(1, val_tokens, int(config.model.vocab_size), seed)[0]
+        np.save(path, ids.astype(np.uint16))
+        resolved = {"tokenizer": {"val_tokens_path": str(path)}}
+    (run_dir / "config.json").write_text(json.dumps({**config.to_dict(), "resolved": resolved}))
     ckpt = Checkpoints(run_dir / "checkpoints", async_save=False)
     ckpt.save(step, state, ocp.args.JsonSave({}), {})
     ckpt.close()

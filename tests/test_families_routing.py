@@ -359,15 +359,22 @@ def test_attnres_last_depth_state_is_the_readout_mix():
 )
 def test_skipped_block_is_a_removed_block(family, fields):
     """Depth 3 with block 1 skipped == the depth-2 model of blocks 0 and 2: attnres
-    adds no source (the bank fills in execution order), moda writes no depth keys."""
+    adds no source (the bank fills in execution order), moda writes no depth keys.
+    For attnres that is the analysis option skip_rule="remove"; by default (the
+    original benchmark's "next-output" rule) the mix after the skipped block
+    returns the newest source instead, which differs."""
     params = init_params(make_spec(family))
     if family.startswith("attnres"):
         params = randomise(params, "query", 3, 2.0)
+        default = logits(make_spec(family, **fields), params, active=[True, False, True])
+        fields = {**fields, "skip_rule": "remove"}
     skipped = logits(make_spec(family, **fields), params, active=[True, False, True])
     removed = logits(make_spec(family, depth=2, **fields), take_blocks(params, [0, 2]))
     np.testing.assert_allclose(skipped, removed, rtol=1e-5, atol=1e-6)
     full = logits(make_spec(family, **fields), params)
     assert rel_err(full, removed) > 1e-4  # block 1 does something when it runs
+    if family.startswith("attnres"):
+        assert rel_err(default, removed) > 1e-4
 
 
 def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
@@ -420,9 +427,12 @@ def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
         return state, third
 
     state, off = attnres_writes(jnp.bool_(False))
+    # The bank and count stay; the skipped block is recorded for the next
+    # consumer's "next-output" rule (the original benchmark's skip).
+    assert int(off.pop("skipped")) == 1 and int(state.pop("skipped")) == 0
     chex.assert_trees_all_equal(off, state)
     _, on = attnres_writes(jnp.bool_(True))
-    assert int(on["count"]) == 3
+    assert int(on["count"]) == 3 and int(on["skipped"]) == 0
     np.testing.assert_allclose(on["bank"][1], 3 * y, rtol=1e-6)  # block 0: y + 2y
     np.testing.assert_allclose(on["bank"][2], 3 * y, rtol=1e-6)  # block 1's partial: 3y
     assert not np.any(on["bank"][3])

@@ -10,13 +10,14 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch"
-SCRIPTS = ["tpu_sweep.sh", "gpu_sweep.sh", "local_sweep.sh"]
+SCRIPTS = ["tpu_sweep.sh", "gpu_sweep.sh", "local_sweep.sh", "local_multiprocess.sh"]
 SPEC = "experiments/quickstart.py"
 PRE_LN = ["pre_ln-L2-lr3e-03", "pre_ln-L4-lr3e-03", "pre_ln-L10-lr3e-03"]
 
@@ -331,3 +332,162 @@ def test_local_sweep_dry_run(fakes, tmp_path):
                         "runs/x/logs/shard-0-of-3.log 2>&1 &")
     assert "taskset -c 4-5" in lines[3] and lines[4] == "+ depthbench report runs/x"
     assert calls(fakes) == [] and not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------- data step (tokenize)
+
+TOKENIZE = ["--tokenize", "gs://bkt/raw", "--tokenizer", "gs://bkt/neox/tokenizer.json",
+            "--stage-data", "gs://bkt/tok"]
+TOKENIZE_COMMAND = (
+    "if gcloud storage ls gs://bkt/tok/manifest.json >/dev/null 2>&1; then echo "
+    "'gs://bkt/tok already tokenised'; else mkdir -p /tmp/depthbench-raw && gcloud storage "
+    "rsync --recursive gs://bkt/raw /tmp/depthbench-raw && mkdir -p "
+    "/tmp/depthbench-raw-tokenizer && gcloud storage cp gs://bkt/neox/tokenizer.json "
+    "/tmp/depthbench-raw-tokenizer/tokenizer.json && cd depthbench && "
+    ".venv/bin/depthbench data tokenize --input '/tmp/depthbench-raw/**/*.parquet' "
+    "--text-field text --tokenizer /tmp/depthbench-raw-tokenizer/tokenizer.json --out "
+    "/tmp/depthbench-tokens --workers $(nproc) && gcloud storage rsync --recursive "
+    "--exclude='manifest\\.json$' /tmp/depthbench-tokens gs://bkt/tok && gcloud storage cp "
+    "/tmp/depthbench-tokens/manifest.json gs://bkt/tok/manifest.json; fi")
+
+
+def test_tpu_dry_run_shows_the_tokenize_step_before_staging(fakes):
+    r = sh("tpu_sweep.sh", *TPU_ARGS, *TOKENIZE, "--dry-run", "--",
+           "--config.data.paths=/tmp/depthbench-data/*.npy", env={"DEPTHBENCH": REAL_DEPTHBENCH})
+    assert r.returncode == 0, r.stderr
+    assert calls(fakes) == []
+    lines = [shlex.split(line[2:]) for line in r.stdout.splitlines() if line.startswith("+ ")]
+    tpu = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu1", *WHERE]
+    # mount the bucket, tokenise on worker 0, stage on every worker, then the runs
+    assert lines[1] == [*tpu, "--worker=0", "--command", TOKENIZE_COMMAND]
+    assert lines[2] == [*tpu, "--worker=all", "--command",
+                        "mkdir -p /tmp/depthbench-data && gcloud storage rsync --recursive "
+                        "gs://bkt/tok /tmp/depthbench-data"]
+    assert "--run pre_ln-L2-lr3e-03" in lines[4][-1]
+
+
+def test_tpu_tokenize_command_runs_tokenize_once_in_a_shell(fakes, tmp_path):
+    """The worker-0 command, run by bash with fake gcloud/depthbench: tokenise, then upload;
+    with manifest.json already in the bucket, nothing but the check."""
+    home = tmp_path / "home"
+    (home / "depthbench" / ".venv" / "bin").mkdir(parents=True)
+    tool = home / "depthbench" / ".venv" / "bin" / "depthbench"
+    tool.write_text((fakes / "bin" / "depthbench").read_text())
+    tool.chmod(0o755)
+    out = subprocess.run(["bash", "-c", TOKENIZE_COMMAND], cwd=home, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr
+    seen = [(c["tool"], c["args"][:2]) for c in calls(fakes)]
+    assert seen == [("gcloud", ["storage", "ls"]), ("gcloud", ["storage", "rsync"]),
+                    ("gcloud", ["storage", "cp"]), ("depthbench", ["data", "tokenize"]),
+                    ("gcloud", ["storage", "rsync"]), ("gcloud", ["storage", "cp"])]
+    upload = calls(fakes, "gcloud")[-2]["args"]
+    assert upload == ["storage", "rsync", "--recursive", "--exclude=manifest\\.json$",
+                      "/tmp/depthbench-tokens", "gs://bkt/tok"]  # the manifest goes last
+    workers = calls(fakes, "depthbench")[0]["args"]
+    assert workers[workers.index("--workers") + 1] == str(os.cpu_count())
+    (fakes / "calls.jsonl").unlink()
+    (fakes / "finished").write_text("gs://bkt/tok/manifest.json")  # `storage ls` succeeds
+    out = subprocess.run(["bash", "-c", TOKENIZE_COMMAND], cwd=home, capture_output=True,
+                         text=True)
+    assert "already tokenised" in out.stdout
+    assert [c["args"][:2] for c in calls(fakes)] == [["storage", "ls"]]
+
+
+def test_tpu_tokenize_needs_a_tokenizer_and_a_bucket(fakes):
+    r = sh("tpu_sweep.sh", *TPU_ARGS, "--tokenize", "gs://bkt/raw", "--stage-data", "gs://b/t")
+    assert r.returncode == 2 and "--tokenize needs --tokenizer" in r.stderr
+    r = sh("tpu_sweep.sh", *TPU_ARGS, "--tokenize", "gs://bkt/raw", "--tokenizer", "t.json")
+    assert r.returncode == 2 and "--tokenize needs --stage-data gs://" in r.stderr
+    assert calls(fakes) == []
+
+
+def test_gpu_in_job_tokenizes_first_unless_done(fakes, tmp_path):
+    workdir, tokens = tmp_path / "runs", tmp_path / "tok"
+    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2", "SLURM_CPUS_PER_TASK": "12",
+           "DEPTHBENCH": REAL_DEPTHBENCH}
+    args = ["--in-job", "--config", str(REPO / SPEC), "--workdir", str(workdir), "--run",
+            PRE_LN[0], "--tokenize-input", "/raw/*.parquet", "--tokenizer", "/tk/tokenizer.json",
+            "--tokens-dir", str(tokens), "--", f"--config.data.paths={tokens}/*.npy"]
+    r = sh("gpu_sweep.sh", *args, env=env)
+    assert r.returncode == 0, r.stderr
+    steps = calls(fakes, "srun")
+    assert steps[0]["args"] == [
+        "--nodes", "1", "--ntasks", "1", "--cpus-per-task", "12", *shlex.split(REAL_DEPTHBENCH),
+        "data", "tokenize", "--input", "/raw/*.parquet", "--text-field", "text", "--tokenizer",
+        "/tk/tokenizer.json", "--out", str(tokens), "--workers", "12"]
+    assert "--task" in steps[1]["args"] and len(steps) == 2
+    tokens.mkdir()
+    (tokens / "manifest.json").write_text("{}")
+    (fakes / "calls.jsonl").unlink()
+    r = sh("gpu_sweep.sh", *args, env=env)
+    assert r.returncode == 0 and len(calls(fakes, "srun")) == 1  # the run only
+    # submit mode forwards the data options to the job
+    (fakes / "calls.jsonl").unlink()
+    r = sh("gpu_sweep.sh", *args[1:], env={"DEPTHBENCH": REAL_DEPTHBENCH})
+    assert r.returncode == 0, r.stderr
+    sbatch = calls(fakes, "sbatch")[0]["args"]
+    assert sbatch[sbatch.index("--tokens-dir") + 1] == str(tokens)
+    r = sh("gpu_sweep.sh", *args[1:7], "--tokenize-input", "/raw/*.parquet")
+    assert r.returncode == 2 and "needs --tokenizer FILE and --tokens-dir DIR" in r.stderr
+
+
+# ---------------------------------------------------------- local multi-process
+
+PROBE = r'''
+import json, os, sys, time
+keys = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_PLATFORMS",
+        "XLA_FLAGS")
+out = os.path.join(sys.argv[1], "env-" + os.environ["JAX_PROCESS_ID"] + ".json")
+json.dump({k: os.environ.get(k) for k in keys}, open(out, "w"))
+if os.environ["JAX_PROCESS_ID"] == sys.argv[2]:
+    sys.exit(3)
+if sys.argv[2] != "none":
+    time.sleep(60)  # a live process that must be stopped when another fails
+'''
+
+
+def test_local_multiprocess_gives_each_process_its_ids(tmp_path):
+    logs = tmp_path / "logs"
+    r = subprocess.run(["bash", str(LAUNCH / "local_multiprocess.sh"), "3",
+                        "--devices-per-process", "2", "--port", "23456", "--logs", str(logs),
+                        "--", sys.executable, "-c", PROBE, str(tmp_path), "none"],
+                       capture_output=True, text=True, timeout=60, env={
+                           k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+    assert r.returncode == 0, r.stderr
+    for i in range(3):
+        env = json.loads((tmp_path / f"env-{i}.json").read_text())
+        assert env == {"JAX_COORDINATOR_ADDRESS": "localhost:23456", "JAX_NUM_PROCESSES": "3",
+                       "JAX_PROCESS_ID": str(i), "JAX_PLATFORMS": "cpu",
+                       "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+        assert (logs / f"process-{i}.pid").read_text().strip().isdigit()
+
+
+def test_local_multiprocess_stops_all_when_one_fails(tmp_path):
+    t0 = time.time()
+    r = subprocess.run(["bash", str(LAUNCH / "local_multiprocess.sh"), "3", "--grace", "2",
+                        "--logs", str(tmp_path / "logs"), "--", sys.executable, "-c", PROBE,
+                        str(tmp_path), "1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert "process 1 failed (exit 3); stopping the others" in r.stderr
+    assert time.time() - t0 < 30  # the sleeping processes were stopped, not waited for
+    for i in (0, 2):
+        pid = int((tmp_path / "logs" / f"process-{i}.pid").read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_local_multiprocess_usage(tmp_path):
+    r = subprocess.run(["bash", str(LAUNCH / "local_multiprocess.sh"), "0", "--", "true"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "N: expected a positive integer" in r.stderr
+    r = subprocess.run(["bash", str(LAUNCH / "local_multiprocess.sh"), "2"], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "no command given" in r.stderr
+    r = subprocess.run(["bash", str(LAUNCH / "local_multiprocess.sh"), "2", "--port", "999",
+                        "--logs", str(tmp_path), "--dry-run", "--", "depthbench", "train"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0
+    assert r.stdout.splitlines()[1] == (
+        "+ env JAX_COORDINATOR_ADDRESS=localhost:999 JAX_NUM_PROCESSES=2 JAX_PLATFORMS=cpu "
+        f"JAX_PROCESS_ID=1 depthbench train > {tmp_path}/process-1.log 2>&1 &")

@@ -108,7 +108,7 @@ def test_gpu_dry_run_needs_no_venv_and_lists_every_step(tmp_path):
     assert lines[1].startswith("+ sbatch ") and f"--venv {tmp_path}/venvs/none --" in lines[1]
     steps = [ln for ln in lines if ln.startswith("+ srun ")]
     names = re.findall(r"--run (\S+) ", "\n".join(steps))
-    assert len(names) == 12 and names[0] == "pre_ln-L2-lr3e-03"  # quickstart: 4 x 3
+    assert len(names) == 15 and names[0] == "pre_ln-L2-lr3e-03"  # quickstart: 5 designs x 3
     assert all("--nodes 2" in s for s in steps) and lines[-1].endswith(f"report {tmp_path}/w")
     assert "dry run: 12 runs listed, nothing was run" in r.stderr
 

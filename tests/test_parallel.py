@@ -164,6 +164,22 @@ def test_distributed_detection(env, expected):
     assert (parallel.distributed_reason(env) is not None) is expected
 
 
+def test_distributed_args_pass_all_three_variables():
+    env = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "4",
+           "JAX_PROCESS_ID": "3"}
+    assert parallel.distributed_args(env) == {"coordinator_address": "10.0.0.1:1234",
+                                              "num_processes": 4, "process_id": 3}
+    assert parallel.distributed_args({"JAX_COORDINATOR_ADDRESS": "h:1"}) == {
+        "coordinator_address": "h:1"}  # the rest left to JAX's cluster detection
+    assert parallel.env_process_index(env) == 3
+    assert parallel.env_process_index({"SLURM_PROCID": "0"}) == 0
+    assert parallel.env_process_index({}) is None
+    with pytest.raises(ConfigError, match="JAX_PROCESS_ID: 4 is not in"):
+        parallel.distributed_args({**env, "JAX_PROCESS_ID": "4"})
+    with pytest.raises(ConfigError, match="JAX_NUM_PROCESSES: expected a non-negative"):
+        parallel.distributed_args({**env, "JAX_NUM_PROCESSES": "four"})
+
+
 def test_distributed_off_never_initializes():
     assert parallel.maybe_initialize_distributed("off") is False
     with pytest.raises(ConfigError, match="parallel.distributed"):
@@ -261,3 +277,15 @@ def test_sharded_step_matches_single_device(sharded_job):
 
 if __name__ == "__main__":
     _sharded_main()
+
+
+def test_sweep_lead_process_from_the_launch_environment(monkeypatch):
+    """Before JAX is initialised, a multi-process sweep knows process 0 from JAX_PROCESS_ID
+    (local_multiprocess.sh) or SLURM_PROCID: only it writes sweep.json and results.csv."""
+    from depthbench.sweep import execute
+
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:1234")
+    for index, lead in (("0", True), ("1", False)):
+        monkeypatch.setenv("JAX_PROCESS_ID", index)
+        assert execute._lead_process(after_run=False) is lead

@@ -243,6 +243,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _choice(config, "model.param_dtype", ("float32", "bfloat16"))
     _choice(config, "model.compute_dtype", ("float32", "bfloat16", "float16"))
     _choice(config, "model.remat_policy", remat_policy_names())
+    _choice(config, "model.layer_scan", ("depth_linear", "carries"))
     _choice(config, "model.impl", ("xla", "pallas", "auto"))  # model/residual/fused.py
     _choice(config, "model.attention_impl", ("xla", "cudnn"))
     # A learning-rate rule is a family's (its ``lr_multipliers``): "none" or a family name.

@@ -266,18 +266,61 @@ def distributed_reason(environ: Mapping[str, str] | None = None) -> str | None:
 _initialized = False
 
 
+def distributed_args(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``jax.distributed.initialize`` arguments from ``JAX_COORDINATOR_ADDRESS``,
+    ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` (those set; JAX itself reads
+    only the address, and detects the rest on SLURM, TPU slices and MPI)."""
+    env = os.environ if environ is None else environ
+    args: dict[str, Any] = {}
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        args["coordinator_address"] = env["JAX_COORDINATOR_ADDRESS"]
+    for var, key in (("JAX_NUM_PROCESSES", "num_processes"), ("JAX_PROCESS_ID", "process_id")):
+        value = env.get(var, "")
+        if value:
+            if not value.isdigit():
+                raise ConfigError(f"{var}: expected a non-negative integer, got {value!r}")
+            args[key] = int(value)
+    n, i = args.get("num_processes"), args.get("process_id")
+    if n is not None and i is not None and not (0 <= i < n and n >= 1):
+        raise ConfigError(f"JAX_PROCESS_ID: {i} is not in [0, JAX_NUM_PROCESSES={n})")
+    return args
+
+
+def env_process_index(environ: Mapping[str, str] | None = None) -> int | None:
+    """This process's index as the launch environment states it, before JAX is
+    initialised (``JAX_PROCESS_ID``, else ``SLURM_PROCID``); None if unstated."""
+    env = os.environ if environ is None else environ
+    for var in ("JAX_PROCESS_ID", "SLURM_PROCID"):
+        if env.get(var, "").isdigit():
+            return int(env[var])
+    return None
+
+
 def maybe_initialize_distributed(mode: str = "auto") -> bool:
     """Call ``jax.distributed.initialize()`` once, if ``mode`` (config
     ``parallel.distributed``) is "on", or "auto" and the environment is
-    multi-host.  Must run before any device is used.  Returns whether it ran."""
+    multi-host.  Must run before any device is used.  Returns whether it ran.
+
+    CPU collectives go through gloo (without it, CPU processes cannot reduce
+    across each other: the local multi-process rehearsal of a pod)."""
     global _initialized
     if mode not in ("auto", "on", "off"):
         raise ConfigError(f"config.parallel.distributed: {mode!r} is not one of auto, on, off")
     if _initialized or mode == "off" or (mode == "auto" and distributed_reason() is None):
         return _initialized
-    jax.distributed.initialize()
+    args = distributed_args()
+    # gloo unless the user chose another (mpi); JAX 0.10 defaults to it, older ones did not.
+    if getattr(jax.config, "jax_cpu_collectives_implementation", "gloo") in (None, "gloo"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(**args)
     _initialized = True
     return True
+
+
+def is_main_process() -> bool:
+    """Whether this process writes the run's files (metrics, TensorBoard, result.json,
+    results.csv): process 0.  Every process still joins collectives and checkpoints."""
+    return jax.process_index() == 0
 
 
 def sync_flag(flag: bool) -> bool:

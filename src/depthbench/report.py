@@ -333,6 +333,9 @@ def markdown(workdir: str, rows: Sequence[dict], summary: dict[str, list[FamilyR
                 "causal attention halved; LM head excluded), bf16 KV cache per sequence, "
                 "residual-state activation bytes per token (depthbench.costs).", ""]
         out += [_md_table(*costs_table(costs_rows), align="l"), ""]
+    from depthbench.analysis import report_section  # runs analysed by `depthbench analyze`
+
+    out += report_section.markdown_lines(workdir, rows, _md_table)
     out += list(sections)  # e.g. the downstream evaluation section
     out += ["## All runs", "", _md_table(*runs_table(rows), align="ll"), ""]
     return "\n".join(out)

@@ -47,6 +47,7 @@ RUNTIME_FIELDS = (
     "train.log_every",
     "train.eval_every",
     "train.layer_stats_every",
+    "analysis.",
 )
 
 

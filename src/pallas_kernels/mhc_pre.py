@@ -180,10 +180,21 @@ def pre_tile(target: Target, n: int, n_tok: int, width: int, lanes: int, itemsiz
     return target.token_tile(n_tok, per_token)
 
 
+def _sinkhorn_reference(logits, iters: int, temperature: float):
+    """Log-domain Sinkhorn-Knopp (rows, then columns, ``iters`` times; fp32), the
+    reference the fused kernel is checked against.  pallas_kernels imports nothing
+    from depthbench (the model imports the kernels), so the reference keeps its
+    own few lines; tests/test_kernels_streams.py checks the fused read against
+    the model's own ``sinkhorn`` path too."""
+    log_p = logits.astype(jnp.float32) / jnp.float32(temperature)
+    for _ in range(iters):
+        log_p = log_p - jax.nn.logsumexp(log_p, axis=-1, keepdims=True)
+        log_p = log_p - jax.nn.logsumexp(log_p, axis=-2, keepdims=True)
+    return jnp.exp(log_p)
+
+
 def mhc_pre_reference(h_snd, phi, scale_m, bias_m, n, iters, temperature, eps):
     """``MHC.coefficients`` + ``read`` in plain jnp: ``(x, P[s, N, t], post[t, N])``."""
-    from depthbench.model.residual.sinkhorn import sinkhorn
-
     _, *lead, d = h_snd.shape
     h32 = h_snd.reshape(n, -1, d).astype(jnp.float32)
     inv_r = jax.lax.rsqrt(jnp.mean(jnp.square(h32), axis=(0, 2)) + eps)
@@ -191,7 +202,7 @@ def mhc_pre_reference(h_snd, phi, scale_m, bias_m, n, iters, temperature, eps):
     z = u * scale_m + bias_m
     pre = jax.nn.sigmoid(z[:, :n])
     post = 2.0 * jax.nn.sigmoid(z[:, n : 2 * n])
-    p_ntst = sinkhorn(z[:, 2 * n :].reshape(-1, n, n), iters, temperature)
+    p_ntst = _sinkhorn_reference(z[:, 2 * n :].reshape(-1, n, n), iters, temperature)
     x = jnp.sum(pre.T[..., None] * h32, axis=0).astype(h_snd.dtype).reshape(*lead, d)
     mix = jnp.moveaxis(p_ntst, 1, 0).reshape(n, *lead, n)
     return x, mix, post.T.reshape(n, *lead)

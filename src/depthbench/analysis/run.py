@@ -36,6 +36,7 @@ import numpy as np
 from flax import linen as nn
 
 from depthbench import parallel
+from depthbench.analysis.names import ANALYSIS_OPTIONS
 from depthbench.config import ConfigError
 from depthbench.model.residual.base import ResidualFamily
 from depthbench.model.spec import ModelSpec
@@ -43,6 +44,7 @@ from depthbench.model.transformer import Transformer, family_of
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
+
 
 
 def _read_config(run_dir: Path) -> tuple[ml_collections.ConfigDict, dict]:
@@ -76,10 +78,22 @@ class Run:
     """
 
     def __init__(self, config, *, run_dir: str | Path | None = None, resolved: dict | None = None,
-                 step: int | None = None, init_seed: int | None = None):
+                 step: int | None = None, init_seed: int | None = None,
+                 options: dict | None = None):
         self.run_dir = None if run_dir is None else Path(run_dir).expanduser().resolve()
         self.config, self.resolved = config, dict(resolved or {})
-        self.spec: ModelSpec = ModelSpec.from_config(self.config)
+        self.options = dict(options or {})
+        spec = ModelSpec.from_config(self.config)
+        # Analysis switches (ANALYSIS_OPTIONS) travel in spec.residual, where the
+        # family reads them (ResidualFamily.analysis_option); training never sets them.
+        for key, value in self.options.items():
+            if key not in ANALYSIS_OPTIONS or value not in ANALYSIS_OPTIONS[key]:
+                allowed = ", ".join(f"{k}={'|'.join(v)}" for k, v in ANALYSIS_OPTIONS.items())
+                raise ConfigError(f"option {key}={value!r} is not one of {allowed}")
+        if self.options:
+            residual = dict(spec.residual) | self.options
+            spec = spec.replace(residual=tuple(sorted(residual.items())))
+        self.spec: ModelSpec = spec
         self.family: ResidualFamily = family_of(self.spec)
         self.model = Transformer(self.spec)
         self.mesh = _mesh(self.config)
@@ -107,6 +121,10 @@ class Run:
         return other
 
     # ------------------------------------------------------------ restore
+    def context(self):
+        """The mesh and logical axis rules a traced model call needs."""
+        return self._context()
+
     def _context(self):
         from contextlib import ExitStack
 
@@ -191,21 +209,31 @@ class Run:
     def depth(self) -> int:
         return self.spec.depth
 
-    def _fn(self, capture: bool):
+    def forward(self, params, tokens_bt, active_l, order_l, capture: bool | str = False):
+        """The pure model call behind :meth:`apply` (traceable: the analyses
+        ``vmap`` it over many ``active``/``order`` rows).  Permutations go
+        through ``family.permute_params``."""
+        params = self.family.permute_params(params, order_l)
+        return self.model.apply({"params": params}, tokens_bt, capture=capture,
+                                active=active_l, ident=order_l)
+
+    def jit(self, fn, n_batch_args: int = 1, n_other: int = 0):
+        """``jax.jit(fn)`` for ``fn(params, *batch_args, *other)``: parameters in
+        their shardings, batch arguments split over the batch axis, the rest
+        replicated."""
+        rep = parallel.replicated(self.mesh)
+        batch_sh = parallel.batch_sharding(self.mesh)
+        return jax.jit(fn, in_shardings=(self.param_shardings, *[batch_sh] * n_batch_args,
+                                         *[rep] * n_other))
+
+    def batch_sharding(self):
+        """Where a ``[B, ...]`` batch lives on this run's mesh."""
+        return parallel.batch_sharding(self.mesh)
+
+    def _fn(self, capture: bool | str):
         if capture not in self._fns:
-            model = self.model
-            batch_sh = parallel.batch_sharding(self.mesh)
-
-            def call(params, tokens_bt, active_l, order_l):
-                params = dict(params)
-                params["blocks"] = jax.tree.map(lambda a: jnp.take(a, order_l, axis=0),
-                                                params["blocks"])
-                return model.apply({"params": params}, tokens_bt, capture=capture,
-                                   active=active_l, ident=order_l)
-
-            rep = parallel.replicated(self.mesh)
-            self._fns[capture] = jax.jit(
-                call, in_shardings=(self.param_shardings, batch_sh, rep, rep))
+            self._fns[capture] = self.jit(
+                lambda p, t, a, o: self.forward(p, t, a, o, capture), 1, 2)
         return self._fns[capture]
 
     def _prepare(self, tokens_bt, active, ident) -> tuple[jax.Array, int, Any, Any]:
@@ -230,9 +258,11 @@ class Run:
         global_tokens = jax.device_put(tokens.astype(np.int32), parallel.batch_sharding(self.mesh))
         return global_tokens, b, jnp.asarray(active), jnp.asarray(order)
 
-    def apply(self, tokens_bt, *, active=None, ident=None, capture: bool = False,
+    def apply(self, tokens_bt, *, active=None, ident=None, capture: bool | str = False,
               to_numpy: bool = True):
-        """Logits ``[B, T, V]`` (fp32), or ``(logits, z [L+1, B, T, D])`` with ``capture``.
+        """Logits ``[B, T, V]`` (fp32), or ``(logits, z [L+1, B, T, D])`` with ``capture``
+        (``capture="all"``: ``(logits, {"z", "lens_logits", "probe"})``, see
+        ``model.transformer.Transformer``).
 
         ``active`` [L] bool: False replaces the block at that position by the
         identity.  ``ident`` [L]: a permutation; position ``i`` runs block
@@ -242,7 +272,11 @@ class Run:
         tokens, b, active_l, order_l = self._prepare(tokens_bt, active, ident)
         with self._context():
             out = self._fn(capture)(self.params, tokens, active_l, order_l)
-        if capture:
+        if capture == "all":
+            logits, cap = out
+            out = (logits[:b], {"z": cap["z"][:, :b], "lens_logits": cap["lens_logits"][:, :b],
+                                "probe": cap["probe"]})
+        elif capture:
             logits, z = out
             out = (logits[:b], z[:, :b])
         else:
@@ -266,18 +300,19 @@ class Run:
                 f"step={self.step})")
 
 
-def load_run(run_dir: str | Path, *, step: int | None = None) -> Run:
-    """The model of ``run_dir`` at its latest (or the given) checkpoint step."""
+def load_run(run_dir: str | Path, *, step: int | None = None, options: dict | None = None) -> Run:
+    """The model of ``run_dir`` at its latest (or the given) checkpoint step
+    (``options``: analysis switches, see ``ANALYSIS_OPTIONS``)."""
     run_dir = Path(run_dir).expanduser().resolve()
     config, resolved = _read_config(run_dir)
-    return Run(config, run_dir=run_dir, resolved=resolved, step=step)
+    return Run(config, run_dir=run_dir, resolved=resolved, step=step, options=options)
 
 
-def init_run(config_or_run_dir, seed: int = 0) -> Run:
+def init_run(config_or_run_dir, seed: int = 0, options: dict | None = None) -> Run:
     """A freshly initialised model (no checkpoint read) of a ConfigDict or of
     a run directory's config."""
     if isinstance(config_or_run_dir, (str, Path)):
         run_dir = Path(config_or_run_dir).expanduser().resolve()
         config, resolved = _read_config(run_dir)
-        return Run(config, run_dir=run_dir, resolved=resolved, init_seed=seed)
-    return Run(config_or_run_dir, init_seed=seed)
+        return Run(config, run_dir=run_dir, resolved=resolved, init_seed=seed, options=options)
+    return Run(config_or_run_dir, init_seed=seed, options=options)

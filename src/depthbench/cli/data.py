@@ -1,4 +1,4 @@
-"""``depthbench data prepare | show``: build the tokenised corpus cache, and look at it."""
+"""``depthbench data prepare | show | tokenize``: build, look at and pre-tokenise corpora."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from depthbench import config as config_lib
 from depthbench import data
+from depthbench.cli import data_tokenize
 
 _EPILOG_PREPARE = """\
 examples:
@@ -83,6 +84,7 @@ def register(subparsers) -> None:
     )
     show.add_argument("--windows", type=int, default=3, metavar="N", help="windows to print")
     show.set_defaults(func=_show)
+    data_tokenize.register(sub)
 
 
 def _load(args):

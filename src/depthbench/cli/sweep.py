@@ -24,7 +24,7 @@ examples:
   depthbench sweep --config quickstart --workdir runs/qs --dry-run
   depthbench sweep --config micro_all --workdir runs/micro --shard 1/4
   depthbench sweep --config paper_400m --workdir gs://BUCKET/400m \\
-      --run hc-L32-lr2e-03 --no-lock --config.data.paths='/data/tok/train_*.npy'
+      --run hc-L32-lr2e-03 --no-lock --config.data.paths='/data/tok/*.npy'
 
 Runs are subdirectories named from their overrides (family, suite, L<depth>,
 lr<lr>, ...); DIR/results.csv has one row per run and is rewritten after each.

@@ -73,6 +73,10 @@ def _train(args) -> int:
     from depthbench.train import loop, summary  # late: keeps `depthbench --help` fast
 
     result = loop.run(config, args.workdir, progress=not args.no_progress)
+    from depthbench import parallel
+
+    if not parallel.is_main_process():  # process 0 reports for all of a multi-process run
+        return EXIT_DIVERGED if result.get("diverged") else EXIT_OK
     if args.json:
         print(json.dumps(result, indent=1))
     elif result.get("status") == "preempted":

@@ -44,6 +44,9 @@ def get_config() -> ml_collections.ConfigDict:
     m.scan_unroll = 1  # 1: rolled nn.scan; depth: fully unrolled (same params)
     # "none" or a jax.checkpoint_policies name ("nothing_saveable", "dots_saveable" ...)
     m.remat_policy = "nothing_saveable"
+    # "depth_linear": states with depth banks (attnres, moda) keep memory linear in
+    # depth (model/depth_scan.py); "carries": nn.scan saves every block's carry.
+    m.layer_scan = "depth_linear"
     m.impl = "xla"  # routing: "xla" | "pallas" (fused kernels) | "auto" (pallas on 1 TPU/GPU)
     # Residual-family fields (spec/residuals.md): each family declares its own,
     # with defaults, in its module (``fields``); the registry gathers them here.
@@ -108,4 +111,13 @@ def get_config() -> ml_collections.ConfigDict:
     p.fsdp = 1
     p.tensor = 1
     p.distributed = "auto"  # "auto" | "on" | "off": jax.distributed.initialize()
+
+    # --------------------------------------------------------------- analysis
+    # `depthbench sweep` analyses each run it finishes (docs/spec/analysis.md)
+    # when enabled; a runtime field: switching it does not change the run.
+    a = c.analysis = ml_collections.ConfigDict()
+    a.enabled = False
+    a.metrics = ""  # comma-separated subset; "" = all
+    a.windows = 16  # held-out windows of the validation split
+    a.seq_len = 128
     return c

@@ -8,7 +8,7 @@ sharded over the chips (FSDP) instead of replicated.
 
     launch/tpu_sweep.sh --config paper_1p6b --workdir gs://B/1p6b \\
         --tpu NAME --zone ZONE --accelerator v5p-128 --create --stage-data gs://B/fineweb_edu \\
-        -- --config.data.paths='/tmp/depthbench-data/train_*.npy'
+        -- --config.data.paths='/tmp/depthbench-data/*.npy'
 """
 
 from depthbench.configs import paper_400m as paper

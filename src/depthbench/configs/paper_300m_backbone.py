@@ -5,7 +5,7 @@ paper-300m-backbone), the ten designs, the 400M recipe and learning-rate grid;
 20 tokens per backbone parameter (6B tokens, 5723 steps of 512 x 2048).
 
     depthbench sweep --config paper_300m_backbone --workdir runs/300m-bb \\
-        --config.data.paths='/data/fineweb_edu/train_*.npy'
+        --config.data.paths='/data/fineweb_edu/*.npy'
 """
 
 from depthbench.configs import paper_400m as paper

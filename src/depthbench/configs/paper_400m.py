@@ -8,11 +8,12 @@ clipping at 1.0, bf16 compute with fp32 weights; the peak learning rate is
 swept over {5e-4, 1e-3, 2e-3, 5e-3} per design and shape (280 runs).
 
 The data are pre-tokenised shards (.npy, uint16, GPT-NeoX vocabulary, EOS id
-0) given on the command line; the other paper specs reuse ``paper_config``:
+0; ``depthbench data tokenize`` makes them, docs/DATA.md) given on the command
+line, both splits; the other paper specs reuse ``paper_config``:
 
     launch/tpu_sweep.sh --config paper_400m --workdir gs://BUCKET/400m \\
         --tpu NAME --zone ZONE --stage-data gs://BUCKET/fineweb_edu \\
-        -- --config.data.paths='/tmp/depthbench-data/train_*.npy'
+        -- --config.data.paths='/tmp/depthbench-data/*.npy'
     depthbench sweep --config paper_400m --workdir runs/400m \\
         --config.data.paths='/data/fineweb_edu/*.npy' --shard 0/8
 
@@ -55,7 +56,7 @@ def paper_config(suite: str, *, batch: int = BATCH, seq_len: int = SEQ_LEN):
     m.compute_dtype = "bfloat16"  # fp32 master weights: base.py's param_dtype
     d = c.data
     d.corpus = "tokens"
-    d.paths = ""  # required: --config.data.paths='/data/train_*.npy' (local files on every host)
+    d.paths = ""  # required: --config.data.paths='/data/*.npy' (local files on every host)
     d.tokens_dtype = "uint16"  # vocabulary 50280 < 2**16
     d.eos_id = 0  # GPT-NeoX tokenizer's <|endoftext|>
     d.val_fraction = 0.001  # held-out documents: ~8M tokens at 8B

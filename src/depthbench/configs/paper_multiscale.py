@@ -6,7 +6,7 @@ paper-500m (17, 26, 34), aspect ratios ~76, ~43, ~28 at every scale.  The
 of its budget (4B, 6B, 10B tokens), so the step count is set per run.
 
     depthbench sweep --config paper_multiscale --workdir runs/multiscale \\
-        --config.data.paths='/data/fineweb_edu/train_*.npy'
+        --config.data.paths='/data/fineweb_edu/*.npy'
 """
 
 from depthbench import shapes

@@ -184,13 +184,22 @@ class TokenShards:
         return max(int(s.max()) for s in self.shards if len(s))
 
     def documents(self) -> Iterator[np.ndarray]:
+        """The shards, in order, read as one stream: a document without its EOS at the
+        end of a shard continues in the next (``data tokenize`` cuts fixed-size shards)."""
+        carry: list[np.ndarray] = []
         for shard in self.shards:
             ends = np.flatnonzero(shard == self.eos_id)
             start = 0
-            for end in [*ends.tolist(), len(shard)]:
-                if end > start:
-                    yield shard[start:end]
+            for end in ends.tolist():
+                doc = np.concatenate([*carry, shard[start:end]]) if carry else shard[start:end]
+                carry = []
+                if len(doc):
+                    yield doc
                 start = end + 1
+            if start < len(shard):
+                carry.append(shard[start:])
+        if carry:
+            yield np.concatenate(carry)
 
 
 def from_config(config, root: Path, *, eos_id: int | None = None, log=print):

@@ -31,6 +31,7 @@ class ModelSpec:
     attention_impl: str = "xla"
     scan_unroll: int = 1
     remat_policy: str = "nothing_saveable"
+    layer_scan: str = "depth_linear"
     impl: str = "xla"
     # Residual-family fields (config.model.residual), as sorted (name, value) pairs.
     residual: tuple[tuple[str, Any], ...] = ()
@@ -76,6 +77,7 @@ class ModelSpec:
             attention_impl=m.attention_impl,
             scan_unroll=int(m.scan_unroll),
             remat_policy=m.remat_policy,
+            layer_scan=m.layer_scan,
             impl=m.impl,
             residual=tuple(sorted(m.residual.to_dict().items())),
         )

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from depthbench.model.depth_scan import layer_stack
 from depthbench.model.layers import MLP, Attention, RMSNorm, trunc_normal
 from depthbench.model.residual import registry
 from depthbench.model.residual.base import BTD, ResidualFamily, Site, norm_param, rms_norm
@@ -53,7 +54,7 @@ class Block(nn.Module):
 
     spec: ModelSpec
     fam: ResidualFamily
-    capture: bool = False
+    capture: bool | str = False
 
     @nn.compact
     def __call__(self, state, xs, g, positions_t):
@@ -66,8 +67,16 @@ class Block(nn.Module):
             norm_param(self, f"{k}_norm", s.d_model) if fam.pre_norm else None
             for k in ("attn", "mlp")
         ]
+        captured = {}
+        if self.capture:
+            captured["z"] = fam.boundary_state(p, g, state)
+        if self.capture == "all":
+            captured["lens"] = fam.lens_state(p, g, state)
+            captured["probe"] = []
         for sub in (0, 1):
             site = Site(sub, pos, ident)
+            if self.capture == "all":
+                captured["probe"].append(fam.probe(p, state, site))
             h, ctx = fam.read(p, state, site)
             x_in = rms_norm(h, norms[sub], s.norm_eps) if fam.pre_norm else h
             x_in = fam.input_scale(p, x_in, site)
@@ -77,8 +86,9 @@ class Block(nn.Module):
             else:
                 y, aux = mlp(x_in), {"x_in": x_in}
             state = fam.write(p, state, y, site, aux, active)
-        z = fam.depth_state(g, state) if self.capture else None
-        return state, z
+        if self.capture == "all":
+            captured["probe"] = jax.tree.map(lambda a, b: jnp.stack([a, b]), *captured["probe"])
+        return state, captured or None
 
 
 def remat_policy_names() -> tuple[str, ...]:
@@ -102,7 +112,12 @@ class Transformer(nn.Module):
     ``active`` [L] (bool) skips blocks; ``ident`` [L] gives the original
     index of the block at each position (use with :func:`permute_blocks`).
     With ``capture=True`` returns ``(logits, z)`` where ``z`` stacks the
-    ``L + 1`` depth states (embedding output first) along axis 0.
+    ``L + 1`` depth states (``z_0`` first; ``z_l`` is taken at block ``l``'s
+    left boundary with its parameters, see ``ResidualFamily.boundary_state``)
+    along axis 0.  With ``capture="all"`` returns ``(logits, captured)``:
+    ``captured["z"]`` as above, ``captured["lens_logits"]`` ``[L+1, B, T, V]``
+    (fp32, the logit lens at every boundary) and ``captured["probe"]`` (the
+    family's :meth:`probe` of every sublayer, leaves ``[L, 2, ...]``).
     """
 
     spec: ModelSpec
@@ -143,26 +158,56 @@ class Transformer(nn.Module):
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
         positions_t = jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)
-        state, zs = stack(s, fam, capture, name="blocks")(state, xs, g, positions_t)
+        if self._depth_linear(fam, state) and not self.is_initializing():
+            state, captured = self._depth_linear_stack(fam, capture, state, xs, g, positions_t)
+        else:
+            state, captured = stack(s, fam, capture, name="blocks")(state, xs, g, positions_t)
         final_norm = RMSNorm(s, name="final_norm")
-        x = fam.readout(g, state, final_norm)
-        chex.assert_shape(x, (*tokens_bt.shape, s.d_model))  # a family's readout is [B, T, d]
         head = self.param(
             "head",
             nn.with_logical_partitioning(trunc_normal(s.init_std), ("embed", "vocab")),
             (s.d_model, s.vocab_size),
             s.pdtype,
         )
-        logits = jnp.einsum("btd,dv->btv", x.astype(s.dtype), head.astype(s.dtype))
-        logits = nn.with_logical_constraint(
-            logits.astype(jnp.float32),
-            ("activation_batch", "activation_length", "activation_vocab"),
-        )
+
+        def lm_head(x_btd):
+            logits = jnp.einsum("btd,dv->btv", x_btd.astype(s.dtype), head.astype(s.dtype))
+            return nn.with_logical_constraint(
+                logits.astype(jnp.float32),
+                ("activation_batch", "activation_length", "activation_vocab"),
+            )
+
+        x = fam.readout(g, state, final_norm)
+        chex.assert_shape(x, (*tokens_bt.shape, s.d_model))  # a family's readout is [B, T, d]
+        logits = lm_head(x)
         if not capture:
             return logits
-        z0 = fam.depth_state(g, fam.init_state(g, x0))
-        return logits, jnp.concatenate([z0[None], zs], axis=0)
+        z_last = fam.boundary_state(None, g, state)
+        z = jnp.concatenate([captured["z"], z_last[None]], axis=0)
+        if capture != "all":
+            return logits, z
+        lens = [jax.tree.map(lambda a, i=i: a[i], captured["lens"]) for i in range(L)]
+        lens.append(fam.lens_state(None, g, state))
+        lens_logits = jnp.stack([lm_head(fam.lens_decode(g, r, final_norm)) for r in lens])
+        return logits, {"z": z, "lens_logits": lens_logits, "probe": captured["probe"]}
 
+    def _depth_linear(self, fam: ResidualFamily, state) -> bool:
+        """Whether the stack runs through :func:`depth_scan.layer_stack`: the
+        state has banks and ``model.layer_scan`` asks for it."""
+        return self.spec.layer_scan == "depth_linear" and bool(
+            fam.bank_slots(state, jnp.zeros((), jnp.int32))
+        )
+
+    def _depth_linear_stack(self, fam, capture, state, xs, g, positions_t):
+        """The blocks' stacked parameters (made by the ``nn.scan`` at init) run
+        by the depth-linear custom VJP, each block applied as a pure function."""
+        block = Block(self.spec, fam, capture)
+        params_l = nn.meta.unbox(self.variables["params"]["blocks"])
+
+        def step(p, state, x, g):
+            return block.apply({"params": p}, state, x, g, positions_t)
+
+        return layer_stack(step, fam.bank_slots, params_l, state, xs, g)
 
 def permute_blocks(params, order):
     """Params with the stacked blocks reordered: position i runs block ``order[i]``.

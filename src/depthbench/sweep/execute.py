@@ -22,7 +22,7 @@ from etils import epath
 
 from depthbench import runs as runlib
 from depthbench.errors import ConfigError
-from depthbench.parallel import distributed_reason
+from depthbench.parallel import distributed_reason, env_process_index
 from depthbench.sweep.expand import Run, Sweep
 from depthbench.sweep.results import (
     FAILURE_FILE,
@@ -52,14 +52,15 @@ def _lead_process(after_run: bool) -> bool:
     """Whether this process writes the sweep's shared files.
 
     A single process always does.  In a multi-host job only process 0 does;
-    its index is known from SLURM's variables, or from JAX once the trainer
-    has called jax.distributed.initialize() (JAX's backend must not be
+    its index is known from JAX_PROCESS_ID or SLURM_PROCID, or from JAX once the
+    trainer has called jax.distributed.initialize() (JAX's backend must not be
     touched before that, so until then the other processes stay silent).
     """
     if distributed_reason() is None:
         return True
-    if "SLURM_PROCID" in os.environ:
-        return os.environ["SLURM_PROCID"] == "0"
+    index = env_process_index()  # JAX_PROCESS_ID or SLURM_PROCID
+    if index is not None:
+        return index == 0
     if not after_run:
         return False
     return jax.process_index() == 0
@@ -207,6 +208,10 @@ def _train_one(run: Run, run_dir: epath.Path, runner: Runner, progress: bool,
     tps = result.get("tokens_per_sec")
     bar.write(f"{run.name}: done  val_loss {_fmt(loss, '.4f')}  "
               f"{_fmt(tps, ',.0f')} tok/s  {time.time() - start:.0f} s")
+    if _lead_process(after_run=True):
+        from depthbench.analysis.sweep_hook import after_run  # config.analysis.enabled
+
+        after_run(run.config, run_dir, bar.write, progress)
     return "done"
 
 

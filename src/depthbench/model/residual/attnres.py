@@ -46,14 +46,16 @@ per-sublayer ``q``, ``w`` are block parameters, so they move with a permuted
 block; every block owns both pairs (the block that runs first does not use
 its attention pair: its mix has one source).
 
-Depth states (``capture=True``) and the logit lens use the readout's
-``q``, ``w``: the state at a block boundary is defined as the raw mix the
-*next* consumer reads, but the next sublayer's query lives in the next
-block's parameters, out of reach of ``depth_state(g, state)``.  The readout
-query is the one consumer every boundary shares; the definition is exact at
-the last boundary (it *is* the readout's mix) and at initialisation (all
-queries are zero), and it is what the model would output if it stopped
-there, which is the logit lens's question.
+Depth states (``capture=True``) and the logit lens follow the original
+benchmark (docs/spec/analysis.md): ``z_l`` is the raw mix block ``l``'s
+attention side computes with its own ``q``, ``w`` (the backbone captures it
+at the block's entry, with the block's parameters), and ``z_L`` the
+readout's mix.  Analyses (never training) may also skip a block: its
+next consumer's mix then returns the newest source ("next-output" rule,
+tracked by the state's ``skipped`` flag), and a swap moves the mix that
+produces each block's right boundary with it.  The analysis options
+``probe_rule="readout"``, ``skip_rule="remove"`` and ``swap_rule="block"``
+(in ``spec.residual``) select depthbench's earlier definitions instead.
 
 :func:`depth_mix` is pure ``jnp`` with an explicit source mask: the fused
 kernel in ``pallas_kernels`` replaces it one for one.
@@ -74,18 +76,25 @@ from depthbench.model.residual.fields import check_number
 MBTD = ("activation_sources", *BTD)
 
 
-def depth_mix(
+def depth_weights(
     bank_mbtd: jax.Array, valid_m: jax.Array, query_d: jax.Array, key_norm_d: jax.Array, eps: float
 ) -> jax.Array:
-    """Softmax-over-depth mix of the valid sources, in fp32; ``[B, T, d]`` in the
-    bank's dtype.  Invalid slots get zero weight; slot 0 must be valid."""
+    """The softmax weights ``p`` ``[M, B, T]`` (fp32) of a depth mix; invalid slots get 0."""
     v32 = bank_mbtd.astype(jnp.float32)
     qw_d = query_d.astype(jnp.float32) * key_norm_d.astype(jnp.float32)
     inv_rms_mbt = jax.lax.rsqrt(jnp.mean(jnp.square(v32), axis=-1) + eps)
     logits_mbt = jnp.einsum("mbtd,d->mbt", v32, qw_d) * inv_rms_mbt
     logits_mbt = jnp.where(valid_m[:, None, None], logits_mbt, -jnp.inf)
-    p_mbt = jax.nn.softmax(logits_mbt, axis=0)
-    h_btd = jnp.einsum("mbt,mbtd->btd", p_mbt, v32)
+    return jax.nn.softmax(logits_mbt, axis=0)
+
+
+def depth_mix(
+    bank_mbtd: jax.Array, valid_m: jax.Array, query_d: jax.Array, key_norm_d: jax.Array, eps: float
+) -> jax.Array:
+    """Softmax-over-depth mix of the valid sources, in fp32; ``[B, T, d]`` in the
+    bank's dtype.  Invalid slots get zero weight; slot 0 must be valid."""
+    p_mbt = depth_weights(bank_mbtd, valid_m, query_d, key_norm_d, eps)
+    h_btd = jnp.einsum("mbt,mbtd->btd", p_mbt, bank_mbtd.astype(jnp.float32))
     return h_btd.astype(bank_mbtd.dtype)
 
 
@@ -171,13 +180,33 @@ class AttnResFull(ResidualFamily):
     def init_state(self, g, x0):
         empty = jnp.zeros((self.n_slots - 1, *x0.shape), x0.dtype)
         bank = with_axes(jnp.concatenate([x0[None], empty], axis=0), MBTD)
-        return {"bank": bank, "count": jnp.zeros((), jnp.int32)}
+        # ``skipped`` (analyses only; 0 in training): 1 the last block was
+        # skipped, 2 the newest source was injected (``with_boundary_state``).
+        zero = jnp.zeros((), jnp.int32)
+        return {"bank": bank, "count": zero, "skipped": zero}
 
     def _mix(self, state, query, key_norm):
         mix = fused.depth_mix if fused.use_pallas(self.spec) else depth_mix
         return mix(state["bank"], self._valid(state["count"]), query, key_norm, self.spec.norm_eps)
 
+    def _newest(self, count) -> jax.Array:
+        """The newest valid slot after ``count`` executed sublayers (0: ``x0``)."""
+        return jnp.asarray(self.started, jnp.int32)[count]
+
+    def _consumer_mix(self, state, query, key_norm):
+        """A block boundary's mix (the next block's attention side, or the
+        readout).  After a skipped block it is the identity on the newest
+        source (the original benchmark's "next-output" rule), unless the
+        analysis option ``skip_rule`` is "remove" (the mix runs as usual)."""
+        mix = self._mix(state, query, key_norm)
+        newest = jax.lax.dynamic_index_in_dim(
+            state["bank"], self._newest(state["count"]), axis=0, keepdims=False)
+        rule = self.analysis_option("skip_rule", "next_output") == "next_output"
+        return jnp.where(state["skipped"] >= (1 if rule else 2), newest, mix)
+
     def read(self, p, state, site):
+        if site.sub == 0:
+            return self._consumer_mix(state, p["query"][0], p["key_norm"][0]), {}
         return self._mix(state, p["query"][site.sub], p["key_norm"][site.sub]), {}
 
     def write(self, p, state, y, site, aux, active):
@@ -186,17 +215,79 @@ class AttnResFull(ResidualFamily):
         old_btd = jax.lax.dynamic_index_in_dim(bank, slot, axis=0, keepdims=False)
         new_btd = old_btd + jnp.where(active, y.astype(bank.dtype), jnp.zeros_like(old_btd))
         bank = jax.lax.dynamic_update_index_in_dim(bank, new_btd, slot, axis=0)
-        return {"bank": with_axes(bank, MBTD), "count": count + active.astype(jnp.int32)}
+        skipped = jnp.where(active, 0, 1) if site.sub == 1 else state["skipped"]
+        return {"bank": with_axes(bank, MBTD), "count": count + active.astype(jnp.int32),
+                "skipped": skipped}
+
+    def bank_slots(self, state, pos):
+        """The block adds into the slots of sublayers ``count`` and ``count + 1``."""
+        block_of = jnp.asarray(self.block_of, jnp.int32)
+        last = len(self.block_of) - 1
+        count = state["count"]
+        slots = 1 + block_of[jnp.minimum(jnp.stack([count, count + 1]), last)]
+        # Blocks of one sublayer (full): both slots are still empty before the block.
+        return {"bank": (0, slots, max(self.blocks) == 1)}
 
     def readout(self, g, state, final_norm):
-        return final_norm(self._mix(state, g["query"], g["key_norm"]))
+        return final_norm(self._consumer_mix(state, g["query"], g["key_norm"]))
 
     def depth_state(self, g, state):
         """The raw mix (before ``N_out``) under the readout's query (see module doc)."""
-        return self._mix(state, g["query"], g["key_norm"])
+        return self._consumer_mix(state, g["query"], g["key_norm"])
 
     def lens_input(self, g, state):
-        return self._mix(state, g["query"], g["key_norm"])
+        return self._consumer_mix(state, g["query"], g["key_norm"])
+
+    # ------------------------------------------------------------ analysis probes
+    def boundary_state(self, p, g, state):
+        """``z_l``: the raw mix block ``l``'s attention side computes (its own
+        query and key norm); after the last block, the readout's mix."""
+        if p is None or self.analysis_option("probe_rule", "next_consumer") == "readout":
+            return self.depth_state(g, state)
+        return self._consumer_mix(state, p["query"][0], p["key_norm"][0])
+
+    def with_boundary_state(self, state, z):
+        """The newest source replaced by ``z`` and marked so that the next
+        consumer's mix returns it (the "next-output" rule): the block that
+        follows reads exactly ``z``, and later mixes see ``z`` in that slot."""
+        bank = jax.lax.dynamic_update_index_in_dim(
+            state["bank"], z.astype(state["bank"].dtype), self._newest(state["count"]), axis=0)
+        return {**state, "bank": with_axes(bank, MBTD), "skipped": jnp.full((), 2, jnp.int32)}
+
+    def lens_state(self, p, g, state):
+        return self.boundary_state(p, g, state)
+
+    def lens_decode(self, g, r, final_norm):
+        return final_norm(r)
+
+    def probe(self, p, state, site):
+        """``depth_weights`` ``[M]``: the token-averaged softmax weight sublayer
+        ``site`` puts on each bank slot (0: the embedding; unfilled slots 0)."""
+        w = depth_weights(state["bank"], self._valid(state["count"]), p["query"][site.sub],
+                          p["key_norm"][site.sub], self.spec.norm_eps)
+        return {"depth_weights": jnp.mean(w, axis=(1, 2))}
+
+    def permute_params(self, params, order):
+        """Each block takes along the mix that produces its *right* boundary
+        (the next block's attention-side ``q``, ``w``; the readout's for the
+        last block), as the original benchmark's swap does; the attention-side
+        pair at position 0 (a mix over ``x0`` alone) stays."""
+        original = params
+        params = super().permute_params(params, order)
+        if self.analysis_option("swap_rule", "right_boundary") != "right_boundary":
+            return params
+        blocks, res = dict(params["blocks"]), dict(params["blocks"]["residual"])
+        glob = dict(params["residual"])
+        for name in ("query", "key_norm"):
+            # right[b]: the pair that produces block b's right boundary (original order).
+            right = jnp.concatenate([original["blocks"]["residual"][name][1:, 0],
+                                     original["residual"][name][None]], axis=0)
+            moved = jnp.take(right, order, axis=0)  # ... of the block now at position i
+            res[name] = res[name].at[1:, 0].set(moved[:-1])
+            glob[name] = moved[-1]
+        blocks["residual"] = res
+        params["blocks"], params["residual"] = blocks, glob
+        return params
 
     # ------------------------------------------------------------ costs
     def extra_block_params(self) -> int:

@@ -187,6 +187,16 @@ class ResidualFamily:
     def readout(self, g: Any, state: State, final_norm) -> jax.Array:
         return final_norm(state)
 
+    def bank_slots(self, state: State, pos: jax.Array) -> dict[str, tuple[int, jax.Array]]:
+        """The state's *banks* (leaves with a slot per depth source) and the slots
+        the block at execution position ``pos`` may write: ``{leaf: (slot axis,
+        slots [k], fresh)}``, from the state before the block; ``fresh`` (static,
+        optional) promises those slots are still zero before it.  It may read only the
+        state's other leaves.  Listing them lets the layer stack keep memory
+        linear in depth (``model/depth_scan.py``); a slot listed but not written
+        is harmless.  Default ``{}``: no banks (the state is saved per block)."""
+        return {}
+
     def depth_state(self, g: Any, state: State) -> jax.Array:
         """``z``: the state at a block boundary as one vector per token
         (hc/mhc: streams concatenated; attnres: the mix the next sublayer reads)."""
@@ -195,6 +205,48 @@ class ResidualFamily:
     def lens_input(self, g: Any, state: State) -> jax.Array:
         """``r``: what the next consumer reads, for the logit lens (d wide)."""
         return state
+
+    # ------------------------------------------------------------ analysis probes
+    # What docs/spec/analysis.md needs from a family.  ``p`` is the per-block
+    # tree of the block about to run (``None``: the readout, after the last
+    # block); these are only traced when the backbone captures depth states.
+    def analysis_option(self, name: str, default: Any) -> Any:
+        """An analysis switch carried in ``spec.residual`` (absent in training specs)."""
+        return dict(self.spec.residual).get(name, default)
+
+    def boundary_state(self, p: Any, g: Any, state: State) -> jax.Array:
+        """``z_l`` at a block's left boundary (``p`` None: ``z_L``), one vector per token."""
+        return self.depth_state(g, state)
+
+    def with_boundary_state(self, state: State, z: jax.Array) -> State:
+        """A state whose next boundary state is ``z`` (the inverse of
+        :meth:`boundary_state`, for analyses that inject or substitute a
+        block's input or output), the same pytree structure as ``state``."""
+        return z.astype(state.dtype)
+
+    def lens_state(self, p: Any, g: Any, state: State) -> Any:
+        """What the logit lens keeps at a block's left boundary (``p`` None: after
+        the last block); :meth:`lens_decode` turns it into the LM head's input."""
+        return state
+
+    def lens_decode(self, g: Any, r: Any, final_norm) -> jax.Array:
+        """The LM head's input from :meth:`lens_state`: the model's own readout,
+        so the lens after the last block is exactly the model's output."""
+        return self.readout(g, r, final_norm)
+
+    def probe(self, p: Any, state: State, site: Site) -> dict:
+        """Token-averaged routing of sublayer ``site`` read from the state it
+        receives (attnres: depth weights over sources; hc/mhc: the residual
+        mixing matrix).  Every leaf must have a static shape."""
+        return {}
+
+    def permute_params(self, params: Any, order: jax.Array) -> Any:
+        """``params`` with position ``i`` running block ``order[i]``: each
+        block's stacked weights move with it (families whose depth routing
+        belongs to a block's *right* boundary move that too)."""
+        params = dict(params)
+        params["blocks"] = jax.tree.map(lambda a: jnp.take(a, order, axis=0), params["blocks"])
+        return params
 
     # ------------------------------------------------------------ costs
     def extra_block_params(self) -> int:

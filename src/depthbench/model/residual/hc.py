@@ -106,6 +106,12 @@ class HC(StreamFamily):
         new = add_weighted(mix_streams(a[..., 1:], state), beta, y)
         return gate(active, with_axes(new.astype(state.dtype), NBTD), state)
 
+    def probe(self, p, state, site):
+        """The residual mixing ``A[s, t + 1]`` (``H[t] <- sum_s A[s, t+1] H[s]``),
+        token-averaged: ``mixing`` ``[n, n]``."""
+        a, _ = self.coefficients(p, state, site.sub)
+        return {"mixing": jnp.mean(a[..., 1:], axis=(1, 2))}
+
     # ------------------------------------------------------------ costs
     def connector_params(self) -> int:
         """``n(n+2)`` static (``A0``: ``n(n+1)``, ``beta0``: ``n``) + ``d(n+2)`` dynamic

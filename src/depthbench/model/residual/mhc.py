@@ -148,6 +148,12 @@ class MHC(StreamFamily):
         new = add_weighted(mix_streams(p_sbtt, state), post, y)
         return gate(active, with_axes(new.astype(state.dtype), NBTD), state)
 
+    def probe(self, p, state, site):
+        """The residual mixing ``P[s, t]`` (``H[t] <- sum_s P[s, t] H[s]``),
+        token-averaged: ``mixing`` ``[n, n]``."""
+        _, _, p_sbtt = self.coefficients(p, state, site.sub)
+        return {"mixing": jnp.mean(p_sbtt, axis=(1, 2))}
+
     # ------------------------------------------------------------ costs
     def connector_params(self) -> int:
         """``nd(n^2 + 2n)`` (``phi``) + ``n^2`` (``B_res``) + ``2n`` (``b_pre``, ``b_post``)

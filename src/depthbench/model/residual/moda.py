@@ -193,6 +193,14 @@ class MoDA(ResidualFamily):
                 "vf": with_axes(put_slot(state["vf"], v, b, ok), BTMKH),
                 "valid": state["valid"] | ((jnp.arange(m) == b) & ok)}
 
+    def bank_slots(self, state, pos):
+        """The block at position ``b`` writes slot ``b`` of each depth cache (the
+        last block's ``b = L - 1`` is past the end: it writes none)."""
+        if self.n_slots == 0:
+            return {}
+        slots = pos[None]
+        return {k: (2, slots, True) for k in ("ka", "va", "kf", "vf")}  # never written before
+
     def readout(self, g, state, final_norm):
         return final_norm(state["x"])
 
@@ -201,6 +209,13 @@ class MoDA(ResidualFamily):
 
     def lens_input(self, g, state):
         return state["x"]
+
+    def with_boundary_state(self, state, z):
+        return {**state, "x": z.astype(state["x"].dtype)}
+
+    def lens_state(self, p, g, state):
+        """Only the stream the readout reads (the depth cache stays out of captures)."""
+        return {"x": state["x"]}
 
     # ------------------------------------------------------------ costs
     def extra_block_params(self) -> int:

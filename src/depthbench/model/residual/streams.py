@@ -95,6 +95,11 @@ class StreamFamily(ResidualFamily):
         n, b, t, d = state.shape
         return jnp.moveaxis(state, 0, 2).reshape(b, t, n * d)
 
+    def with_boundary_state(self, state, z):
+        """The streams from their concatenation (inverse of :meth:`depth_state`)."""
+        n, b, t, d = state.shape
+        return jnp.moveaxis(z.reshape(b, t, n, d), 2, 0).astype(state.dtype)
+
     def lens_input(self, g, state):
         """``r`` with ``N_out(r)`` proportional to what the readout feeds the head:
         the stream sum for ``sum_then_norm``; for ``norm_then_sum`` the sum of the

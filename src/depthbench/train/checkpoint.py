@@ -130,11 +130,16 @@ class Checkpoints:
                  main_process: bool = True):
         self.directory = Path(directory).resolve()
         self.main = main_process
+        self._async = async_save
         self._lock = threading.Lock()
         self._unsealed: set[int] = set()  # saved by this process, record not yet written
+        # Orbax accepts a finalization callback only on an asynchronous manager; a
+        # synchronous one is sealed by wait() (below) instead.
+        async_options = (ocp.AsyncOptions(post_finalization_callback=self._seal)
+                         if async_save else None)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max(1, int(keep)), create=True, enable_async_checkpointing=async_save,
-            async_options=ocp.AsyncOptions(post_finalization_callback=self._seal))
+            async_options=async_options)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         logging.getLogger("absl").addFilter(_QUIET)
         self._saved: int | None = None  # the last step saved by this process (maybe in flight)
@@ -172,6 +177,8 @@ class Checkpoints:
         with self._failed_write(step):
             self.manager.save(step, args=args, force=True)
         self._saved = step
+        if not self._async:
+            self._seal()  # the step is complete on disk: write its integrity record now
 
     @contextlib.contextmanager
     def _failed_write(self, step: int | None):

@@ -110,7 +110,7 @@ def test_gpu_dry_run_needs_no_venv_and_lists_every_step(tmp_path):
     names = re.findall(r"--run (\S+) ", "\n".join(steps))
     assert len(names) == 15 and names[0] == "pre_ln-L2-lr3e-03"  # quickstart: 5 designs x 3
     assert all("--nodes 2" in s for s in steps) and lines[-1].endswith(f"report {tmp_path}/w")
-    assert "dry run: 12 runs listed, nothing was run" in r.stderr
+    assert "dry run: 15 runs listed, nothing was run" in r.stderr
 
 
 def test_gpu_submit_with_a_missing_venv_is_one_line_exit_2(tmp_path):
@@ -237,7 +237,7 @@ def test_progress_bars_show_the_documents_processed(tmp_path, capsys):
     rc, out, err = _cli(capsys, "data", "prepare", "--config", "experiments/micro.py", "--json",
                         "--config.data.corpus=text", f"--config.data.paths={REPO}/docs/**/*.md",
                         "--config.data.split_by=paragraph", "--config.model.vocab_size=512",
-                        "--config.data.val_fraction=0.3",
+                        "--config.data.val_fraction=0.1",
                         f"--config.data.cache_dir={tmp_path}")
     assert rc == 0, err
     report = json.loads(out)

@@ -39,7 +39,8 @@ def get_config() -> ml_collections.ConfigDict:
     m.init_std = 0.02
     m.param_dtype = "float32"
     m.compute_dtype = "float32"  # "bfloat16" at paper scale
-    m.attention_impl = "xla"  # "xla": layers.causal_attention; "cudnn": jax.nn.dot_product_attention
+    # "xla": layers.causal_attention; "cudnn": jax.nn.dot_product_attention
+    m.attention_impl = "xla"
     # Layer stack.
     m.scan_unroll = 1  # 1: rolled nn.scan; depth: fully unrolled (same params)
     # "none" or a jax.checkpoint_policies name ("nothing_saveable", "dots_saveable" ...)

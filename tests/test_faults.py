@@ -22,8 +22,8 @@ import textwrap
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from toy_corpus import write_progressions
 
 from depthbench import config as config_lib
 from depthbench.cli import main as cli_main
@@ -35,21 +35,10 @@ STEPS, EVERY = 32, 8
 BASE = str(config_lib.base_spec_path())
 
 
-def _shard(path: Path) -> None:
-    """Documents of arithmetic progressions mod 63 (ids 1..63), EOS = 0."""
-    rng = np.random.default_rng(0)
-    docs = []
-    for _ in range(300):
-        start, stride, n = rng.integers(0, 63), rng.integers(1, 8), rng.integers(20, 80)
-        docs.append((start + stride * np.arange(n)) % 63 + 1)
-        docs.append(np.zeros(1, np.int64))
-    np.save(path, np.concatenate(docs).astype(np.uint16))
-
-
 @pytest.fixture(scope="module")
 def overrides(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
-    _shard(root / "shard.npy")
+    write_progressions(root / "shard.npy", 300)
     return [
         "model.suite=", "model.d_model=32", "model.d_ff=64", "model.depth=2", "model.n_heads=2",
         "model.vocab_size=64", "model.remat_policy=none",

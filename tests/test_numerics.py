@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from toy_corpus import write_progressions
 
 from depthbench import config as config_lib
 from depthbench import parallel
@@ -47,20 +48,10 @@ BF16_TOL = 0.02  # nats, at every step; see the module docstring
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
-def _shard(path: Path) -> None:
-    rng = np.random.default_rng(0)
-    docs = []
-    for _ in range(200):
-        start, stride, n = rng.integers(0, 63), rng.integers(1, 8), rng.integers(20, 80)
-        docs.append((start + stride * np.arange(n)) % 63 + 1)
-        docs.append(np.zeros(1, np.int64))
-    np.save(path, np.concatenate(docs).astype(np.uint16))
-
-
 @pytest.fixture(scope="module")
 def overrides(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
-    _shard(root / "shard.npy")
+    write_progressions(root / "shard.npy", 200)
     return [
         "model.suite=", "model.d_model=32", "model.d_ff=64", "model.depth=4", "model.n_heads=2",
         "model.vocab_size=64", "model.remat_policy=none", "model.residual.attnres_blocks=4",

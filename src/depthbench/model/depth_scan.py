@@ -67,7 +67,9 @@ def _put(bank, axis: int, slots, values):
     return jnp.moveaxis(restored, 0, axis)
 
 
-def layer_stack(step: Step, bank_slots: Slots, params_l, state0: dict, xs_l: dict, g):
+def layer_stack(
+    step: Step, bank_slots: Slots, params_l, state0: dict, xs_l: dict, g, *, unroll: int = 1
+):
     """Run ``step`` over the stacked ``params_l`` / ``xs_l`` (leading axis L) from
     ``state0``; returns ``(final_state, zs)`` with ``zs`` stacked over blocks.
 
@@ -75,14 +77,15 @@ def layer_stack(step: Step, bank_slots: Slots, params_l, state0: dict, xs_l: dic
     may read only the state's *other* leaves (in the backward pass the banks
     it sees are those after the block).  ``xs_l["pos"]`` is each block's
     execution position.  Integer and boolean leaves of the state get no
-    cotangent, as under plain autodiff."""
+    cotangent, as under plain autodiff.  ``unroll`` is ``jax.lax.scan``'s, for
+    all three scans (``model.scan_unroll``: the same program, unrolled)."""
     bank_keys = tuple(bank_slots(state0, xs_l["pos"][0]))
 
     def run(params_l, state0, xs_l, g):
         def body(state, px):
             return step(px[0], state, px[1], g)
 
-        return jax.lax.scan(body, state0, (params_l, xs_l))
+        return jax.lax.scan(body, state0, (params_l, xs_l), unroll=unroll)
 
     def fwd(params_l, state0, xs_l, g):
         def body(state, px):
@@ -94,7 +97,9 @@ def layer_stack(step: Step, bank_slots: Slots, params_l, state0: dict, xs_l: dic
             new, z = step(p, state, x, g)
             return new, (z, undo, small)
 
-        final, (zs, undo_l, small_l) = jax.lax.scan(body, state0, (params_l, xs_l))
+        final, (zs, undo_l, small_l) = jax.lax.scan(
+            body, state0, (params_l, xs_l), unroll=unroll
+        )
         return (final, zs), (params_l, xs_l, g, {k: final[k] for k in bank_keys}, undo_l, small_l)
 
     def bwd(res, cts):
@@ -123,7 +128,7 @@ def layer_stack(step: Step, bank_slots: Slots, params_l, state0: dict, xs_l: dic
         ct_state = {k: ct_final[k] for k in float_keys}
         carry = (banks_final, ct_state, jax.tree.map(jnp.zeros_like, g))
         (_, ct_diff0, ct_g), ct_params = jax.lax.scan(
-            body, carry, (params_l, xs_l, undo_l, small_l, ct_zs), reverse=True
+            body, carry, (params_l, xs_l, undo_l, small_l, ct_zs), reverse=True, unroll=unroll
         )
         ct_state0 = {k: ct_diff0.get(k) for k in ct_final}
         return ct_params, ct_state0, None, ct_g

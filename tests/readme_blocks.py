@@ -17,6 +17,10 @@ must be runnable or explicitly marked.  An HTML comment right above a fence,
 ``<!-- readme-test: skip: REASON -->``, marks a block that cannot run here
 (the reason is required); ``<!-- readme-test: run: COMMAND -->`` anywhere is
 a hidden command run at that point (set-up the reader has already done).
+
+Each block also records the ``## `` section it is in (:attr:`Block.section`);
+:func:`parts` groups a document's blocks into independent parts that can run in
+separate sandboxes (and so in parallel).
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ NOT_COMMANDS = ("text", "json", "yaml", "toml", "csv", "math")
 _FENCE = re.compile(r"^(```+)\s*([A-Za-z0-9_+-]*)\s*$")
 _DIRECTIVE = re.compile(r"^<!--\s*readme-test:\s*(skip|run):\s*(.*?)\s*-->\s*$")
 _EXIT = re.compile(r"#.*\bexit status (\d+)")
+_SECTION = re.compile(r"^##\s+(.*?)\s*$")
+# What one block can leave for a later one: a run directory (``runs/NAME``, as a
+# word of the command) or a path under the home directory (``~/...``).
+_LEFT_BEHIND = re.compile(r"(?:^|[\s='\"])((?:\./)?runs/[\w.-]+|~/[\w.-]+(?:/[\w.-]+)*)")
 
 
 @dataclasses.dataclass
@@ -48,6 +56,7 @@ class Block:
     skip: str | None = None  # reason, when marked not runnable here
     hidden: bool = False  # a <!-- readme-test: run: --> command
     file: str | None = None  # python blocks: the path they are written to
+    section: str = ""  # the title of the ``## `` section holding it ("" before the first)
 
     @property
     def where(self) -> str:
@@ -67,14 +76,18 @@ def parse(path: Path, root: Path) -> list[Block]:
     lines = path.read_text().splitlines()
     blocks: list[Block] = []
     pending_skip: str | None = None
+    section = ""
     i = 0
     while i < len(lines):
         line = lines[i]
+        heading = _SECTION.match(line)
+        if heading:
+            section = heading.group(1)
         directive = _DIRECTIVE.match(line.strip())
         if directive:
             kind, arg = directive.groups()
             if kind == "run":
-                blocks.append(Block(doc, i + 1, "bash", arg, hidden=True))
+                blocks.append(Block(doc, i + 1, "bash", arg, hidden=True, section=section))
             else:
                 if not arg:
                     raise ValueError(f"{doc}:{i + 1}: readme-test: skip needs a reason")
@@ -92,7 +105,7 @@ def parse(path: Path, root: Path) -> list[Block]:
         while end < len(lines) and lines[end].strip() != ticks:
             end += 1
         body = "\n".join(lines[i + 1:end])
-        block = Block(doc, i + 1, lang, body, skip=pending_skip)
+        block = Block(doc, i + 1, lang, body, skip=pending_skip, section=section)
         if lang == "python":
             first = body.splitlines()[0].strip() if body.strip() else ""
             m = re.fullmatch(r"#\s*(\S+\.py)", first)
@@ -101,6 +114,44 @@ def parse(path: Path, root: Path) -> list[Block]:
         pending_skip = None
         i = end + 1
     return blocks
+
+
+def parts(blocks: list[Block]) -> list[list[Block]]:
+    """The runnable blocks of one document, split into parts that do not depend on
+    each other, each in document order.
+
+    A part starts as one ``## `` section; parts are joined when one block's text
+    names what another's may leave behind (the same ``runs/NAME`` directory, the
+    same ``~/`` path, or a file a ``python`` block writes), so a command that reads
+    an earlier command's output always runs after it, in the same sandbox.  Files
+    of the checkout (``experiments/micro.py``) are copied into every sandbox and
+    join nothing.  A dependency this misses is not hidden: the later command finds
+    nothing there and fails."""
+    runnable = [b for b in blocks if b.skip is None and (b.file or b.commands())]
+    sections = list(dict.fromkeys(b.section for b in runnable))
+    owner = {s: s for s in sections}  # union-find over sections
+
+    def root(s: str) -> str:
+        while owner[s] != s:
+            s = owner[s]
+        return s
+
+    first_section: dict[str, str] = {}
+    for b in runnable:
+        names = set(_LEFT_BEHIND.findall(b.body))
+        if b.file:
+            names.add(b.file)
+        names |= {f for f in (x.file for x in runnable) if f and f in b.body}
+        for name in names:
+            name = name.removeprefix("./")
+            if name in first_section:
+                owner[root(b.section)] = root(first_section[name])
+            else:
+                first_section[name] = b.section
+    groups: dict[str, list[Block]] = {}
+    for b in runnable:
+        groups.setdefault(root(b.section), []).append(b)
+    return [g for g in groups.values() if any(b.commands() for b in g)]
 
 
 def problem(block: Block) -> str | None:

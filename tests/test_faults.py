@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fast_xla import subprocess_flags
 from toy_corpus import write_progressions
 
 from depthbench import config as config_lib
@@ -181,9 +182,8 @@ def test_no_intact_checkpoint_is_one_line_and_exit_2(reference, overrides, tmp_p
 
 
 def _env():
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
-    return env
+    # One device, as in this process, and its compile flags (bitwise comparisons).
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": subprocess_flags()}
 
 
 _DRIVER = textwrap.dedent("""

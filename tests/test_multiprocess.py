@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fast_xla import subprocess_flags
 
 from depthbench.train.metrics import read_jsonl
 
@@ -83,7 +84,7 @@ def _train_args(corpus: Path, workdir: Path, *extra: str) -> list[str]:
 
 def _env(devices: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_"))}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=subprocess_flags(devices))
     return env
 
 
@@ -94,7 +95,8 @@ def _single(corpus, workdir, devices, *extra) -> subprocess.Popen:
 
 
 def _multi(corpus, workdir, procs, devices, logs, *extra) -> subprocess.Popen:
-    env = {k: v for k, v in _env(devices).items() if k != "XLA_FLAGS"}
+    # The launcher appends the device count to XLA_FLAGS: give it only the compile flags.
+    env = {**_env(devices), "XLA_FLAGS": subprocess_flags()}
     return subprocess.Popen(["bash", str(LAUNCH), str(procs), "--devices-per-process",
                              str(devices), "--logs", str(logs), "--grace", "5", "--",
                              *DEPTHBENCH, *_train_args(corpus, workdir, *extra)],

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from fast_xla import subprocess_flags
 from flax import linen as nn
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
@@ -244,7 +245,7 @@ def sharded_job(request):
     if not wanted:
         yield None
         return
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    env = {**os.environ, "XLA_FLAGS": subprocess_flags(8),
            "JAX_PLATFORMS": "cpu"}
     job = subprocess.Popen([sys.executable, __file__], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)

@@ -1,9 +1,12 @@
 """The executable README: every command block of README.md and docs/*.md runs as written.
 
-Each Markdown file gets a sandbox directory shaped like a checkout (copies of
-experiments/, launch/, docs/, README.md; ``.venv`` pointing at this test's
-virtualenv) and its blocks run there in document order, so a later block sees
-what an earlier one made (``report runs/quickstart`` after the sweep).  To keep
+Each Markdown file is split into independent parts (its ``## `` sections, joined
+where one names a run directory, ``~/`` path or written file of another:
+``readme_blocks.parts``), one test each, so pytest-xdist can spread them.  Each
+part gets a sandbox directory shaped like a checkout (copies of experiments/,
+launch/, docs/, README.md; ``.venv`` pointing at this test's virtualenv) and its
+blocks run there in document order, so a later block sees what an earlier one
+made (``report runs/quickstart`` after the sweep).  To keep
 the whole set to a few minutes, every command runs with
 
     DEPTHBENCH_OVERRIDES='train.steps=3'   (every config: 3 training steps)
@@ -30,7 +33,7 @@ import time
 from pathlib import Path
 
 import pytest
-from readme_blocks import Block, Command, parse, problem
+from readme_blocks import Block, Command, parse, parts, problem
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -169,20 +172,47 @@ def _run(block: Block, command: Command, root: Path, env: dict) -> float:
     return time.perf_counter() - start
 
 
-def _runnable_docs() -> list[Path]:
-    return [d for d in DOCS if any(b.commands() or b.file for b in _blocks(d))]
+def _runnable_parts() -> list[tuple[Path, int]]:
+    return [(d, i) for d in DOCS for i in range(len(parts(_blocks(d))))]
+
+
+def _part_id(case: tuple[Path, int]) -> str:
+    doc, i = case
+    section = parts(_blocks(doc))[i][0].section
+    slug = re.sub(r"[^a-z0-9]+", "-", section.lower()).strip("-")
+    return str(doc.relative_to(REPO)) + (f"#{slug}" if slug else "")
+
+
+def test_parts_cover_every_runnable_block_once():
+    """Splitting a document into parts drops no block, repeats none and keeps the
+    document's order within each part; a part that reads what another leaves behind
+    (README: ``report runs/quickstart`` after the first sweep) is the same part."""
+    for doc in DOCS:
+        blocks = _blocks(doc)
+        runnable = [b.line for b in blocks if b.skip is None and (b.file or b.commands())]
+        split = parts(blocks)
+        lines = [b.line for part in split for b in part]
+        assert sorted(lines) == runnable, doc
+        for part in split:
+            assert [b.line for b in part] == sorted(b.line for b in part), doc
+    readme = parts(_blocks(REPO / "README.md"))
+    assert len(readme) >= 2
+    [quickstart] = [p for p in readme if any("report runs/quickstart" in b.body for b in p)]
+    assert any("sweep --config experiments/quickstart.py --workdir runs/quickstart" in b.body
+               and "--dry-run" not in b.body for b in quickstart)
+    [more] = [p for p in readme if any(b.file == "experiments/paper_400m_more.py" for b in p)]
+    assert any("experiments/paper_400m_more.py" in b.body for b in more if b.commands())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("doc", _runnable_docs(), ids=lambda p: str(p.relative_to(REPO)))
-def test_documented_commands_run_as_written(doc, tmp_path):
+@pytest.mark.parametrize("case", _runnable_parts(), ids=_part_id)
+def test_documented_commands_run_as_written(case, tmp_path):
+    doc, index = case
     root = tmp_path / "checkout"
     root.mkdir()
     env = _sandbox(root)
     timings = []
-    for block in _blocks(doc):
-        if block.skip is not None:
-            continue
+    for block in parts(_blocks(doc))[index]:
         if block.file:
             target = root / block.file
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fast_xla import subprocess_flags
 from toy_corpus import write_progressions
 
 from depthbench import config as config_lib
@@ -301,8 +302,8 @@ class _SigtermJob:
         cmd = [sys.executable, "-m", "depthbench", "train", "--config",
                str(config_lib.base_spec_path()), "--workdir", str(workdir), "--no-progress",
                *(f"--config.{o}" for o in [*overrides, *extra])]
-        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-        env.pop("XLA_FLAGS", None)  # one device, as in this process
+        # One device, as in this process, and its compile flags.
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": subprocess_flags()}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=env)
         self.signalled = False

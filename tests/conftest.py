@@ -1,0 +1,35 @@
+"""Session-wide settings that make the CPU suite compile less and faster (see tests/fast_xla.py).
+
+* ``XLA_FLAGS``: XLA's backend optimisation off.
+* ``JAX_COMPILATION_CACHE_DIR``: one persistent compilation cache per test
+  session (a new, empty directory, removed at the end), shared by the pytest
+  workers and every subprocess a test starts, so a program compiled once (the
+  same tiny train step in a fault test's reference run and in the ``depthbench``
+  subprocesses it kills and resumes) is not compiled again.  A cache hit is the
+  same executable, so it computes the same values, bitwise.
+
+Both must be in the environment before jax is imported, hence here, the first
+thing pytest imports from ``tests/``.  Under pytest-xdist the controller sets
+them before it starts the workers, which inherit them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from fast_xla import with_fast_flags
+
+os.environ["XLA_FLAGS"] = with_fast_flags(os.environ.get("XLA_FLAGS", ""))
+
+_CACHE_OWNER = "JAX_COMPILATION_CACHE_DIR" not in os.environ
+if _CACHE_OWNER:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="depthbench-tests-xla-")
+    # Cache every compilation, however quick (jax's default skips those under 1 s).
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+def pytest_unconfigure(config):
+    if _CACHE_OWNER:
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)

@@ -1,0 +1,28 @@
+"""XLA flags for every process of the test suite: compile fast, compute the same.
+
+The CPU suite is dominated by XLA compiling many tiny programs, not by running
+them, so the test session (tests/conftest.py) and every process it starts
+compile with XLA's backend (LLVM) optimisation off.  That changes how fast the
+generated code runs, not what it computes: the programs, their shardings and
+dtypes and the HLO the tests inspect (cost and memory analyses) are the same,
+and an equivalence or bitwise-resume test compares programs compiled with the
+same flags, in this process or in a subprocess given :func:`subprocess_flags`.
+"""
+
+from __future__ import annotations
+
+FAST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def with_fast_flags(flags: str) -> str:
+    """``flags`` with the fast-compile flags appended, unless an optimisation level is set."""
+    if "xla_backend_optimization_level" in flags:
+        return flags.strip()
+    return f"{flags} {FAST_XLA_FLAGS}".strip()
+
+
+def subprocess_flags(devices: int | None = None) -> str:
+    """``XLA_FLAGS`` for a test's subprocess: the fast-compile flags, and a fake CPU
+    device count when ``devices`` is given (none: one device, like the test process)."""
+    count = f"--xla_force_host_platform_device_count={devices}" if devices else ""
+    return with_fast_flags(count)

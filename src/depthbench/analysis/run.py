@@ -195,14 +195,11 @@ class Run:
         if not path:
             raise ConfigError(f"RUN_DIR: {self.run_dir} records no tokenizer in {CONFIG_FILE} "
                               "(resolved.tokenizer.tokenizer_path)")
-        if path.endswith(".json"):
-            from depthbench.data.hf_tokenizer import HFTokenizer
+        from depthbench.data.hf_tokenizer import open_tokenizer
 
-            return HFTokenizer(path, eos_id=int(info.get("eos_id", -1)),
-                               bos_id=int(info.get("bos_id", -1)))
-        from depthbench.data import spm_tokenizer
-
-        return spm_tokenizer.Tokenizer(path, field="resolved.tokenizer.tokenizer_path")
+        return open_tokenizer(path, field="resolved.tokenizer.tokenizer_path",
+                              eos_id=int(info.get("eos_id", -1)),
+                              bos_id=int(info.get("bos_id", -1)))
 
     # ------------------------------------------------------------ model calls
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 _EPILOG = """\
 examples:
@@ -15,7 +16,9 @@ examples:
 
 The shards are what `--config.data.corpus=tokens` reads: train on them with
   --config.data.paths='OUT/*.npy' --config.data.eos_id=EOS --config.data.val_fraction=F
-(EOS and F as manifest.json records them).  Killed?  Re-run the same command:
+  --config.data.tokenizer=TOKENIZER
+(EOS and F as manifest.json records them; the tokenizer only decodes: `data show`,
+analyses and evaluation).  Killed?  Re-run the same command:
 finished inputs are kept.  See docs/DATA.md.
 """
 
@@ -78,5 +81,6 @@ def _tokenize(args) -> int:
     print(f"train with: --config.data.corpus=tokens --config.data.paths='{args.out}/*.npy' "
           f"--config.data.tokens_dtype={manifest['dtype']} "
           f"--config.data.eos_id={manifest['eos_id']} "
-          f"--config.data.val_fraction={manifest['val_fraction']}")
+          f"--config.data.val_fraction={manifest['val_fraction']} "
+          f"--config.data.tokenizer={Path(args.tokenizer).resolve()}")
     return 0

@@ -62,7 +62,7 @@ def get_config() -> ml_collections.ConfigDict:
     d.tokens_dtype = "uint16"  # tokens: "uint16" | "uint32"
     d.eos_id = -1  # tokens: the EOS id separating documents (-1: tokenizer's)
     d.val_fraction = 0.02  # held-out documents (by hash)
-    d.tokenizer = ""  # path of a SentencePiece .model; "" = train one
+    d.tokenizer = ""  # a SentencePiece .model or a tokenizer.json; "" = train one
     d.tokenizer_sample_bytes = 20_000_000  # bytes of text used to train it
     d.cache_dir = ""  # "" = $DEPTHBENCH_CACHE or ~/.cache/depthbench
     d.shuffle_seed = 0

@@ -84,3 +84,17 @@ class HFTokenizer:
     def describe(self) -> str:
         return (f"{Path(self.path).name} (vocab {self.vocab_size}, bos {self.bos_id}, "
                 f"eos {self.eos_id})")
+
+
+def open_tokenizer(path: str | Path, *, field: str, eos_id: int = -1, bos_id: int = -1):
+    """The tokenizer at ``path``: a Hugging Face ``tokenizer.json`` (by its
+    ``.json`` suffix) or a SentencePiece ``.model``, both with ``encode``,
+    ``encode_batch``, ``decode``, ``eos_id``, ``bos_id``, ``pad_id`` and
+    ``vocab_size``.  ``eos_id``/``bos_id`` >= 0 name the special ids a
+    tokenizer.json does not (token shards record their EOS id, not its text);
+    ``field`` names the setting in error messages."""
+    if str(path).endswith(".json"):
+        return HFTokenizer(path, eos_id=eos_id, bos_id=bos_id, field=field)
+    from depthbench.data import spm_tokenizer
+
+    return spm_tokenizer.Tokenizer(path, field=field)

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from depthbench.data import cache, corpora, pipeline, split, token_cache
 from depthbench.data import spm_tokenizer as tok
+from depthbench.data.hf_tokenizer import open_tokenizer
 from depthbench.data.validate import validate_config
 from depthbench.errors import ConfigError
 
@@ -83,7 +84,12 @@ def prepare(config, *, progress: bool = True) -> Prepared:
     log = _logger(progress)
     d = config.data
     root = cache.cache_root(d.cache_dir)
-    given = tok.Tokenizer(Path(d.tokenizer).expanduser()) if d.tokenizer else None
+    given = (
+        open_tokenizer(Path(d.tokenizer).expanduser(), field="config.data.tokenizer",
+                       eos_id=int(d.eos_id))
+        if d.tokenizer
+        else None
+    )
     if given is not None and given.vocab_size > config.model.vocab_size:
         raise ConfigError(
             f"config.data.tokenizer: {given.path} has {given.vocab_size} pieces but "
@@ -199,9 +205,11 @@ def tokenizer(prepared: Prepared) -> tok.Tokenizer:
     if not prepared.tokenizer_path:
         raise ConfigError(
             "config.data.tokenizer: these token shards were given no tokenizer; "
-            "set data.tokenizer=PATH.model to decode them"
+            "set data.tokenizer to their tokenizer (a tokenizer.json or a SentencePiece .model) "
+            "to decode them"
         )
-    return tok.Tokenizer(prepared.tokenizer_path)
+    return open_tokenizer(prepared.tokenizer_path, field="config.data.tokenizer",
+                          eos_id=prepared.eos_id, bos_id=prepared.bos_id)
 
 
 # ------------------------------------------------------------------ text corpora

@@ -50,14 +50,14 @@ def check_trainable(vocab_size: int) -> None:
 class Tokenizer:
     """A loaded SentencePiece model with ``encode``/``decode`` and its special ids."""
 
-    def __init__(self, path: str | Path, *, field: str = "data.tokenizer"):
+    def __init__(self, path: str | Path, *, field: str = "config.data.tokenizer"):
         self.path = str(path)
         if not Path(path).is_file():
-            raise ConfigError(f"config.{field}: file {self.path!r} does not exist")
+            raise ConfigError(f"{field}: file {self.path!r} does not exist")
         try:
             self.sp = spm.SentencePieceProcessor(model_file=self.path)
         except (RuntimeError, OSError):
-            raise ConfigError(f"config.{field}: {self.path} is not a SentencePiece model") from None
+            raise ConfigError(f"{field}: {self.path} is not a SentencePiece model") from None
         self.vocab_size = self.sp.get_piece_size()
         self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
         self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()

@@ -43,6 +43,8 @@ import jax.numpy as jnp
 Step = Callable[[Any, dict, dict, Any], tuple[dict, Any]]
 # (state, execution position) -> {bank leaf: (slot axis, slots [k] the block may write)}
 Slots = Callable[[dict, jax.Array], dict[str, tuple[int, jax.Array]]]
+# positions p (static) -> {bank leaf: slots [0, n) the blocks at positions [0, p) may touch}
+Extent = Callable[[int], dict[str, int]]
 
 
 def _is_float(x) -> bool:
@@ -67,8 +69,50 @@ def _put(bank, axis: int, slots, values):
     return jnp.moveaxis(restored, 0, axis)
 
 
+GROUPS = 8  # position groups of a banked stack (see ``position_groups``)
+
+
+def position_groups(depth: int, groups: int | None = None) -> tuple[tuple[int, int], ...]:
+    """``groups`` contiguous spans ``[start, end)`` of near-equal length covering
+    the ``depth`` execution positions (fewer when ``depth < groups``); the
+    longer spans come first."""
+    n = max(1, min(int(GROUPS if groups is None else groups), int(depth)))
+    q, r = divmod(int(depth), n)
+    ends = [0]
+    for i in range(n):
+        ends.append(ends[-1] + q + (i < r))
+    return tuple(zip(ends[:-1], ends[1:], strict=True))
+
+
+def _view(state: dict, size: dict, axes: dict) -> dict:
+    """``state`` with each bank in ``size`` cut to its first ``size[k]`` slots."""
+    return {k: jax.lax.slice_in_dim(v, 0, size[k], axis=axes[k]) if k in size else v
+            for k, v in state.items()}
+
+
+def _merge(full: dict, part: dict, axes: dict) -> dict:
+    """``part`` with each cut bank written back over the leading slots of ``full``'s."""
+    out = dict(part)
+    for k, v in part.items():
+        if k in axes and k in full and v.shape != full[k].shape:
+            out[k] = jax.lax.dynamic_update_slice_in_dim(full[k], v.astype(full[k].dtype), 0,
+                                                         axes[k])
+    return out
+
+
+def _cut(tree, start: int, end: int):
+    return jax.tree.map(lambda a: a[start:end], tree)
+
+
+def _join(parts):
+    if len(parts) == 1:
+        return parts[0]
+    return jax.tree.map(lambda *a: jnp.concatenate(a, axis=0), *parts)
+
+
 def layer_stack(
-    step: Step, bank_slots: Slots, params_l, state0: dict, xs_l: dict, g, *, unroll: int = 1
+    step: Step, bank_slots: Slots, params_l, state0: dict, xs_l: dict, g, *, unroll: int = 1,
+    extent: Extent | None = None,
 ):
     """Run ``step`` over the stacked ``params_l`` / ``xs_l`` (leading axis L) from
     ``state0``; returns ``(final_state, zs)`` with ``zs`` stacked over blocks.
@@ -78,14 +122,39 @@ def layer_stack(
     it sees are those after the block).  ``xs_l["pos"]`` is each block's
     execution position.  Integer and boolean leaves of the state get no
     cotangent, as under plain autodiff.  ``unroll`` is ``jax.lax.scan``'s, for
-    all three scans (``model.scan_unroll``: the same program, unrolled)."""
-    bank_keys = tuple(bank_slots(state0, xs_l["pos"][0]))
+    all the scans (``model.scan_unroll``: the same program, unrolled).
+
+    ``extent(p)`` (optional, static ints) bounds the slots the blocks at
+    positions ``[0, p)`` read or write: ``{bank leaf: n}``, the first ``n``
+    slots.  With it the positions run in :func:`position_groups`, each group
+    on its banks cut to the extent at its end (the blocks must then read
+    the bank's size from the bank, not assume the full one), so a mix or a
+    depth attention never visits a slot that cannot be valid yet beyond its
+    group: about ``(G + 1) / 2G`` of the slot visits of the full banks."""
+    depth = int(xs_l["pos"].shape[0])
+    entries = dict(map(_entry, bank_slots(state0, xs_l["pos"][0]).items()))
+    bank_keys = tuple(entries)
+    axes = {k: ax for k, (ax, _, _) in entries.items()}
+    full = {k: state0[k].shape[axes[k]] for k in bank_keys}
+    spans = position_groups(depth) if extent is not None else ((0, depth),)
+    sizes = []
+    for _, end in spans:
+        bound = extent(end) if extent is not None else {}
+        sizes.append({k: min(int(bound[k]), full[k]) for k in bank_keys
+                      if k in bound and int(bound[k]) < full[k]})
 
     def run(params_l, state0, xs_l, g):
         def body(state, px):
             return step(px[0], state, px[1], g)
 
-        return jax.lax.scan(body, state0, (params_l, xs_l), unroll=unroll)
+        state, zs = state0, []
+        for (start, end), size in zip(spans, sizes, strict=True):
+            view, z = jax.lax.scan(body, _view(state, size, axes),
+                                   (_cut(params_l, start, end), _cut(xs_l, start, end)),
+                                   unroll=unroll)
+            state = _merge(state, view, axes)
+            zs.append(z)
+        return state, _join(zs)
 
     def fwd(params_l, state0, xs_l, g):
         def body(state, px):
@@ -97,15 +166,22 @@ def layer_stack(
             new, z = step(p, state, x, g)
             return new, (z, undo, small)
 
-        final, (zs, undo_l, small_l) = jax.lax.scan(
-            body, state0, (params_l, xs_l), unroll=unroll
-        )
-        return (final, zs), (params_l, xs_l, g, {k: final[k] for k in bank_keys}, undo_l, small_l)
+        state, zs, saved = state0, [], []
+        for (start, end), size in zip(spans, sizes, strict=True):
+            view, (z, undo_l, small_l) = jax.lax.scan(
+                body, _view(state, size, axes),
+                (_cut(params_l, start, end), _cut(xs_l, start, end)), unroll=unroll)
+            state = _merge(state, view, axes)
+            zs.append(z)
+            saved.append((undo_l, small_l))
+        final = state
+        return (final, _join(zs)), (params_l, xs_l, g, {k: final[k] for k in bank_keys}, saved)
 
     def bwd(res, cts):
-        params_l, xs_l, g, banks_final, undo_l, small_l = res
+        params_l, xs_l, g, banks_final, saved = res
         ct_final, ct_zs = cts
-        float_keys = tuple(k for k in ct_final if _is_float(banks_final.get(k, small_l.get(k))))
+        small0 = saved[0][1]
+        float_keys = tuple(k for k in ct_final if _is_float(banks_final.get(k, small0.get(k))))
 
         def body(carry, inp):
             banks_next, ct_state, ct_g = carry
@@ -125,13 +201,22 @@ def layer_stack(
             ct_g = jax.tree.map(jnp.add, ct_g, ct_g_i)
             return (banks, ct_diff, ct_g), ct_p
 
+        banks = banks_final
         ct_state = {k: ct_final[k] for k in float_keys}
-        carry = (banks_final, ct_state, jax.tree.map(jnp.zeros_like, g))
-        (_, ct_diff0, ct_g), ct_params = jax.lax.scan(
-            body, carry, (params_l, xs_l, undo_l, small_l, ct_zs), reverse=True, unroll=unroll
-        )
-        ct_state0 = {k: ct_diff0.get(k) for k in ct_final}
-        return ct_params, ct_state0, None, ct_g
+        ct_g = jax.tree.map(jnp.zeros_like, g)
+        ct_params = []
+        for (start, end), size, (undo_l, small_l) in reversed(
+                list(zip(spans, sizes, saved, strict=True))):
+            carry = (_view(banks, size, axes), _view(ct_state, size, axes), ct_g)
+            inputs = (_cut(params_l, start, end), _cut(xs_l, start, end), undo_l, small_l,
+                      _cut(ct_zs, start, end))
+            (view_banks, view_ct, ct_g), ct_p = jax.lax.scan(
+                body, carry, inputs, reverse=True, unroll=unroll)
+            banks = _merge(banks, view_banks, axes)
+            ct_state = _merge(ct_state, view_ct, axes)
+            ct_params.insert(0, ct_p)
+        ct_state0 = {k: ct_state.get(k) for k in ct_final}
+        return _join(ct_params), ct_state0, None, ct_g
 
     stack = jax.custom_vjp(run)
     stack.defvjp(fwd, bwd)

@@ -207,9 +207,8 @@ class Transformer(nn.Module):
         def step(p, state, x, g):
             return block.apply({"params": p}, state, x, g, positions_t)
 
-        return layer_stack(
-            step, fam.bank_slots, params_l, state, xs, g, unroll=self.spec.scan_unroll
-        )
+        return layer_stack(step, fam.bank_slots, params_l, state, xs, g,
+                           unroll=self.spec.scan_unroll, extent=fam.bank_extent)
 
 def permute_blocks(params, order):
     """Params with the stacked blocks reordered: position i runs block ``order[i]``.

@@ -156,8 +156,8 @@ class MoDA(ResidualFamily):
 
     def read(self, p, state, site):
         if site.sub == 0 and self.n_slots > 0:
-            groups = ((state["ka"], state["va"], state["valid"]),
-                      (state["kf"], state["vf"], state["valid"]))
+            valid = state["valid"][: state["ka"].shape[2]]  # the caches may be cut (bank_extent)
+            groups = ((state["ka"], state["va"], valid), (state["kf"], state["vf"], valid))
             return state["x"], {"depth_kv": (groups, self.rotated_query)}
         return state["x"], {}
 
@@ -200,6 +200,11 @@ class MoDA(ResidualFamily):
             return {}
         slots = pos[None]
         return {k: (2, slots, True) for k in ("ka", "va", "kf", "vf")}  # never written before
+
+    def bank_extent(self, positions: int) -> dict[str, int]:
+        """Blocks ``[0, p)`` read slots ``< p - 1`` and write slots ``< p``."""
+        n = min(int(positions), self.n_slots)
+        return {k: n for k in ("ka", "va", "kf", "vf")}
 
     def readout(self, g, state, final_norm):
         return final_norm(state["x"])

@@ -33,14 +33,18 @@ the value it already has, which is harmless.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-# (params of one block, state, per-block scan inputs, global params) -> (state, z)
-Step = Callable[[Any, dict, dict, Any], tuple[dict, Any]]
+# (params of one block, state, per-block scan inputs, global params, view) -> (state, z);
+# view (static): ((bank leaf, slot axis, n), ...), the leading slots the block's
+# reads may cut each bank to (its writes get the whole bank).
+View = tuple[tuple[str, int, int], ...]
+Step = Callable[[Any, dict, dict, Any, View], tuple[dict, Any]]
 # (state, execution position) -> {bank leaf: (slot axis, slots [k] the block may write)}
 Slots = Callable[[dict, jax.Array], dict[str, tuple[int, jax.Array]]]
 # positions p (static) -> {bank leaf: slots [0, n) the blocks at positions [0, p) may touch}
@@ -69,7 +73,7 @@ def _put(bank, axis: int, slots, values):
     return jnp.moveaxis(restored, 0, axis)
 
 
-GROUPS = 8  # position groups of a banked stack (see ``position_groups``)
+GROUPS = 4  # position groups of a banked stack (see ``position_groups``)
 
 
 def position_groups(depth: int, groups: int | None = None) -> tuple[tuple[int, int], ...]:
@@ -82,22 +86,6 @@ def position_groups(depth: int, groups: int | None = None) -> tuple[tuple[int, i
     for i in range(n):
         ends.append(ends[-1] + q + (i < r))
     return tuple(zip(ends[:-1], ends[1:], strict=True))
-
-
-def _view(state: dict, size: dict, axes: dict) -> dict:
-    """``state`` with each bank in ``size`` cut to its first ``size[k]`` slots."""
-    return {k: jax.lax.slice_in_dim(v, 0, size[k], axis=axes[k]) if k in size else v
-            for k, v in state.items()}
-
-
-def _merge(full: dict, part: dict, axes: dict) -> dict:
-    """``part`` with each cut bank written back over the leading slots of ``full``'s."""
-    out = dict(part)
-    for k, v in part.items():
-        if k in axes and k in full and v.shape != full[k].shape:
-            out[k] = jax.lax.dynamic_update_slice_in_dim(full[k], v.astype(full[k].dtype), 0,
-                                                         axes[k])
-    return out
 
 
 def _cut(tree, start: int, end: int):
@@ -126,52 +114,52 @@ def layer_stack(
 
     ``extent(p)`` (optional, static ints) bounds the slots the blocks at
     positions ``[0, p)`` read or write: ``{bank leaf: n}``, the first ``n``
-    slots.  With it the positions run in :func:`position_groups`, each group
-    on its banks cut to the extent at its end (the blocks must then read
-    the bank's size from the bank, not assume the full one), so a mix or a
-    depth attention never visits a slot that cannot be valid yet beyond its
-    group: about ``(G + 1) / 2G`` of the slot visits of the full banks."""
+    slots.  With it the positions run in :func:`position_groups`, one scan
+    per group, and each block of a group gets the view ``(leaf, axis, n)``
+    of the extent at the group's end: its reads see the banks cut to that
+    (a static slice XLA fuses into the readers, so no copy), its writes the
+    whole banks, and the scans carry the whole banks.  A mix or a depth
+    attention then never visits a slot that cannot be valid yet by the end
+    of its group: about ``(G + 1) / 2G`` of the slot visits of whole banks."""
     depth = int(xs_l["pos"].shape[0])
     entries = dict(map(_entry, bank_slots(state0, xs_l["pos"][0]).items()))
     bank_keys = tuple(entries)
     axes = {k: ax for k, (ax, _, _) in entries.items()}
     full = {k: state0[k].shape[axes[k]] for k in bank_keys}
     spans = position_groups(depth) if extent is not None else ((0, depth),)
-    sizes = []
+    views = []
     for _, end in spans:
         bound = extent(end) if extent is not None else {}
-        sizes.append({k: min(int(bound[k]), full[k]) for k in bank_keys
-                      if k in bound and int(bound[k]) < full[k]})
+        views.append(tuple((k, axes[k], int(bound[k])) for k in bank_keys
+                           if k in bound and int(bound[k]) < full[k]))
 
     def run(params_l, state0, xs_l, g):
-        def body(state, px):
-            return step(px[0], state, px[1], g)
-
         state, zs = state0, []
-        for (start, end), size in zip(spans, sizes, strict=True):
-            view, z = jax.lax.scan(body, _view(state, size, axes),
-                                   (_cut(params_l, start, end), _cut(xs_l, start, end)),
-                                   unroll=unroll)
-            state = _merge(state, view, axes)
+        for (start, end), view in zip(spans, views, strict=True):
+            def body(state, px, view=view):
+                return step(px[0], state, px[1], g, view)
+
+            state, z = jax.lax.scan(body, state,
+                                    (_cut(params_l, start, end), _cut(xs_l, start, end)),
+                                    unroll=unroll)
             zs.append(z)
         return state, _join(zs)
 
     def fwd(params_l, state0, xs_l, g):
-        def body(state, px):
+        def body(state, px, view):
             p, x = px
             slots = bank_slots(state, x["pos"])
             undo = {k: None if fresh else _take(state[k], ax, idx)
                     for k, (ax, idx, fresh) in map(_entry, slots.items())}
             small = {k: v for k, v in state.items() if k not in bank_keys}
-            new, z = step(p, state, x, g)
+            new, z = step(p, state, x, g, view)
             return new, (z, undo, small)
 
         state, zs, saved = state0, [], []
-        for (start, end), size in zip(spans, sizes, strict=True):
-            view, (z, undo_l, small_l) = jax.lax.scan(
-                body, _view(state, size, axes),
+        for (start, end), view in zip(spans, views, strict=True):
+            state, (z, undo_l, small_l) = jax.lax.scan(
+                functools.partial(body, view=view), state,
                 (_cut(params_l, start, end), _cut(xs_l, start, end)), unroll=unroll)
-            state = _merge(state, view, axes)
             zs.append(z)
             saved.append((undo_l, small_l))
         final = state
@@ -183,7 +171,7 @@ def layer_stack(
         small0 = saved[0][1]
         float_keys = tuple(k for k in ct_final if _is_float(banks_final.get(k, small0.get(k))))
 
-        def body(carry, inp):
+        def body(carry, inp, view):
             banks_next, ct_state, ct_g = carry
             p, x, undo, small, ct_z = inp
             slots = bank_slots({**small, **banks_next}, x["pos"])
@@ -193,7 +181,7 @@ def layer_stack(
             fixed = {k: v for k, v in state.items() if k not in float_keys}
 
             def block(p, diff, g):
-                new, z = step(p, {**fixed, **diff}, x, g)
+                new, z = step(p, {**fixed, **diff}, x, g, view)
                 return {k: new[k] for k in float_keys}, z
 
             _, pull = jax.vjp(block, p, {k: state[k] for k in float_keys}, g)
@@ -205,15 +193,13 @@ def layer_stack(
         ct_state = {k: ct_final[k] for k in float_keys}
         ct_g = jax.tree.map(jnp.zeros_like, g)
         ct_params = []
-        for (start, end), size, (undo_l, small_l) in reversed(
-                list(zip(spans, sizes, saved, strict=True))):
-            carry = (_view(banks, size, axes), _view(ct_state, size, axes), ct_g)
+        for (start, end), view, (undo_l, small_l) in reversed(
+                list(zip(spans, views, saved, strict=True))):
             inputs = (_cut(params_l, start, end), _cut(xs_l, start, end), undo_l, small_l,
                       _cut(ct_zs, start, end))
-            (view_banks, view_ct, ct_g), ct_p = jax.lax.scan(
-                body, carry, inputs, reverse=True, unroll=unroll)
-            banks = _merge(banks, view_banks, axes)
-            ct_state = _merge(ct_state, view_ct, axes)
+            (banks, ct_state, ct_g), ct_p = jax.lax.scan(
+                functools.partial(body, view=view), (banks, ct_state, ct_g), inputs,
+                reverse=True, unroll=unroll)
             ct_params.insert(0, ct_p)
         ct_state0 = {k: ct_state.get(k) for k in ct_final}
         return _join(ct_params), ct_state0, None, ct_g

@@ -232,7 +232,8 @@ class AttnResFull(ResidualFamily):
 
     def _mix(self, state, query, key_norm):
         mix = fused.depth_mix if fused.use_pallas(self.spec) else depth_mix
-        return mix(state["bank"], self._valid(state["count"], state["bank"]), query, key_norm, self.spec.norm_eps)
+        bank = state["bank"]
+        return mix(bank, self._valid(state["count"], bank), query, key_norm, self.spec.norm_eps)
 
     def _newest(self, count) -> jax.Array:
         """The newest valid slot after ``count`` executed sublayers (0: ``x0``)."""

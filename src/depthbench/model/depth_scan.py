@@ -73,7 +73,17 @@ def _put(bank, axis: int, slots, values):
     return jnp.moveaxis(restored, 0, axis)
 
 
-GROUPS = 4  # position groups of a banked stack (see ``position_groups``)
+# Position groups of a banked stack (``position_groups``).  More groups mix
+# fewer invalid slots ((G + 1) / 2G of the whole banks' visits) but compile
+# one scan each and hold more cut copies; measured at d 64, L 32 on CPU
+# (bench/depth_memory.py): G 4 is about G 8's time at less memory.
+GROUPS = 4
+
+
+def read_extents(depth: int, extent: Extent) -> list[dict[str, int]]:
+    """For each execution position, the banks' slots its reads see under
+    :func:`layer_stack` with ``extent``: the extent at its group's end."""
+    return [extent(end) for start, end in position_groups(depth) for _ in range(start, end)]
 
 
 def position_groups(depth: int, groups: int | None = None) -> tuple[tuple[int, int], ...]:
@@ -117,8 +127,10 @@ def layer_stack(
     slots.  With it the positions run in :func:`position_groups`, one scan
     per group, and each block of a group gets the view ``(leaf, axis, n)``
     of the extent at the group's end: its reads see the banks cut to that
-    (a static slice XLA fuses into the readers, so no copy), its writes the
-    whole banks, and the scans carry the whole banks.  A mix or a depth
+    (a static slice: a transient copy at most, where a dot reads it), its
+    writes the whole banks, and the scans carry the whole banks (cutting
+    the carries instead costs a copy of each cut bank and its cotangent per
+    group).  A mix or a depth
     attention then never visits a slot that cannot be valid yet by the end
     of its group: about ``(G + 1) / 2G`` of the slot visits of whole banks."""
     depth = int(xs_l["pos"].shape[0])

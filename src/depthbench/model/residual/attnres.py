@@ -70,6 +70,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from depthbench.model.depth_scan import read_extents
 from depthbench.model.residual import fused
 from depthbench.model.residual.base import BTD, ResidualFamily, family_param, norm_param, with_axes
 from depthbench.model.residual.fields import check_number
@@ -365,11 +366,20 @@ class AttnResFull(ResidualFamily):
         return float(6 * self.spec.d_model * self.sources_per_token())
 
     def masked_flops_per_token(self, seq_len: int) -> float:
-        """The XLA path mixes over all ``M`` slots at each of the ``2L`` sublayers
-        (the first one too) and masks the slots not yet valid: ``6 d`` for each
-        of those ``2L M - (sources - M)`` slot visits.  Not model FLOPs."""
-        visits = 2 * self.spec.depth * self.n_slots
-        return float(6 * self.spec.d_model * (visits - (self.sources_per_token() - self.n_slots)))
+        """The XLA path mixes over the bank's slots at each of the ``2L`` sublayers
+        (the first one too; all ``M`` or the group's extent, ``_mix_visits``) and
+        masks the slots not yet valid: ``6 d`` for each of those ``visits + M -
+        sources`` slot visits (the readout visits all ``M``).  Not model FLOPs."""
+        return float(6 * self.spec.d_model * (self._mix_visits() + self.n_slots
+                                               - self.sources_per_token()))
+
+    def _mix_visits(self) -> int:
+        """Slots the ``2L`` sublayer mixes visit on the XLA path: all ``M`` each
+        under ``layer_scan = "carries"``; the depth-linear stack's reads see the
+        bank cut to their position group's extent (``bank_extent``)."""
+        if self.spec.layer_scan != "depth_linear":
+            return 2 * self.spec.depth * self.n_slots
+        return sum(2 * e["bank"] for e in read_extents(self.spec.depth, self.bank_extent))
 
     def state_floats_per_token(self) -> int:
         """The bank: ``M * d`` (full: ``(2L + 1) d``; block: ``(1 + ceil(2L/S)) d``)."""

@@ -61,6 +61,10 @@ def test_report_section_lists_analysed_runs(analysed):
     assert cells[1] == "3" and cells[5] == f"{r['effective_depth']['value']} / 3"
     assert cells[8] == str(r["depth_weights"]["dead_segment"])
     assert report_section.markdown_lines(run_dir.parent, rows[1:], _md_table) == []
+    # A sweep's variant row keeps its label (the analysis records the plain family).
+    labelled = [{**rows[0], "family": "attnres_block+variant"}]
+    shown = "\n".join(report_section.markdown_lines(run_dir.parent, labelled, _md_table))
+    assert "| attnres_block+variant |" in shown
 
 
 @pytest.mark.slow

@@ -42,7 +42,8 @@ def analysed_rows(workdir, rows: Sequence[dict]) -> list[list[str]]:
         dw = result.get("depth_weights", {})
         sd = result.get("stream_diversity", {})
         rank = sd.get("composed_effective_rank_final")
-        out.append([str(meta.get("family", row.get("family"))), str(L),
+        # The sweep's label (``hc+sum_then_norm``), not the trained family's plain name.
+        out.append([str(row.get("family") or meta.get("family")), str(L),
                     f"{float(row['aspect_ratio']):.1f}" if row.get("aspect_ratio") else "",
                     _pct(lli.get("skip_fraction")), _pct(lli.get("swap_fraction")),
                     f"{ed['value']} / {L}" if ed else "",

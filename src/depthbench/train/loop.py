@@ -160,60 +160,101 @@ class _Session:
             return None
         return costs.mfu(rate * self.flops_per_token, self.device_kind, self.mesh.size)
 
-    def due(self, every: int) -> bool:
+    def due(self, every: int, step: int | None = None) -> bool:
         """At every ``every`` steps and at the last step (``every`` <= 0: never)."""
-        return every > 0 and (self.step % every == 0 or self.step == self.steps)
+        step = self.step if step is None else step
+        return every > 0 and (step % every == 0 or step == self.steps)
 
     # ------------------------------------------------------------ the loop
     def train(self, preempt: Preemption) -> None:
-        t = self.config.train
-        first = True
+        """The step loop.  Step n + 1 is dispatched before step n's metrics are
+        read (nanodo's habit): the host fetches and places the next batch while
+        the device computes, and waits only for metrics that are already due.
+        A step that must see its own state (evaluation, layer statistics, a
+        checkpoint, the last step) is read at once.  Divergence still ends the
+        run at the step where it happened: the one step dispatched after it is
+        dropped with the state (a diverged run saves nothing)."""
+        pending = None  # (step, metrics) dispatched, not yet read
+        self.t_read = None  # when the last step's metrics were read
         while self.step < self.steps:
             if parallel.sync_flag(preempt.received is not None):
+                if pending is not None and not self._read(*pending):
+                    return
                 if self.step > 0:
                     self.save()  # a no-op if this step is already checkpointed
                 self.status = "preempted"
                 return
-            t0 = time.perf_counter()
-            batch = parallel.host_batch_to_global(next(self.it), self.mesh)
-            self.state, m = self.train_fn(self.state, batch)
-            # Reading the loss every step syncs host and device; it is what
-            # lets a divergence stop the run at the step where it happened.
-            loss, grad_norm, lr = (float(x) for x in jax.device_get(
-                (m["loss"], m["grad_norm"], m["lr"])))
-            if not first:
-                self.clock.add(time.perf_counter() - t0, self.tokens_per_step)
-            first = False
+            try:
+                batch = parallel.host_batch_to_global(next(self.it), self.mesh)
+            except BaseException:
+                if pending is not None:  # the data failed: still log the step trained
+                    self._read(*pending)
+                raise
+            self.state, metrics = self.train_fn(self.state, batch)
             self.step += 1
-            self.last_loss = loss
-            self.bar.update(1)
-            bad = not (runlib.finite(loss) and runlib.finite(grad_norm)) or loss > float(t.max_loss)
-            eval_now = self.due(int(t.eval_every)) and not bad
-            if bad or eval_now or self.step % int(t.log_every) == 0:
-                rate = self.clock.interval_rate()
-                row = {"loss": loss, "lr": lr, "grad_norm": grad_norm,
-                       "tokens": self.step * self.tokens_per_step, "tokens_per_sec": rate,
-                       "mfu": self.mfu(rate)}
-                if eval_now:
-                    self.val_loss = row["val_loss"] = self.evaluate()
-                self.writer.log(self.step, row)
-                self.bar.set_postfix_str(summary_lib.postfix(loss, self.val_loss,
-                                                             self.clock.rate()), refresh=False)
-            if bad:
-                self.status, self.diverged_at = "diverged", self.step
-                self.bar.write(f"diverged at step {self.step}: loss {loss:.4g}, grad norm "
-                               f"{grad_norm:.4g} (train.max_loss {float(t.max_loss):g})",
-                               file=sys.stderr)
+            if pending is not None and not self._read(*pending):
                 return
-            if self.due(int(t.layer_stats_every)):
-                stats = self.stats_fn(self.state.params, self.val[0]["inputs"])
-                self.writer.layer_stats(self.step, jax.device_get(stats))
-            if self.due(int(t.checkpoint_every)):
-                self.save()
+            pending = (self.step, metrics)
+            if self._needs_state(self.step):
+                pending = None
+                if not self._read(self.step, metrics):
+                    return
+                self._with_state()
         if self.val_loss is None:
             # The last step was trained by an earlier session (killed between
             # its final checkpoint and result.json): evaluate the restored state.
             self.val_loss = self.evaluate()
+
+    def _needs_state(self, step: int) -> bool:
+        t = self.config.train
+        return step == self.steps or any(
+            self.due(int(every), step)
+            for every in (t.eval_every, t.layer_stats_every, t.checkpoint_every))
+
+    def _read(self, step: int, metrics: dict) -> bool:
+        """Read one step's metrics: progress, clock, log row, divergence.
+        False when the run diverged at ``step`` (status and step say so)."""
+        t = self.config.train
+        # Reading the loss syncs host and device; it is what lets a divergence
+        # stop the run at the step where it happened.
+        loss, grad_norm, lr = (float(x) for x in jax.device_get(
+            (metrics["loss"], metrics["grad_norm"], metrics["lr"])))
+        now = time.perf_counter()
+        if self.t_read is not None:  # the session's first step includes compilation
+            self.clock.add(now - self.t_read, self.tokens_per_step)
+        self.t_read = now
+        self.last_loss = loss
+        self.bar.update(1)
+        bad = not (runlib.finite(loss) and runlib.finite(grad_norm)) or loss > float(t.max_loss)
+        eval_now = self.due(int(t.eval_every), step) and not bad
+        if bad or eval_now or step % int(t.log_every) == 0:
+            rate = self.clock.interval_rate()
+            row = {"loss": loss, "lr": lr, "grad_norm": grad_norm,
+                   "tokens": step * self.tokens_per_step, "tokens_per_sec": rate,
+                   "mfu": self.mfu(rate)}
+            if eval_now:
+                self.val_loss = row["val_loss"] = self.evaluate()
+            self.writer.log(step, row)
+            self.bar.set_postfix_str(summary_lib.postfix(loss, self.val_loss,
+                                                         self.clock.rate()), refresh=False)
+        if bad:
+            self.step = step
+            self.status, self.diverged_at = "diverged", step
+            self.bar.write(f"diverged at step {step}: loss {loss:.4g}, grad norm "
+                           f"{grad_norm:.4g} (train.max_loss {float(t.max_loss):g})",
+                           file=sys.stderr)
+            return False
+        return True
+
+    def _with_state(self) -> None:
+        """The work that needs the state of the step just read (``self.step``)."""
+        t = self.config.train
+        if self.due(int(t.layer_stats_every)):
+            stats = self.stats_fn(self.state.params, self.val[0]["inputs"])
+            self.writer.layer_stats(self.step, jax.device_get(stats))
+        if self.due(int(t.checkpoint_every)):
+            self.save()
+        self.t_read = time.perf_counter()  # evaluation and saving are not step time
 
     def close(self) -> None:
         self.bar.close()

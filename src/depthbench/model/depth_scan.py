@@ -75,8 +75,9 @@ def _put(bank, axis: int, slots, values):
 
 # Position groups of a banked stack (``position_groups``).  More groups mix
 # fewer invalid slots ((G + 1) / 2G of the whole banks' visits) but compile
-# one scan each and hold more cut copies; measured at d 64, L 32 on CPU
-# (bench/depth_memory.py): G 4 is about G 8's time at less memory.
+# one scan each and hold more cut copies; at d 64, L 32 on CPU (train step,
+# 2026-11-30, loaded machine) G 8 was within timing noise of G 4 (a few %
+# faster) at 3.07x pre_ln's temp memory against 2.87x.
 GROUPS = 4
 
 

@@ -3,7 +3,9 @@
 attnres_full, attnres_block and moda keep a depth bank (a slot per source) in
 their residual state.  Under ``model.layer_scan = "carries"`` (``nn.scan``
 saving every block's carry) the backward pass holds ``L`` banks: memory
-quadratic in depth.  ``"depth_linear"`` (model/depth_scan.py) keeps one.
+quadratic in depth.  ``"depth_linear"`` (model/depth_scan.py) keeps one,
+and runs the blocks in position groups whose reads see the banks cut to
+the slots that can be valid by the group's end.
 
 Prints, in one run, side by side:
 
@@ -16,9 +18,11 @@ Prints, in one run, side by side:
    pre_ln.
 
 Memory numbers do not depend on machine load; step times do (the run prints
-``os.getloadavg()``).  Goals at L32 vs pre_ln: attnres_full <= 2x time and
-<= 3x memory, attnres_block <= 1.5x / 2x, moda <= 2x / 3x; at 400M L70
-attnres_full and moda <= 3x pre_ln's temp memory.
+``os.getloadavg()`` at its start and end): each family's steps alternate with
+pre_ln's and its ratio is the median of the per-pair ratios.  Goals at L32
+vs pre_ln: attnres_full <= 2x time and <= 3x memory, attnres_block <= 1.5x /
+2x, moda <= 2x / 3x; at 400M L70 attnres_full and moda <= 3x pre_ln's temp
+memory.
 
     python bench/depth_memory.py                       # both tables
     python bench/depth_memory.py --depths 8 16 --paper-depths 16 70 --steps 3
@@ -65,18 +69,41 @@ def temp_bytes(compiled) -> int:
     return int(compiled.memory_analysis().temp_size_in_bytes)
 
 
+def _runner(compiled, params_shape, tokens):
+    """A function running one step of ``compiled`` (after a warm-up step)."""
+    state = {"params": jax.tree.map(lambda s: jnp.full(s.shape, 0.01, s.dtype), params_shape)}
+
+    def run():
+        state["params"], loss = compiled(state["params"], tokens)
+        jax.block_until_ready(loss)
+
+    run()
+    return run
+
+
+def _timed(run) -> float:
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
+
+
 def time_step(compiled, params_shape, tokens, steps: int) -> float:
     """Median seconds per step over ``steps`` runs after one warm-up."""
-    params = jax.tree.map(lambda s: jnp.full(s.shape, 0.01, s.dtype), params_shape)
-    params, loss = compiled(params, tokens)
-    jax.block_until_ready(loss)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        params, loss = compiled(params, tokens)
-        jax.block_until_ready(loss)
-        times.append(time.perf_counter() - t0)
+    run = _runner(compiled, params_shape, tokens)
+    times = [_timed(run) for _ in range(steps)]
     return sorted(times)[len(times) // 2]
+
+
+def time_ratio(base_run, compiled, params_shape, tokens, steps: int) -> float:
+    """Step time relative to ``base_run``'s, the two interleaved (base, family,
+    base, ...) so a load change on a shared machine hits both: the median of
+    the ``steps`` per-pair ratios."""
+    run = _runner(compiled, params_shape, tokens)
+    ratios = []
+    for _ in range(steps):
+        base = _timed(base_run)
+        ratios.append(_timed(run) / base)
+    return sorted(ratios)[len(ratios) // 2]
 
 
 def cpu_curve(depths, steps: int, old: bool) -> None:
@@ -92,6 +119,7 @@ def cpu_curve(depths, steps: int, old: bool) -> None:
         base, p, t = compiled_step(ModelSpec.from_shape(shape), 2, 256)
         base_mem = temp_bytes(base)
         base_time = time_step(base, p, t, steps) if steps else float("nan")
+        base_run = _runner(base, p, t) if steps else None
         print(f"| {depth} | pre_ln | " + " | ".join(
             f"{base_time * 1e3:.0f} ms | {base_mem / 2**20:.1f} MiB".replace("nan", "-")
             for _ in scans) + " |")
@@ -100,7 +128,7 @@ def cpu_curve(depths, steps: int, old: bool) -> None:
             for scan in scans:
                 spec = ModelSpec.from_shape(shape, family=fam, layer_scan=scan)
                 c, p, t = compiled_step(spec, 2, 256)
-                rel = time_step(c, p, t, steps) / base_time if steps else float("nan")
+                rel = time_ratio(base_run, c, p, t, steps) if steps else float("nan")
                 cells.append(f"{rel:.2f}x | ".replace("nanx", "-")
                              + f"{temp_bytes(c) / base_mem:.2f}x")
             print(f"| {depth} | {fam} | " + " | ".join(cells) + " |", flush=True)
@@ -141,6 +169,7 @@ def main() -> None:
         cpu_curve(a.depths, a.steps, not a.no_old)
     if not a.no_paper:
         paper_table(a.paper_depths, not a.no_old)
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -97,32 +97,46 @@ def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
     of ``(k_btmgh, v_btmgh, valid_m)``, each with its own number of key heads
     ``g`` dividing ``n`` (query head ``i`` uses key head ``i // (n / g)``, as
     in GQA); invalid slots are masked.  One softmax over all of it, in fp32,
-    scale ``1/sqrt(d_h)``.
+    scale ``1/sqrt(d_h)``::
+
+        mu  = max(seq logits, depth logits)              (per token and head)
+        out = (sum_s e^(l_s - mu) v_s + sum_m e^(l_m - mu) v_m) / (sum of the e^)
+
+    Query heads are grouped per key head (as :func:`causal_attention`), never
+    repeated, and the parts are not concatenated: no key or logit tensor is
+    copied per query head (about 0.6x the temp memory of the repeated form).
     """
     b, t, n, h = q_btnh.shape
+    kv = k_btkh.shape[2]
     scale = 1.0 / jnp.sqrt(jnp.float32(h))
-
-    def per_head(x_btgh):  # [B, S, g, h] -> [B, S, n, h]: the key head of each query head
-        return jnp.repeat(x_btgh.astype(jnp.float32), n // x_btgh.shape[2], axis=2)
-
-    q = q_btnh.astype(jnp.float32)
-    qd = q_depth_btnh.astype(jnp.float32)
-    seq_logits = jnp.einsum("btnh,bsnh->bnts", q, per_head(k_btkh)) * scale
+    q_btkgh = (q_btnh.astype(jnp.float32) * scale).reshape(b, t, kv, n // kv, h)
+    seq_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_btkh.astype(jnp.float32))
     causal_ts = jnp.tril(jnp.ones((t, t), dtype=bool))
-    parts = [jnp.where(causal_ts, seq_logits, -jnp.inf)]
-    for k_btmgh, _, valid_m in groups:
-        k_btmnh = jnp.repeat(k_btmgh.astype(jnp.float32), n // k_btmgh.shape[3], axis=3)
-        logits = jnp.einsum("btnh,btmnh->bntm", qd, k_btmnh) * scale
-        parts.append(jnp.where(valid_m, logits, -jnp.inf))
-    probs = jax.nn.softmax(jnp.concatenate(parts, axis=-1), axis=-1)
-    out = jnp.einsum("bnts,bsnh->btnh", probs[..., :t], per_head(v_btkh))
-    start = t
-    for k_btmgh, v_btmgh, _ in groups:
-        m = k_btmgh.shape[2]
-        v_btmnh = jnp.repeat(v_btmgh.astype(jnp.float32), n // v_btmgh.shape[3], axis=3)
-        out = out + jnp.einsum("bntm,btmnh->btnh", probs[..., start : start + m], v_btmnh)
-        start += m
-    return out.astype(q_btnh.dtype)
+    seq_bkgts = jnp.where(causal_ts, seq_bkgts, -jnp.inf)
+    qd_btnh = q_depth_btnh.astype(jnp.float32) * scale
+    depth = []  # per group: logits [B, T, m, g, n/g] (masked), values [B, T, m, g, h]
+    for k_btmgh, v_btmgh, valid_m in groups:
+        g = k_btmgh.shape[3]
+        logits = jnp.einsum("btgrh,btmgh->btmgr", qd_btnh.reshape(b, t, g, n // g, h),
+                            k_btmgh.astype(jnp.float32))
+        depth.append((jnp.where(valid_m[:, None, None], logits, -jnp.inf), v_btmgh))
+    # The joint maximum (the diagonal sequence key is always there: finite).
+    mu_btn = jnp.max(seq_bkgts, axis=-1).transpose(0, 3, 1, 2).reshape(b, t, n)
+    for logits, _ in depth:
+        mu_btn = jnp.maximum(mu_btn, jnp.max(logits, axis=2).reshape(b, t, n))
+    mu_btn = jax.lax.stop_gradient(mu_btn)
+    mu_bkgt = mu_btn.reshape(b, t, kv, n // kv).transpose(0, 2, 3, 1)
+    e_bkgts = jnp.exp(seq_bkgts - mu_bkgt[..., None])
+    den_btn = jnp.sum(e_bkgts, axis=-1).transpose(0, 3, 1, 2).reshape(b, t, n)
+    out_btnh = jnp.einsum("bkgts,bskh->btkgh", e_bkgts, v_btkh.astype(jnp.float32)).reshape(
+        b, t, n, h)
+    for logits, v_btmgh in depth:
+        g = v_btmgh.shape[3]
+        e_btmgr = jnp.exp(logits - mu_btn.reshape(b, t, 1, g, n // g))
+        den_btn = den_btn + jnp.sum(e_btmgr, axis=2).reshape(b, t, n)
+        out_btgrh = jnp.einsum("btmgr,btmgh->btgrh", e_btmgr, v_btmgh.astype(jnp.float32))
+        out_btnh = out_btnh + out_btgrh.reshape(b, t, n, h)
+    return (out_btnh / den_btn[..., None]).astype(q_btnh.dtype)
 
 
 class Attention(nn.Module):

@@ -64,11 +64,13 @@ kernel in ``pallas_kernels`` replaces it one for one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from depthbench.model.depth_scan import read_extents
 from depthbench.model.residual import fused
 from depthbench.model.residual.base import BTD, ResidualFamily, family_param, norm_param, with_axes
 from depthbench.model.residual.fields import check_number
@@ -88,14 +90,57 @@ def depth_weights(
     return jax.nn.softmax(logits_mbt, axis=0)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def depth_mix(
     bank_mbtd: jax.Array, valid_m: jax.Array, query_d: jax.Array, key_norm_d: jax.Array, eps: float
 ) -> jax.Array:
     """Softmax-over-depth mix of the valid sources, in fp32; ``[B, T, d]`` in the
-    bank's dtype.  Invalid slots get zero weight; slot 0 must be valid."""
-    p_mbt = depth_weights(bank_mbtd, valid_m, query_d, key_norm_d, eps)
-    h_btd = jnp.einsum("mbt,mbtd->btd", p_mbt, bank_mbtd.astype(jnp.float32))
-    return h_btd.astype(bank_mbtd.dtype)
+    bank's dtype.  Invalid slots get zero weight; slot 0 must be valid.
+
+    Differentiated by hand (:func:`_depth_mix_bwd`): autodiff's backward of
+    the expression above makes several bank-sized temporaries and passes;
+    this one reads the bank three times and writes one bank-sized cotangent."""
+    return _depth_mix_fwd(bank_mbtd, valid_m, query_d, key_norm_d, eps)[0]
+
+
+def _depth_mix_fwd(bank_mbtd, valid_m, query_d, key_norm_d, eps):
+    v32 = bank_mbtd.astype(jnp.float32)
+    qw_d = query_d.astype(jnp.float32) * key_norm_d.astype(jnp.float32)
+    # No dot batched over (b, t) (``einsum("mbt,mbtd->btd")``): XLA:CPU lowers
+    # it with a transposed copy of the bank.  A sum over the slot axis instead.
+    inv_rms_mbt = jax.lax.rsqrt(jnp.mean(jnp.square(v32), axis=-1) + eps)
+    dot_mbt = jnp.sum(v32 * qw_d, axis=-1)
+    logits_mbt = jnp.where(valid_m[:, None, None], dot_mbt * inv_rms_mbt, -jnp.inf)
+    # The barrier keeps XLA from fusing the softmax into the sum over slots
+    # (recomputing it for each of the d features).
+    p_mbt = jax.lax.optimization_barrier(jax.nn.softmax(logits_mbt, axis=0))
+    h_btd = jnp.sum(p_mbt[..., None] * v32, axis=0).astype(bank_mbtd.dtype)
+    return h_btd, (bank_mbtd, query_d, key_norm_d, inv_rms_mbt, dot_mbt, p_mbt)
+
+
+def _depth_mix_bwd(eps, res, dh_btd):
+    """With ``s = v . (q w)``, ``r = rsqrt(mean(v^2) + eps)``, logit ``l = s r``:
+    ``dp_m = dh . v_m``, ``dl = p (dp - sum_m p dp)`` (softmax; 0 on invalid
+    slots since ``p`` is), ``dv_m = p_m dh + dl_m r_m (q w) - dl_m s_m r_m^3 v_m / d``
+    and ``d(q w) = sum dl r v``."""
+    bank_mbtd, query_d, key_norm_d, inv_rms_mbt, dot_mbt, p_mbt = res
+    v32 = bank_mbtd.astype(jnp.float32)
+    qw_d = query_d.astype(jnp.float32) * key_norm_d.astype(jnp.float32)
+    dh = dh_btd.astype(jnp.float32)
+    m, b, t, d = v32.shape
+    dp_mbt = jnp.sum((v32.reshape(m, -1) * dh.reshape(1, -1)).reshape(m, b, t, d), axis=-1)
+    dl_mbt = p_mbt * (dp_mbt - jnp.sum(p_mbt * dp_mbt, axis=0))
+    a_mbt = dl_mbt * inv_rms_mbt
+    c_mbt = a_mbt * dot_mbt * jnp.square(inv_rms_mbt) / d
+    p_mbt, a_mbt, c_mbt = jax.lax.optimization_barrier((p_mbt, a_mbt, c_mbt))  # as in forward
+    dv = p_mbt[..., None] * dh + a_mbt[..., None] * qw_d - c_mbt[..., None] * v32
+    dqw_d = jnp.sum(a_mbt[..., None] * v32, axis=(0, 1, 2))
+    return (dv.astype(bank_mbtd.dtype), None,
+            (dqw_d * key_norm_d.astype(jnp.float32)).astype(query_d.dtype),
+            (dqw_d * query_d.astype(jnp.float32)).astype(key_norm_d.dtype))
+
+
+depth_mix.defvjp(_depth_mix_fwd, _depth_mix_bwd)
 
 
 def block_sizes(depth: int, blocks: int, block_size: int = 0) -> tuple[int, ...]:
@@ -156,10 +201,11 @@ class AttnResFull(ResidualFamily):
         """``started[c]``, ``c = 0 .. 2L``: blocks holding one of sublayers ``0 .. c-1``."""
         return (0, *(b + 1 for b in self.block_of))
 
-    def _valid(self, count) -> jax.Array:
-        """Slots a mix sees after ``count`` executed sublayers: ``0 .. started[count]``."""
+    def _valid(self, count, bank) -> jax.Array:
+        """Slots a mix sees after ``count`` executed sublayers: ``0 .. started[count]``
+        (over the slots ``bank`` has: the layer stack may cut it, ``bank_extent``)."""
         started = jnp.asarray(self.started, jnp.int32)
-        return jnp.arange(self.n_slots) <= started[count]
+        return jnp.arange(bank.shape[0]) <= started[count]
 
     # ------------------------------------------------------------ parameters
     def create_block_params(self, mod, ident):
@@ -187,7 +233,8 @@ class AttnResFull(ResidualFamily):
 
     def _mix(self, state, query, key_norm):
         mix = fused.depth_mix if fused.use_pallas(self.spec) else depth_mix
-        return mix(state["bank"], self._valid(state["count"]), query, key_norm, self.spec.norm_eps)
+        bank = state["bank"]
+        return mix(bank, self._valid(state["count"], bank), query, key_norm, self.spec.norm_eps)
 
     def _newest(self, count) -> jax.Array:
         """The newest valid slot after ``count`` executed sublayers (0: ``x0``)."""
@@ -228,6 +275,11 @@ class AttnResFull(ResidualFamily):
         # Blocks of one sublayer (full): both slots are still empty before the block.
         return {"bank": (0, slots, max(self.blocks) == 1)}
 
+    def bank_extent(self, positions: int) -> dict[str, int]:
+        """Blocks ``[0, p)`` run sublayers ``c < 2p``: they mix slots up to
+        ``started[c]`` and add into ``1 + block_of[c] <= started[2p]``."""
+        return {"bank": 1 + self.started[min(2 * int(positions), len(self.started) - 1)]}
+
     def readout(self, g, state, final_norm):
         return final_norm(self._consumer_mix(state, g["query"], g["key_norm"]))
 
@@ -263,9 +315,10 @@ class AttnResFull(ResidualFamily):
     def probe(self, p, state, site):
         """``depth_weights`` ``[M]``: the token-averaged softmax weight sublayer
         ``site`` puts on each bank slot (0: the embedding; unfilled slots 0)."""
-        w = depth_weights(state["bank"], self._valid(state["count"]), p["query"][site.sub],
-                          p["key_norm"][site.sub], self.spec.norm_eps)
-        return {"depth_weights": jnp.mean(w, axis=(1, 2))}
+        w = depth_weights(state["bank"], self._valid(state["count"], state["bank"]),
+                          p["query"][site.sub], p["key_norm"][site.sub], self.spec.norm_eps)
+        w_m = jnp.mean(w, axis=(1, 2))  # a cut bank (``bank_extent``): the rest are unfilled
+        return {"depth_weights": jnp.pad(w_m, (0, self.n_slots - w_m.shape[0]))}
 
     def permute_params(self, params, order):
         """Each block takes along the mix that produces its *right* boundary
@@ -313,11 +366,20 @@ class AttnResFull(ResidualFamily):
         return float(6 * self.spec.d_model * self.sources_per_token())
 
     def masked_flops_per_token(self, seq_len: int) -> float:
-        """The XLA path mixes over all ``M`` slots at each of the ``2L`` sublayers
-        (the first one too) and masks the slots not yet valid: ``6 d`` for each
-        of those ``2L M - (sources - M)`` slot visits.  Not model FLOPs."""
-        visits = 2 * self.spec.depth * self.n_slots
-        return float(6 * self.spec.d_model * (visits - (self.sources_per_token() - self.n_slots)))
+        """The XLA path mixes over the bank's slots at each of the ``2L`` sublayers
+        (the first one too; all ``M`` or the group's extent, ``_mix_visits``) and
+        masks the slots not yet valid: ``6 d`` for each of those ``visits + M -
+        sources`` slot visits (the readout visits all ``M``).  Not model FLOPs."""
+        return float(6 * self.spec.d_model * (self._mix_visits() + self.n_slots
+                                               - self.sources_per_token()))
+
+    def _mix_visits(self) -> int:
+        """Slots the ``2L`` sublayer mixes visit on the XLA path: all ``M`` each
+        under ``layer_scan = "carries"``; the depth-linear stack's reads see the
+        bank cut to their position group's extent (``bank_extent``)."""
+        if self.spec.layer_scan != "depth_linear":
+            return 2 * self.spec.depth * self.n_slots
+        return sum(2 * e["bank"] for e in read_extents(self.spec.depth, self.bank_extent))
 
     def state_floats_per_token(self) -> int:
         """The bank: ``M * d`` (full: ``(2L + 1) d``; block: ``(1 + ceil(2L/S)) d``)."""

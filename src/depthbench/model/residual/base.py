@@ -197,6 +197,16 @@ class ResidualFamily:
         is harmless.  Default ``{}``: no banks (the state is saved per block)."""
         return {}
 
+    def bank_extent(self, positions: int) -> dict[str, int]:
+        """Static bound on the bank slots the blocks at execution positions
+        ``[0, positions)`` read or write: ``{bank leaf: n}``, the first ``n``
+        slots along its slot axis (a leaf left out: all of them).  The depth-
+        linear stack runs groups of positions on banks cut to this extent, so a
+        family that gives one must take every bank's size from the bank itself
+        (masks, clamps), never from its full size.  Skipped or permuted blocks
+        only fill fewer slots, so the bound must hold for all-active blocks."""
+        return {}
+
     def depth_state(self, g: Any, state: State) -> jax.Array:
         """``z``: the state at a block boundary as one vector per token
         (hc/mhc: streams concatenated; attnres: the mix the next sublayer reads)."""

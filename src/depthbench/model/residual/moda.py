@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 
 from depthbench.errors import ConfigError
+from depthbench.model.depth_scan import read_extents
 from depthbench.model.layers import weight
 from depthbench.model.residual.base import (
     BTD,
@@ -156,8 +157,8 @@ class MoDA(ResidualFamily):
 
     def read(self, p, state, site):
         if site.sub == 0 and self.n_slots > 0:
-            groups = ((state["ka"], state["va"], state["valid"]),
-                      (state["kf"], state["vf"], state["valid"]))
+            valid = state["valid"][: state["ka"].shape[2]]  # the caches may be cut (bank_extent)
+            groups = ((state["ka"], state["va"], valid), (state["kf"], state["vf"], valid))
             return state["x"], {"depth_kv": (groups, self.rotated_query)}
         return state["x"], {}
 
@@ -201,6 +202,11 @@ class MoDA(ResidualFamily):
         slots = pos[None]
         return {k: (2, slots, True) for k in ("ka", "va", "kf", "vf")}  # never written before
 
+    def bank_extent(self, positions: int) -> dict[str, int]:
+        """Blocks ``[0, p)`` read slots ``< p - 1`` and write slots ``< p``."""
+        n = min(int(positions), self.n_slots)
+        return {k: n for k in ("ka", "va", "kf", "vf")}
+
     def readout(self, g, state, final_norm):
         return final_norm(state["x"])
 
@@ -240,10 +246,16 @@ class MoDA(ResidualFamily):
         return float(attn + proj)
 
     def masked_flops_per_token(self, seq_len: int) -> float:
-        """Every attention scores all ``2(L-1)`` slots and masks the ``2(L-1-b)``
-        not yet written: ``4 d L (L - 1)`` in all.  Not model FLOPs."""
+        """The attention at position ``b`` scores ``2 n_b`` slots and masks the
+        ``2 (n_b - b)`` not yet written, ``4 d`` FLOPs each: ``n_b = L - 1``
+        under ``layer_scan = "carries"`` (``4 d L (L - 1)`` in all), the depth-
+        linear stack's group extent (``bank_extent``) otherwise.  Not model FLOPs."""
         s = self.spec
-        return float(4 * s.d_model * s.depth * (s.depth - 1))
+        if s.layer_scan != "depth_linear" or self.n_slots == 0:
+            seen = [self.n_slots] * s.depth
+        else:
+            seen = [e["ka"] for e in read_extents(s.depth, self.bank_extent)]
+        return float(4 * s.d_model * sum(2 * (n - b) for b, n in enumerate(seen) if n > b))
 
     def state_floats_per_token(self) -> int:
         """The stream ``d`` plus the depth caches ``2 (L-1) (n_kv + H) d_h``."""

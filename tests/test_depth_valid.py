@@ -1,0 +1,136 @@
+"""Mixing only the slots that can be valid (issue 13): the depth-linear stack's
+position groups, the families' ``bank_extent`` bounds, attnres's hand-written
+``depth_mix`` VJP and moda's grouped-head depth attention, each against a
+plain reference (fp32, tight)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from depthbench.model import depth_scan, layers
+from depthbench.model.residual import attnres
+from depthbench.model.spec import ModelSpec
+from depthbench.model.transformer import Transformer, cross_entropy, permute_blocks
+from depthbench.shapes import Shape
+
+
+@pytest.mark.parametrize("depth,groups", [(1, 4), (4, 4), (5, 2), (7, 3), (32, 4)])
+def test_position_groups_cover_the_stack_in_near_equal_spans(depth, groups):
+    spans = depth_scan.position_groups(depth, groups)
+    assert spans[0][0] == 0 and spans[-1][1] == depth
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    lengths = [e - s for s, e in spans]
+    assert len(spans) == min(groups, depth) and max(lengths) - min(lengths) <= 1
+    assert lengths == sorted(lengths, reverse=True)
+
+
+@pytest.mark.parametrize("groups", [2, 5], ids=["3+2", "1each"])
+@pytest.mark.parametrize("family", ["attnres_full", "attnres_block", "moda"])
+def test_grouped_stack_gives_nn_scans_loss_and_gradients(family, groups, monkeypatch):
+    """5 blocks in uneven groups (3 + 2), or one group each (every block reads
+    the tightest cut, ``bank_extent`` of its own end), with a skipped and a
+    permuted block: the cut reads see every slot they need."""
+    monkeypatch.setattr(depth_scan, "GROUPS", groups)
+    shape = Shape(depth=5, d_model=16, d_ff=32, n_heads=2, n_kv_heads=2, vocab_size=32)
+    tokens = jax.random.randint(jax.random.key(0), (2, 6), 0, 32)
+    order = jnp.array([1, 0, 2, 4, 3])
+    active = jnp.array([True, True, False, True, True])
+
+    def loss_and_grads(layer_scan):
+        spec = ModelSpec.from_shape(shape, family=family, layer_scan=layer_scan)
+        if family == "attnres_block":  # blocks of 3 sublayers straddle transformer blocks
+            spec = spec.replace(residual=(("attnres_block_size", 3),))
+        model = Transformer(spec)
+        params = nn.unbox(model.init(jax.random.key(1), tokens)["params"])
+        leaves, tree = jax.tree.flatten(params)
+        keys = jax.random.split(jax.random.key(2), len(leaves))
+        params = jax.tree.unflatten(tree, [a + 0.3 * jax.random.normal(k, a.shape)
+                                           for a, k in zip(leaves, keys, strict=True)])
+
+        def loss(p):
+            logits = model.apply({"params": permute_blocks(p, order)}, tokens, active=active,
+                                 ident=order)
+            return cross_entropy(logits[:, :-1], tokens[:, 1:])
+
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    loss_old, grads_old = loss_and_grads("carries")
+    loss_new, grads_new = loss_and_grads("depth_linear")
+    np.testing.assert_allclose(float(loss_new), float(loss_old), rtol=1e-6)
+    for g_old, g_new in zip(jax.tree.leaves(grads_old), jax.tree.leaves(grads_new), strict=True):
+        scale = float(jnp.max(jnp.abs(g_old))) + 1e-12
+        np.testing.assert_allclose(np.asarray(g_new) / scale, np.asarray(g_old) / scale,
+                                   atol=2e-5)
+
+
+def _plain_depth_mix(bank, valid, q, w, eps):
+    """The spec's formula, differentiated by autodiff."""
+    v = bank.astype(jnp.float32)
+    logits = jnp.einsum("mbtd,d->mbt", v, q * w) * jax.lax.rsqrt(
+        jnp.mean(v * v, axis=-1) + eps)
+    p = jax.nn.softmax(jnp.where(valid[:, None, None], logits, -jnp.inf), axis=0)
+    return jnp.einsum("mbt,mbtd->btd", p, v).astype(bank.dtype)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 2e-5), (jnp.bfloat16, 2e-2)])
+def test_depth_mix_vjp_equals_autodiff_of_the_formula(dtype, tol):
+    k = jax.random.split(jax.random.key(4), 4)
+    bank = (3 * jax.random.normal(k[0], (6, 2, 5, 16))).astype(dtype)
+    valid = jnp.array([True, True, False, True, False, False])
+    q, w = jax.random.normal(k[1], (16,)), 1 + 0.2 * jax.random.normal(k[2], (16,))
+    ct = jax.random.normal(k[3], (2, 5, 16))
+
+    def grads(mix):
+        def f(b, q, w):
+            return jnp.sum(mix(b, valid, q, w, 1e-6).astype(jnp.float32) * ct)
+        return jax.value_and_grad(f, argnums=(0, 1, 2))(bank, q, w)
+
+    (v_new, g_new), (v_old, g_old) = grads(attnres.depth_mix), grads(_plain_depth_mix)
+    np.testing.assert_allclose(float(v_new), float(v_old), rtol=tol)
+    for a, b in zip(g_new, g_old, strict=True):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        np.testing.assert_allclose(a / np.abs(b).max(), b / np.abs(b).max(), atol=tol)
+    assert not np.any(np.asarray(g_new[0], np.float32)[~np.asarray(valid)])  # masked: no grad
+
+
+def _concat_attention_with_depth(q, k, v, qd, groups):
+    """One softmax over the concatenated sequence and depth logits, every key
+    head repeated to its query heads (the form the grouped one replaced)."""
+    b, t, n, h = q.shape
+    rep = lambda x, axis: jnp.repeat(x, n // x.shape[axis], axis=axis)  # noqa: E731
+    seq = jnp.einsum("btnh,bsnh->bnts", q, rep(k, 2)) / jnp.sqrt(h)
+    parts = [jnp.where(jnp.tril(jnp.ones((t, t), bool)), seq, -jnp.inf)]
+    for kd, _, valid in groups:
+        logits = jnp.einsum("btnh,btmnh->bntm", qd, rep(kd, 3)) / jnp.sqrt(h)
+        parts.append(jnp.where(valid, logits, -jnp.inf))
+    probs = jax.nn.softmax(jnp.concatenate(parts, axis=-1), axis=-1)
+    out, start = jnp.einsum("bnts,bsnh->btnh", probs[..., :t], rep(v, 2)), t
+    for _, vd, _ in groups:
+        m = vd.shape[2]
+        out = out + jnp.einsum("bntm,btmnh->btnh", probs[..., start:start + m], rep(vd, 3))
+        start += m
+    return out
+
+
+def test_grouped_depth_attention_equals_the_concatenated_softmax():
+    k = jax.random.split(jax.random.key(5), 8)
+    b, t, n, h, m = 2, 5, 4, 8, 3
+    q, qd = jax.random.normal(k[0], (b, t, n, h)), jax.random.normal(k[1], (b, t, n, h))
+    seq_k, seq_v = jax.random.normal(k[2], (b, t, 2, h)), jax.random.normal(k[3], (b, t, 2, h))
+    ka, va = jax.random.normal(k[4], (b, t, m, 4, h)), jax.random.normal(k[5], (b, t, m, 4, h))
+    kf, vf = jax.random.normal(k[6], (b, t, m, 1, h)), jax.random.normal(k[7], (b, t, m, 1, h))
+    valid = jnp.array([True, False, True])
+
+    def run(fn):
+        def f(*a):
+            groups = ((a[4], a[5], valid), (a[6], a[7], valid))
+            return jnp.sum(jnp.sin(fn(a[0], a[2], a[3], a[1], groups)))
+        return jax.value_and_grad(f, argnums=tuple(range(8)))(q, qd, seq_k, seq_v, ka, va, kf, vf)
+
+    (v_new, g_new), (v_old, g_old) = run(layers.attention_with_depth), run(
+        _concat_attention_with_depth)
+    np.testing.assert_allclose(float(v_new), float(v_old), rtol=1e-5)
+    for a, b_ in zip(g_new, g_old, strict=True):
+        np.testing.assert_allclose(a, b_, rtol=1e-4, atol=1e-5)

@@ -134,6 +134,7 @@ class _Session:
                             int(meta.get("timed_tokens", 0)))
         self.wall_before = float(meta.get("wall_seconds", 0.0))
         self.status, self.diverged_at, self.val_loss = "finished", None, None
+        self.t_read = None  # when the last step's metrics were read (the clock's tick)
         # A run resumed at its last step (result.json deleted to evaluate again)
         # trains nothing: its final train loss is the checkpoint's.
         self.last_loss = _restored_loss(meta, workdir, self.start)
@@ -175,7 +176,6 @@ class _Session:
         run at the step where it happened: the one step dispatched after it is
         dropped with the state (a diverged run saves nothing)."""
         pending = None  # (step, metrics) dispatched, not yet read
-        self.t_read = None  # when the last step's metrics were read
         while self.step < self.steps:
             if parallel.sync_flag(preempt.received is not None):
                 if pending is not None and not self._read(*pending):

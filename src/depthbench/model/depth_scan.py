@@ -71,24 +71,11 @@ def _take(bank, axis: int, slots):
 
 
 def _put(bank, axis: int, slots, values):
-    """``bank`` with ``bank[..., slots, ...] = values`` along ``axis`` (None: zeros);
-    a slot past the end is restored nowhere.
-
-    One ``dynamic_update_slice`` per slot, in the bank's own axis order: a
-    scatter along a moved axis makes XLA lay the whole bank out slot-major and
-    copy it back and forth around the block (measured: moda at L32 held about
-    9 bank-sized buffers in the backward instead of 4).  A slot past the end is
-    clamped to the last one, which then gets its own value back."""
-    n = bank.shape[axis]
-    for i in range(int(slots.shape[0])):
-        slot = slots[i]
-        at = jnp.minimum(slot, n - 1)
-        old = jax.lax.dynamic_slice_in_dim(bank, at, 1, axis=axis)
-        new = (jnp.zeros_like(old) if values is None
-               else jax.lax.slice_in_dim(values, i, i + 1, axis=axis).astype(bank.dtype))
-        bank = jax.lax.dynamic_update_slice_in_dim(bank, jnp.where(slot < n, new, old), at,
-                                                   axis=axis)
-    return bank
+    """``bank`` with ``bank[..., slots, ...] = values`` along ``axis`` (None: zeros)."""
+    moved = jnp.moveaxis(bank, axis, 0)
+    values = 0 if values is None else jnp.moveaxis(values, axis, 0)
+    restored = moved.at[slots].set(values, mode="drop")  # a slot past the end: none
+    return jnp.moveaxis(restored, 0, axis)
 
 
 # Position groups of a banked stack (``position_groups``).  More groups mix

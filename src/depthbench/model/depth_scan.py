@@ -195,19 +195,21 @@ def layer_stack(
         # weigh 0, and it sets its own slots), so they are no loop carry: no
         # per-block restore, and none of the bank copies XLA makes around an
         # in-place update of a loop carry.
-        fixed_banks = {k: banks_final[k] for k in bank_keys if overwrite[k]}
+        fixed = {k for k in bank_keys if overwrite[k]}
 
-        def body(carry, inp, view):
+        def body(carry, inp, cut):
             banks_next, ct_state, ct_g = carry
             p, x, undo, small, ct_z = inp
+            fixed_banks = {k: jax.lax.slice_in_dim(banks_final[k], 0, cut[k], axis=axes[k])
+                           if k in cut else banks_final[k] for k in fixed}
             slots = bank_slots({**small, **banks_next, **fixed_banks}, x["pos"])
             banks = {k: _put(banks_next[k], ax, idx, undo[k])
                      for k, (ax, idx, _) in map(_entry, slots.items()) if k in banks_next}
             state = {**small, **fixed_banks, **banks}
-            fixed = {k: v for k, v in state.items() if k not in float_keys}
+            consts = {k: v for k, v in state.items() if k not in float_keys}
 
             def block(p, diff, g):
-                new, z = step(p, {**fixed, **diff}, x, g, view)
+                new, z = step(p, {**consts, **diff}, x, g, ())
                 return {k: new[k] for k in float_keys}, z
 
             _, pull = jax.vjp(block, p, {k: state[k] for k in float_keys}, g)
@@ -215,18 +217,33 @@ def layer_stack(
             ct_g = jax.tree.map(jnp.add, ct_g, ct_g_i)
             return (banks, ct_diff, ct_g), ct_p
 
-        banks = {k: v for k, v in banks_final.items() if k not in fixed_banks}
+        # Each group runs on the banks (and their cotangents) cut to its extent:
+        # its blocks neither read nor write the slots past it, whose cotangent
+        # passes through unchanged (kept aside in ``tails``).  The cut read
+        # is then the block's whole bank: no per-block slice of the bank, no
+        # padding of the read's cotangent back to full size.
+        banks = {k: v for k, v in banks_final.items() if k not in fixed}
         ct_state = {k: ct_final[k] for k in float_keys}
+        tails = {k: [] for k in bank_keys}
         ct_g = jax.tree.map(jnp.zeros_like, g)
         ct_params = []
         for (start, end), view, (undo_l, small_l) in reversed(
                 list(zip(spans, views, saved, strict=True))):
+            for k, ax, n in view:
+                if k in ct_state and ct_state[k].shape[ax] > n:
+                    tails[k].insert(0, jax.lax.slice_in_dim(ct_state[k], n, None, axis=ax))
+                    ct_state[k] = jax.lax.slice_in_dim(ct_state[k], 0, n, axis=ax)
+                if k in banks:
+                    banks[k] = jax.lax.slice_in_dim(banks[k], 0, n, axis=ax)
             inputs = (_cut(params_l, start, end), _cut(xs_l, start, end), undo_l, small_l,
                       _cut(ct_zs, start, end))
             (banks, ct_state, ct_g), ct_p = jax.lax.scan(
-                functools.partial(body, view=view), (banks, ct_state, ct_g), inputs,
-                reverse=True, unroll=unroll)
+                functools.partial(body, cut={k: n for k, _, n in view}), (banks, ct_state, ct_g),
+                inputs, reverse=True, unroll=unroll)
             ct_params.insert(0, ct_p)
+        for k, rest in tails.items():
+            if rest and k in ct_state:
+                ct_state[k] = jnp.concatenate([ct_state[k], *rest], axis=axes[k])
         ct_state0 = {k: ct_state.get(k) for k in ct_final}
         return _join(ct_params), ct_state0, None, ct_g
 

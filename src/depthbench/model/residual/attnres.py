@@ -259,9 +259,12 @@ class AttnResFull(ResidualFamily):
     def write(self, p, state, y, site, aux, active):
         bank, count = state["bank"], state["count"]
         slot = 1 + jnp.asarray(self.block_of, jnp.int32)[jnp.minimum(count, len(self.block_of) - 1)]
-        old_btd = jax.lax.dynamic_index_in_dim(bank, slot, axis=0, keepdims=False)
-        new_btd = old_btd + jnp.where(active, y.astype(bank.dtype), jnp.zeros_like(old_btd))
-        bank = jax.lax.dynamic_update_index_in_dim(bank, new_btd, slot, axis=0)
+        # An add into one slot (the slot is in range: ``bank_extent``; clamped as
+        # a dynamic_update_slice would): its cotangent passes the bank's through
+        # unchanged, where read-add-write makes a bank-sized select and add.
+        slot = jnp.minimum(slot, bank.shape[0] - 1)
+        add_btd = jnp.where(active, y.astype(bank.dtype), jnp.zeros(y.shape, bank.dtype))
+        bank = bank.at[slot].add(add_btd, mode="promise_in_bounds")
         skipped = jnp.where(active, 0, 1) if site.sub == 1 else state["skipped"]
         return {"bank": with_axes(bank, MBTD), "count": count + active.astype(jnp.int32),
                 "skipped": skipped}

@@ -12,16 +12,18 @@ before block ``i`` is the carry after it with those slots put back::
 where ``undo_i`` holds the values the slots had before block ``i``
 (attnres_block's running partial for a slot still being summed); a family
 whose block writes only *fresh* slots (still zero: attnres_full, moda) says
-so, and nothing is kept for them.  :func:`layer_stack` is a ``jax.custom_vjp`` over the whole
-stack that
+so, and nothing is kept for them.  A family whose block moreover *sets*
+its slots and masks the slots not yet written (moda: ``overwrite``) needs
+no rebuild at all: the backward runs each block on the final bank.
+:func:`layer_stack` is a ``jax.custom_vjp`` over the whole stack that
 
 * forward: scans the blocks once, keeping per block only ``undo_i`` and the
   state's small leaves (everything that is not a bank: the ``d``-wide
   stream, counters, masks), plus the final state: ``O(L)`` in all;
-* backward: scans the blocks in reverse carrying the banks and one
-  cotangent state, rebuilds each block's input carry from the one after
-  it, and recomputes the block's forward inside ``jax.vjp`` (what
-  ``nn.remat`` does) to pull the cotangent through it.
+* backward: scans the blocks in reverse carrying the banks (those not
+  ``overwrite``) and one cotangent state, rebuilds each block's input carry
+  from the one after it, and recomputes the block's forward inside
+  ``jax.vjp`` (what ``nn.remat`` does) to pull the cotangent through it.
 
 The rebuild is exact (slots are restored, not recomputed), so the
 gradients are those of the plain scan up to the summation order XLA picks

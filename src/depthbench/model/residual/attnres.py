@@ -41,7 +41,7 @@ holding at least one of the sublayers ``0 .. c-1`` (``started[0] = 0``):
 A skipped block (``active`` false) adds nothing to its slot and does not
 advance ``c``: it adds no source, and the following blocks fill the bank in
 *execution* order, exactly as if the block had been removed.  Each write
-touches one slot (``dynamic_update_slice``), never the whole bank.  The
+touches one slot (a scatter-add into it), never the whole bank.  The
 per-sublayer ``q``, ``w`` are block parameters, so they move with a permuted
 block; every block owns both pairs (the block that runs first does not use
 its attention pair: its mix has one source).

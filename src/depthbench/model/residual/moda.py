@@ -36,8 +36,10 @@ last block writes nothing (its MLP does not even compute its extra linear:
 have one shape, and the last block's copy is unused (it is still counted
 in ``extra_block_params``: it exists and is trained by nothing).
 
-State: ``{"x": [B, T, d], "ka", "va": [B, T, L-1, n_kv, d_h], "kf", "vf":
-[B, T, L-1, H, d_h], "valid": [L-1]}``.  Slots follow execution positions;
+State: ``{"x": [B, T, d], "ka", "va": [B, T, n_kv, L-1, d_h], "kf", "vf":
+[B, T, H, L-1, d_h], "valid": [L-1]}``: heads before slots, so the depth
+dots (batched over ``B, T``, heads) and their backward read the caches
+without transposed copies.  Slots follow execution positions;
 a skipped block (``active`` false) leaves ``x`` unchanged and its slots
 invalid: it writes no depth keys.  The caches are in the compute dtype.
 """

@@ -91,46 +91,111 @@ def causal_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array) ->
     """softmax(q k^T / sqrt(d_h) + causal mask) v, GQA by grouping query heads.
 
     Query head ``i`` uses key head ``i // (n / k)`` (as in
-    ``jax.nn.dot_product_attention``).  Layout: the products run as plain
-    batched matmuls over ``[B, K, M, H]``, the ``G = n / k`` query heads of a
-    key head stacked along the rows; queries, keys and values are transposed
-    once into that layout (``O(B T d)`` copies), so no product and none of
-    their gradient products needs a transposed copy of a ``[.., T, T]``
-    operand, which XLA:CPU makes for the 4-D/5-D einsum forms.  Causality:
-    when ``CAUSAL_BLOCK`` divides ``T``, query block ``i`` (rows
-    ``[i b, (i + 1) b)``) is multiplied by keys ``[0, (i + 1) b)`` only, so
-    the blocks above the diagonal are never computed (``(nb + 1) / 2 nb`` of
-    the full products: 62.5% at T 512); each row's softmax still sees every
-    key it may see, so the result is the full form's.  Attention forward +
-    backward on one CPU core: 1.4x faster at T 128, about 2.5x at T 512 than the
-    einsum form (bench/peer.py for the whole step).  Written out rather than
-    calling ``jax.nn.dot_product_attention``, whose XLA path repeats the key
-    heads and costs about 1.4x the einsum form on CPU.  The query is scaled
-    before the product; logits and softmax are fp32.
+    ``jax.nn.dot_product_attention``).  Written out rather than calling
+    ``jax.nn.dot_product_attention``, whose XLA path repeats the key heads;
+    three choices make it fast on CPU (attention forward + backward on one
+    core: 1.4x the einsum form at T 128, about 2.5x at T 512; bench/peer.py
+    for the whole step):
+
+    * **layout**: the products are plain batched matmuls over ``[B, K, M,
+      H]``, the ``G = n / k`` query heads of a key head stacked along the rows;
+      queries, keys and values are transposed once into that layout (``O(B T
+      d)`` copies), where the 4-D/5-D einsum forms make XLA:CPU copy
+      ``[.., T, T]`` operands into transposed layouts in the backward;
+    * **causal blocks**: when ``CAUSAL_BLOCK`` divides ``T``, query block
+      ``i`` is multiplied by keys ``[0, (i + 1) blk)`` only, so the blocks
+      above the diagonal are never computed (``(nb + 1) / 2 nb`` of the full
+      products: 62.5% at T 512); each row's softmax still sees every key it
+      may see;
+    * **backward from statistics** (:func:`_causal_blocks`): only the output
+      and each row's log-sum-exp are kept, the probabilities are recomputed.
+
+    The query is scaled before the product; logits and softmax are fp32.
     """
     b, t, n, h = q_btnh.shape
     kv = k_btkh.shape[2]
     g = n // kv
     blk = CAUSAL_BLOCK if t % CAUSAL_BLOCK == 0 else t
     nb = t // blk
-    q_bkngrh = (q_btnh * jnp.asarray(h ** -0.5, q_btnh.dtype)).reshape(b, nb, blk, kv, g, h)
-    q_bkngrh = q_bkngrh.transpose(0, 3, 1, 4, 2, 5)  # [B, K, nb, G, blk, H]
-    k_bksh = k_btkh.transpose(0, 2, 1, 3)
-    v_bksh = v_btkh.transpose(0, 2, 1, 3)
-    outs = []
+    q_bkqgrh = (q_btnh * jnp.asarray(h ** -0.5, q_btnh.dtype)).reshape(b, nb, blk, kv, g, h)
+    q_bkqmh = q_bkqgrh.transpose(0, 3, 1, 4, 2, 5).reshape(b, kv, nb, g * blk, h)
+    out_bkqmh = _causal_blocks(q_bkqmh, k_btkh.transpose(0, 2, 1, 3), v_btkh.transpose(0, 2, 1, 3))
+    out_bkgtr = out_bkqmh.reshape(b, kv, nb, g, blk, h).transpose(0, 1, 3, 2, 4, 5)
+    return out_bkgtr.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+def _block_logits(q_bkmh, k_bksh, i, blk):
+    """Masked fp32 logits of query block ``i`` (``blk`` tokens) against the
+    keys it may see, ``[0, (i + 1) blk)``.
+
+    Row ``m`` of the block is query token ``i * blk + m % blk`` (the ``G``
+    heads of a key head are stacked along the rows); masked logits are the
+    most negative finite float, so their ``exp`` is exactly 0."""
+    keys = (i + 1) * blk
+    logits_bkms = jnp.einsum("bkmh,bksh->bkms", q_bkmh, k_bksh[:, :, :keys],
+                             preferred_element_type=jnp.float32)
+    rows_m = i * blk + jnp.arange(q_bkmh.shape[2]) % blk
+    causal_ms = jnp.arange(keys)[None, :] <= rows_m[:, None]
+    return jnp.where(causal_ms, logits_bkms, jnp.finfo(jnp.float32).min), keys
+
+
+@jax.custom_vjp
+def _causal_blocks(q_bkqmh, k_bksh, v_bksh):
+    """Causal softmax attention per query block; ``q_bkqmh`` is ``[B, K, nb, M, H]``.
+
+    Forward per block: ``mu = max l``, ``p = e^(l - mu) / sum``, ``o = p v``,
+    and the row statistic ``lse = mu + log sum e^(l - mu)``.  Backward (the
+    flash-attention form) from ``q, k, v, o, lse`` alone::
+
+        p  = e^(l - lse)                 (recomputed; masked entries 0)
+        dv = p^T do      dp = do v^T      D = rowsum(do * o)
+        ds = p (dp - D)  dq = ds k        dk = ds^T q
+
+    so the layer scan stacks no ``[.., T, T]`` tensor for the backward."""
+    return _causal_blocks_fwd(q_bkqmh, k_bksh, v_bksh)[0]
+
+
+def _causal_blocks_fwd(q_bkqmh, k_bksh, v_bksh):
+    nb = q_bkqmh.shape[2]
+    outs, lses = [], []
     for i in range(nb):
-        keys = (i + 1) * blk  # the keys query block i may see
-        q_bkmh = q_bkngrh[:, :, i].reshape(b, kv, g * blk, h)
-        logits_bkms = jnp.einsum("bkmh,bksh->bkms", q_bkmh, k_bksh[:, :, :keys],
-                                 preferred_element_type=jnp.float32)
-        rows_r = i * blk + jnp.arange(blk)
-        causal_ms = jnp.tile(jnp.arange(keys)[None, :] <= rows_r[:, None], (g, 1))
-        logits_bkms = jnp.where(causal_ms, logits_bkms, jnp.finfo(jnp.float32).min)
-        probs_bkms = jax.nn.softmax(logits_bkms, axis=-1).astype(v_btkh.dtype)
-        out_bkmh = jnp.einsum("bkms,bksh->bkmh", probs_bkms, v_bksh[:, :, :keys])
-        outs.append(out_bkmh.reshape(b, kv, g, blk, h))
-    out_bkgnrh = jnp.stack(outs, axis=3) if nb > 1 else outs[0][:, :, :, None]
-    return out_bkgnrh.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+        logits_bkms, keys = _block_logits(q_bkqmh[:, :, i], k_bksh, i, k_bksh.shape[2] // nb)
+        mu_bkm = jnp.max(logits_bkms, axis=-1, keepdims=True)
+        e_bkms = jnp.exp(logits_bkms - mu_bkm)
+        sum_bkm = jnp.sum(e_bkms, axis=-1, keepdims=True)
+        probs_bkms = (e_bkms / sum_bkm).astype(v_bksh.dtype)
+        outs.append(jnp.einsum("bkms,bksh->bkmh", probs_bkms, v_bksh[:, :, :keys]))
+        lses.append((mu_bkm + jnp.log(sum_bkm))[..., 0])
+    out_bkqmh = jnp.stack(outs, axis=2)
+    return out_bkqmh, (q_bkqmh, k_bksh, v_bksh, out_bkqmh, jnp.stack(lses, axis=2))
+
+
+def _causal_blocks_bwd(saved, dout_bkqmh):
+    q_bkqmh, k_bksh, v_bksh, out_bkqmh, lse_bkqm = saved
+    dk_bksh = jnp.zeros(k_bksh.shape, jnp.float32)
+    dv_bksh = jnp.zeros(v_bksh.shape, jnp.float32)
+    nb = q_bkqmh.shape[2]
+    dqs = []
+    for i in range(nb):
+        q_bkmh, dout_bkmh = q_bkqmh[:, :, i], dout_bkqmh[:, :, i]
+        logits_bkms, keys = _block_logits(q_bkmh, k_bksh, i, k_bksh.shape[2] // nb)
+        probs_bkms = jnp.exp(logits_bkms - lse_bkqm[:, :, i, :, None])
+        dv_bksh = dv_bksh.at[:, :, :keys].add(jnp.einsum(
+            "bkms,bkmh->bksh", probs_bkms.astype(v_bksh.dtype), dout_bkmh,
+            preferred_element_type=jnp.float32))
+        dp_bkms = jnp.einsum("bkmh,bksh->bkms", dout_bkmh, v_bksh[:, :, :keys],
+                             preferred_element_type=jnp.float32)
+        rowdot_bkm = jnp.sum(dout_bkmh.astype(jnp.float32) * out_bkqmh[:, :, i].astype(
+            jnp.float32), axis=-1, keepdims=True)
+        ds_bkms = (probs_bkms * (dp_bkms - rowdot_bkm)).astype(q_bkqmh.dtype)
+        dqs.append(jnp.einsum("bkms,bksh->bkmh", ds_bkms, k_bksh[:, :, :keys]))
+        dk_bksh = dk_bksh.at[:, :, :keys].add(jnp.einsum(
+            "bkms,bkmh->bksh", ds_bkms, q_bkmh, preferred_element_type=jnp.float32))
+    return (jnp.stack(dqs, axis=2).astype(q_bkqmh.dtype), dk_bksh.astype(k_bksh.dtype),
+            dv_bksh.astype(v_bksh.dtype))
+
+
+_causal_blocks.defvjp(_causal_blocks_fwd, _causal_blocks_bwd)
 
 
 def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
@@ -225,8 +290,60 @@ class Attention(nn.Module):
         return with_axes(y, BTD), (k, v)
 
 
+MLP_AXES = ("activation_batch", "activation_length", "activation_mlp")
+
+
+@jax.custom_vjp
+def swiglu(x_btd: jax.Array, wg_df: jax.Array, wu_df: jax.Array, wd_fd: jax.Array) -> jax.Array:
+    """SwiGLU, ``down(silu(x W_g) * (x W_u))``, keeping only ``x``, ``x W_g`` and
+    ``x W_u`` for the backward.
+
+    Autodiff of the same expression keeps six ``[B*T, d_ff]`` tensors per
+    block (the activation's pieces and the hidden product); under the layer
+    scan each is a stacked buffer the forward fills and the backward reads.
+    Here the backward recomputes ``sigma = sigmoid(g)``, ``a = g sigma`` and
+    ``h = a u`` (elementwise, cheap) and applies::
+
+        dh = dy W_d^T        dW_d = h^T dy
+        du = dh a            dg   = dh u sigma (1 + g (1 - sigma))
+        dx = dg W_g^T + du W_u^T,   dW_g = x^T dg,   dW_u = x^T du
+
+    All products are 2-D (see :func:`project`).
+    """
+    return _swiglu_fwd(x_btd, wg_df, wu_df, wd_fd)[0]
+
+
+def _swiglu_fwd(x_btd, wg_df, wu_df, wd_fd):
+    lead = x_btd.shape[:-1]
+    x_nd = x_btd.reshape(-1, x_btd.shape[-1])
+    gate_nf = x_nd @ wg_df
+    up_nf = x_nd @ wu_df
+    hidden = with_axes((jax.nn.silu(gate_nf) * up_nf).reshape(*lead, -1), MLP_AXES)
+    y_nd = hidden.reshape(x_nd.shape[0], -1) @ wd_fd
+    return y_nd.reshape(*lead, -1), (x_nd, gate_nf, up_nf, wg_df, wu_df, wd_fd)
+
+
+def _swiglu_bwd(saved, dy_btd):
+    x_nd, gate_nf, up_nf, wg_df, wu_df, wd_fd = saved
+    dy_nd = dy_btd.reshape(x_nd.shape[0], -1)
+    sigma_nf = jax.nn.sigmoid(gate_nf)
+    act_nf = gate_nf * sigma_nf
+    d_hidden_nf = dy_nd @ wd_fd.T
+    d_wd = jnp.einsum("nf,nd->fd", act_nf * up_nf, dy_nd)
+    d_up_nf = d_hidden_nf * act_nf
+    d_gate_nf = d_hidden_nf * up_nf * sigma_nf * (1 + gate_nf * (1 - sigma_nf))
+    dx_nd = d_gate_nf @ wg_df.T + d_up_nf @ wu_df.T
+    d_wg = jnp.einsum("nd,nf->df", x_nd, d_gate_nf)
+    d_wu = jnp.einsum("nd,nf->df", x_nd, d_up_nf)
+    return (dx_nd.reshape(dy_btd.shape[:-1] + (x_nd.shape[1],)).astype(x_nd.dtype),
+            d_wg.astype(wg_df.dtype), d_wu.astype(wu_df.dtype), d_wd.astype(wd_fd.dtype))
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)) (:func:`swiglu`)."""
 
     spec: ModelSpec
     scales: tuple[float, float, float] = (1.0, 1.0, 1.0)  # gate, up, down
@@ -239,6 +356,5 @@ class MLP(nn.Module):
         wu = weight(self, "up", (s.d_model, s.d_ff), ("embed", "mlp"), s, su)
         wd = weight(self, "down", (s.d_ff, s.d_model), ("mlp", "embed"), s, sd)
         x = x_btd.astype(s.dtype)
-        hidden = jax.nn.silu(project(x, wg.astype(s.dtype))) * project(x, wu.astype(s.dtype))
-        hidden = with_axes(hidden, ("activation_batch", "activation_length", "activation_mlp"))
-        return with_axes(project(hidden, wd.astype(s.dtype)), BTD)
+        y = swiglu(x, wg.astype(s.dtype), wu.astype(s.dtype), wd.astype(s.dtype))
+        return with_axes(y, BTD)

@@ -75,8 +75,11 @@ def test_depth_attention_without_depth_keys_is_causal_attention():
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("block", [None, 2, 3, 4])  # None: one block (T 6 < 128); 4: no split
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
-def test_causal_attention_matches_jax_reference_values_and_grads(kv_heads):
+def test_causal_attention_matches_jax_reference_values_and_grads(kv_heads, block, monkeypatch):
+    if block is not None:  # query blocks that skip the keys above the diagonal
+        monkeypatch.setattr(layers, "CAUSAL_BLOCK", block)
     k = jax.random.split(jax.random.key(3), 3)
     q = jax.random.normal(k[0], (2, 6, 4, 8))
     kk = jax.random.normal(k[1], (2, 6, kv_heads, 8))

@@ -8,6 +8,8 @@ beta, hyper-connections' 1/sqrt(n)).
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -51,6 +53,24 @@ class RMSNorm(nn.Module):
         return rms_norm(x, w, self.spec.norm_eps)
 
 
+def project(x: jax.Array, w: jax.Array, in_dims: int = 1) -> jax.Array:
+    """``x @ w`` contracting x's last ``in_dims`` dims with w's first, as one 2-D matmul.
+
+    ``x`` is ``[*lead, *w.shape[:in_dims]]``; the result is
+    ``[*lead, *w.shape[in_dims:]]``.  Same product as the einsum
+    (``btd,dnh->btnh``), but the leading dims are flattened first, so the
+    weight gradient autodiff writes is a plain 2-D ``x^T g`` contracting the
+    token dim of both operands.  Given the 3-D form, XLA:CPU's dot
+    canonicalisation copies one activation-sized operand into a transposed
+    layout for every weight gradient (about a quarter of a CPU step's time,
+    README "Performance"); in 2-D it runs the transposed product directly.
+    """
+    lead = x.shape[: x.ndim - in_dims]
+    k = math.prod(w.shape[:in_dims])
+    y = x.reshape(math.prod(lead), k) @ w.reshape(k, -1)
+    return y.reshape(*lead, *w.shape[in_dims:])
+
+
 def rope(x_bthd: jax.Array, positions_t: jax.Array, theta: float) -> jax.Array:
     """Rotary position embedding (rotate-half convention), computed in fp32."""
     half = x_bthd.shape[-1] // 2
@@ -64,28 +84,118 @@ def rope(x_bthd: jax.Array, positions_t: jax.Array, theta: float) -> jax.Array:
     return out.astype(x_bthd.dtype)
 
 
+CAUSAL_BLOCK = 128  # query rows per block of causal_attention (when it divides T)
+
+
 def causal_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array) -> jax.Array:
     """softmax(q k^T / sqrt(d_h) + causal mask) v, GQA by grouping query heads.
 
     Query head ``i`` uses key head ``i // (n / k)`` (as in
     ``jax.nn.dot_product_attention``).  Written out rather than calling
-    ``jax.nn.dot_product_attention``: its XLA path repeats the key heads and
-    works in [B, T, N, H] layout, and on CPU its backward costs about 1.4x
-    this one's (bench/peer.py, profile in the README's Performance section).
-    The query is scaled before the product (one [B, T, N, H] multiply instead
-    of one over the [B, N, T, T] logits); logits and softmax stay in the
-    compute dtype's promotion with fp32 statistics as XLA's path has them.
+    ``jax.nn.dot_product_attention``, whose XLA path repeats the key heads;
+    three choices make it fast on CPU (attention forward + backward on one
+    core: 1.4x the einsum form at T 128, about 2.5x at T 512; bench/peer.py
+    for the whole step):
+
+    * **layout**: the products are plain batched matmuls over ``[B, K, M,
+      H]``, the ``G = n / k`` query heads of a key head stacked along the rows;
+      queries, keys and values are transposed once into that layout (``O(B T
+      d)`` copies), where the 4-D/5-D einsum forms make XLA:CPU copy
+      ``[.., T, T]`` operands into transposed layouts in the backward;
+    * **causal blocks**: when ``CAUSAL_BLOCK`` divides ``T``, query block
+      ``i`` is multiplied by keys ``[0, (i + 1) blk)`` only, so the blocks
+      above the diagonal are never computed (``(nb + 1) / 2 nb`` of the full
+      products: 62.5% at T 512); each row's softmax still sees every key it
+      may see;
+    * **backward from statistics** (:func:`_causal_blocks`): only the output
+      and each row's log-sum-exp are kept, the probabilities are recomputed.
+
+    The query is scaled before the product; logits and softmax are fp32.
     """
     b, t, n, h = q_btnh.shape
     kv = k_btkh.shape[2]
-    q_btkgh = (q_btnh * jnp.asarray(h ** -0.5, q_btnh.dtype)).reshape(b, t, kv, n // kv, h)
-    logits_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_btkh,
-                              preferred_element_type=jnp.float32)
-    causal_ts = jnp.tril(jnp.ones((t, t), dtype=bool))
-    logits_bkgts = jnp.where(causal_ts, logits_bkgts, jnp.finfo(jnp.float32).min)
-    probs_bkgts = jax.nn.softmax(logits_bkgts, axis=-1).astype(v_btkh.dtype)
-    out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs_bkgts, v_btkh)
-    return out_btkgh.reshape(b, t, n, h)
+    g = n // kv
+    blk = CAUSAL_BLOCK if t % CAUSAL_BLOCK == 0 else t
+    nb = t // blk
+    q_bkqgrh = (q_btnh * jnp.asarray(h ** -0.5, q_btnh.dtype)).reshape(b, nb, blk, kv, g, h)
+    q_bkqmh = q_bkqgrh.transpose(0, 3, 1, 4, 2, 5).reshape(b, kv, nb, g * blk, h)
+    out_bkqmh = _causal_blocks(q_bkqmh, k_btkh.transpose(0, 2, 1, 3), v_btkh.transpose(0, 2, 1, 3))
+    out_bkgtr = out_bkqmh.reshape(b, kv, nb, g, blk, h).transpose(0, 1, 3, 2, 4, 5)
+    return out_bkgtr.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+def _block_logits(q_bkmh, k_bksh, i, blk):
+    """Masked fp32 logits of query block ``i`` (``blk`` tokens) against the
+    keys it may see, ``[0, (i + 1) blk)``.
+
+    Row ``m`` of the block is query token ``i * blk + m % blk`` (the ``G``
+    heads of a key head are stacked along the rows); masked logits are the
+    most negative finite float, so their ``exp`` is exactly 0."""
+    keys = (i + 1) * blk
+    logits_bkms = jnp.einsum("bkmh,bksh->bkms", q_bkmh, k_bksh[:, :, :keys],
+                             preferred_element_type=jnp.float32)
+    rows_m = i * blk + jnp.arange(q_bkmh.shape[2]) % blk
+    causal_ms = jnp.arange(keys)[None, :] <= rows_m[:, None]
+    return jnp.where(causal_ms, logits_bkms, jnp.finfo(jnp.float32).min), keys
+
+
+@jax.custom_vjp
+def _causal_blocks(q_bkqmh, k_bksh, v_bksh):
+    """Causal softmax attention per query block; ``q_bkqmh`` is ``[B, K, nb, M, H]``.
+
+    Forward per block: ``mu = max l``, ``p = e^(l - mu) / sum``, ``o = p v``,
+    and the row statistic ``lse = mu + log sum e^(l - mu)``.  Backward (the
+    flash-attention form) from ``q, k, v, o, lse`` alone::
+
+        p  = e^(l - lse)                 (recomputed; masked entries 0)
+        dv = p^T do      dp = do v^T      D = rowsum(do * o)
+        ds = p (dp - D)  dq = ds k        dk = ds^T q
+
+    so the layer scan stacks no ``[.., T, T]`` tensor for the backward."""
+    return _causal_blocks_fwd(q_bkqmh, k_bksh, v_bksh)[0]
+
+
+def _causal_blocks_fwd(q_bkqmh, k_bksh, v_bksh):
+    nb = q_bkqmh.shape[2]
+    outs, lses = [], []
+    for i in range(nb):
+        logits_bkms, keys = _block_logits(q_bkqmh[:, :, i], k_bksh, i, k_bksh.shape[2] // nb)
+        mu_bkm = jnp.max(logits_bkms, axis=-1, keepdims=True)
+        e_bkms = jnp.exp(logits_bkms - mu_bkm)
+        sum_bkm = jnp.sum(e_bkms, axis=-1, keepdims=True)
+        probs_bkms = (e_bkms / sum_bkm).astype(v_bksh.dtype)
+        outs.append(jnp.einsum("bkms,bksh->bkmh", probs_bkms, v_bksh[:, :, :keys]))
+        lses.append((mu_bkm + jnp.log(sum_bkm))[..., 0])
+    out_bkqmh = jnp.stack(outs, axis=2)
+    return out_bkqmh, (q_bkqmh, k_bksh, v_bksh, out_bkqmh, jnp.stack(lses, axis=2))
+
+
+def _causal_blocks_bwd(saved, dout_bkqmh):
+    q_bkqmh, k_bksh, v_bksh, out_bkqmh, lse_bkqm = saved
+    dk_bksh = jnp.zeros(k_bksh.shape, jnp.float32)
+    dv_bksh = jnp.zeros(v_bksh.shape, jnp.float32)
+    nb = q_bkqmh.shape[2]
+    dqs = []
+    for i in range(nb):
+        q_bkmh, dout_bkmh = q_bkqmh[:, :, i], dout_bkqmh[:, :, i]
+        logits_bkms, keys = _block_logits(q_bkmh, k_bksh, i, k_bksh.shape[2] // nb)
+        probs_bkms = jnp.exp(logits_bkms - lse_bkqm[:, :, i, :, None])
+        dv_bksh = dv_bksh.at[:, :, :keys].add(jnp.einsum(
+            "bkms,bkmh->bksh", probs_bkms.astype(v_bksh.dtype), dout_bkmh,
+            preferred_element_type=jnp.float32))
+        dp_bkms = jnp.einsum("bkmh,bksh->bkms", dout_bkmh, v_bksh[:, :, :keys],
+                             preferred_element_type=jnp.float32)
+        rowdot_bkm = jnp.sum(dout_bkmh.astype(jnp.float32) * out_bkqmh[:, :, i].astype(
+            jnp.float32), axis=-1, keepdims=True)
+        ds_bkms = (probs_bkms * (dp_bkms - rowdot_bkm)).astype(q_bkqmh.dtype)
+        dqs.append(jnp.einsum("bkms,bksh->bkmh", ds_bkms, k_bksh[:, :, :keys]))
+        dk_bksh = dk_bksh.at[:, :, :keys].add(jnp.einsum(
+            "bkms,bkmh->bksh", ds_bkms, q_bkmh, preferred_element_type=jnp.float32))
+    return (jnp.stack(dqs, axis=2).astype(q_bkqmh.dtype), dk_bksh.astype(k_bksh.dtype),
+            dv_bksh.astype(v_bksh.dtype))
+
+
+_causal_blocks.defvjp(_causal_blocks_fwd, _causal_blocks_bwd)
 
 
 def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
@@ -161,9 +271,9 @@ class Attention(nn.Module):
         wv = weight(self, "v", (d, kv, h), ("embed", "kv_heads", "head_dim"), s, sv)
         wo = weight(self, "o", (n, h, d), ("heads", "head_dim", "embed"), s, so)
         x = x_btd.astype(s.dtype)
-        q = jnp.einsum("btd,dnh->btnh", x, wq.astype(s.dtype))
-        k = jnp.einsum("btd,dkh->btkh", x, wk.astype(s.dtype))
-        v = jnp.einsum("btd,dkh->btkh", x, wv.astype(s.dtype))
+        q = project(x, wq.astype(s.dtype))
+        k = project(x, wk.astype(s.dtype))
+        v = project(x, wv.astype(s.dtype))
         q = with_axes(q, ("activation_batch", "activation_length", "activation_heads", None))
         k = with_axes(k, ("activation_batch", "activation_length", "activation_kv_heads", None))
         qr, kr = rope(q, positions_t, s.rope_theta), rope(k, positions_t, s.rope_theta)
@@ -176,12 +286,64 @@ class Attention(nn.Module):
         else:
             groups, rotated_query = depth_kv
             out = attention_with_depth(qr, kr, v, qr if rotated_query else q, groups)
-        y = jnp.einsum("btnh,nhd->btd", out, wo.astype(s.dtype))
+        y = project(out, wo.astype(s.dtype), in_dims=2)
         return with_axes(y, BTD), (k, v)
 
 
+MLP_AXES = ("activation_batch", "activation_length", "activation_mlp")
+
+
+@jax.custom_vjp
+def swiglu(x_btd: jax.Array, wg_df: jax.Array, wu_df: jax.Array, wd_fd: jax.Array) -> jax.Array:
+    """SwiGLU, ``down(silu(x W_g) * (x W_u))``, keeping only ``x``, ``x W_g`` and
+    ``x W_u`` for the backward.
+
+    Autodiff of the same expression keeps six ``[B*T, d_ff]`` tensors per
+    block (the activation's pieces and the hidden product); under the layer
+    scan each is a stacked buffer the forward fills and the backward reads.
+    Here the backward recomputes ``sigma = sigmoid(g)``, ``a = g sigma`` and
+    ``h = a u`` (elementwise, cheap) and applies::
+
+        dh = dy W_d^T        dW_d = h^T dy
+        du = dh a            dg   = dh u sigma (1 + g (1 - sigma))
+        dx = dg W_g^T + du W_u^T,   dW_g = x^T dg,   dW_u = x^T du
+
+    All products are 2-D (see :func:`project`).
+    """
+    return _swiglu_fwd(x_btd, wg_df, wu_df, wd_fd)[0]
+
+
+def _swiglu_fwd(x_btd, wg_df, wu_df, wd_fd):
+    lead = x_btd.shape[:-1]
+    x_nd = x_btd.reshape(-1, x_btd.shape[-1])
+    gate_nf = x_nd @ wg_df
+    up_nf = x_nd @ wu_df
+    hidden = with_axes((jax.nn.silu(gate_nf) * up_nf).reshape(*lead, -1), MLP_AXES)
+    y_nd = hidden.reshape(x_nd.shape[0], -1) @ wd_fd
+    return y_nd.reshape(*lead, -1), (x_nd, gate_nf, up_nf, wg_df, wu_df, wd_fd)
+
+
+def _swiglu_bwd(saved, dy_btd):
+    x_nd, gate_nf, up_nf, wg_df, wu_df, wd_fd = saved
+    dy_nd = dy_btd.reshape(x_nd.shape[0], -1)
+    sigma_nf = jax.nn.sigmoid(gate_nf)
+    act_nf = gate_nf * sigma_nf
+    d_hidden_nf = dy_nd @ wd_fd.T
+    d_wd = jnp.einsum("nf,nd->fd", act_nf * up_nf, dy_nd)
+    d_up_nf = d_hidden_nf * act_nf
+    d_gate_nf = d_hidden_nf * up_nf * sigma_nf * (1 + gate_nf * (1 - sigma_nf))
+    dx_nd = d_gate_nf @ wg_df.T + d_up_nf @ wu_df.T
+    d_wg = jnp.einsum("nd,nf->df", x_nd, d_gate_nf)
+    d_wu = jnp.einsum("nd,nf->df", x_nd, d_up_nf)
+    return (dx_nd.reshape(dy_btd.shape[:-1] + (x_nd.shape[1],)).astype(x_nd.dtype),
+            d_wg.astype(wg_df.dtype), d_wu.astype(wu_df.dtype), d_wd.astype(wd_fd.dtype))
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)) (:func:`swiglu`)."""
 
     spec: ModelSpec
     scales: tuple[float, float, float] = (1.0, 1.0, 1.0)  # gate, up, down
@@ -194,6 +356,5 @@ class MLP(nn.Module):
         wu = weight(self, "up", (s.d_model, s.d_ff), ("embed", "mlp"), s, su)
         wd = weight(self, "down", (s.d_ff, s.d_model), ("mlp", "embed"), s, sd)
         x = x_btd.astype(s.dtype)
-        hidden = jax.nn.silu(x @ wg.astype(s.dtype)) * (x @ wu.astype(s.dtype))
-        hidden = with_axes(hidden, ("activation_batch", "activation_length", "activation_mlp"))
-        return with_axes(hidden @ wd.astype(s.dtype), BTD)
+        y = swiglu(x, wg.astype(s.dtype), wu.astype(s.dtype), wd.astype(s.dtype))
+        return with_axes(y, BTD)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from depthbench.model.depth_scan import layer_stack
-from depthbench.model.layers import MLP, Attention, RMSNorm, trunc_normal
+from depthbench.model.layers import MLP, Attention, RMSNorm, project, trunc_normal
 from depthbench.model.residual import registry
 from depthbench.model.residual.base import BTD, ResidualFamily, Site, norm_param, rms_norm
 from depthbench.model.spec import ModelSpec
@@ -171,7 +171,7 @@ class Transformer(nn.Module):
         )
 
         def lm_head(x_btd):
-            logits = jnp.einsum("btd,dv->btv", x_btd.astype(s.dtype), head.astype(s.dtype))
+            logits = project(x_btd.astype(s.dtype), head.astype(s.dtype))
             return nn.with_logical_constraint(
                 logits.astype(jnp.float32),
                 ("activation_batch", "activation_length", "activation_vocab"),

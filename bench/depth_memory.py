@@ -4,7 +4,7 @@ attnres_full, attnres_block and moda keep a depth bank (a slot per source) in
 their residual state.  Under ``model.layer_scan = "carries"`` (``nn.scan``
 saving every block's carry) the backward pass holds ``L`` banks: memory
 quadratic in depth.  ``"depth_linear"`` (model/depth_scan.py) keeps one,
-and runs the blocks in position groups whose reads see the banks cut to
+and runs the blocks in position groups, each scanning the banks cut to
 the slots that can be valid by the group's end.
 
 Prints, in one run, side by side:

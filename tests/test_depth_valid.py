@@ -103,13 +103,13 @@ def _concat_attention_with_depth(q, k, v, qd, groups):
     seq = jnp.einsum("btnh,bsnh->bnts", q, rep(k, 2)) / jnp.sqrt(h)
     parts = [jnp.where(jnp.tril(jnp.ones((t, t), bool)), seq, -jnp.inf)]
     for kd, _, valid in groups:
-        logits = jnp.einsum("btnh,btmnh->bntm", qd, rep(kd, 3)) / jnp.sqrt(h)
+        logits = jnp.einsum("btnh,btnmh->bntm", qd, rep(kd, 2)) / jnp.sqrt(h)
         parts.append(jnp.where(valid, logits, -jnp.inf))
     probs = jax.nn.softmax(jnp.concatenate(parts, axis=-1), axis=-1)
     out, start = jnp.einsum("bnts,bsnh->btnh", probs[..., :t], rep(v, 2)), t
     for _, vd, _ in groups:
-        m = vd.shape[2]
-        out = out + jnp.einsum("bntm,btmnh->btnh", probs[..., start:start + m], rep(vd, 3))
+        m = vd.shape[3]
+        out = out + jnp.einsum("bntm,btnmh->btnh", probs[..., start:start + m], rep(vd, 2))
         start += m
     return out
 
@@ -119,8 +119,8 @@ def test_grouped_depth_attention_equals_the_concatenated_softmax():
     b, t, n, h, m = 2, 5, 4, 8, 3
     q, qd = jax.random.normal(k[0], (b, t, n, h)), jax.random.normal(k[1], (b, t, n, h))
     seq_k, seq_v = jax.random.normal(k[2], (b, t, 2, h)), jax.random.normal(k[3], (b, t, 2, h))
-    ka, va = jax.random.normal(k[4], (b, t, m, 4, h)), jax.random.normal(k[5], (b, t, m, 4, h))
-    kf, vf = jax.random.normal(k[6], (b, t, m, 1, h)), jax.random.normal(k[7], (b, t, m, 1, h))
+    ka, va = jax.random.normal(k[4], (b, t, 4, m, h)), jax.random.normal(k[5], (b, t, 4, m, h))
+    kf, vf = jax.random.normal(k[6], (b, t, 1, m, h)), jax.random.normal(k[7], (b, t, 1, m, h))
     valid = jnp.array([True, False, True])
 
     def run(fn):

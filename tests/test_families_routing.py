@@ -401,11 +401,11 @@ def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
     for out in off:
         chex.assert_trees_all_equal(out, state)
     state, attn, mlp, last = moda_writes(jnp.bool_(True))
-    np.testing.assert_array_equal(attn["ka"][:, :, 1], kv[0])
-    np.testing.assert_array_equal(attn["va"][:, :, 1], kv[1])
+    np.testing.assert_array_equal(attn["ka"][:, :, :, 1], kv[0])
+    np.testing.assert_array_equal(attn["va"][:, :, :, 1], kv[1])
     assert np.asarray(mlp["valid"]).tolist() == [False, True]  # block 1 complete
     np.testing.assert_allclose(
-        mlp["vf"][:, :, 1],
+        mlp["vf"][:, :, :, 1],
         jnp.einsum("btd,dkh->btkh", x_in, p["depth_kv"][:, 1]),
         rtol=1e-5,
         atol=1e-5,

@@ -68,9 +68,9 @@ def test_depth_attention_without_depth_keys_is_causal_attention():
     kk = jax.random.normal(k[1], (2, 5, 2, 8))
     v = jax.random.normal(k[2], (2, 5, 2, 8))
     ref = jax.nn.dot_product_attention(q, kk, v, is_causal=True)
-    dk = jnp.zeros((2, 5, 3, 2, 8))
+    dk = jnp.zeros((2, 5, 2, 3, 8))  # [B, T, key heads, slots, d_h]
     none = jnp.zeros((3,), bool)
-    groups = ((dk, dk, none), (dk[:, :, :, :1], dk[:, :, :, :1], none))
+    groups = ((dk, dk, none), (dk[:, :, :1], dk[:, :, :1], none))
     out = layers.attention_with_depth(q, kk, v, q, groups)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
 

@@ -12,16 +12,18 @@ before block ``i`` is the carry after it with those slots put back::
 where ``undo_i`` holds the values the slots had before block ``i``
 (attnres_block's running partial for a slot still being summed); a family
 whose block writes only *fresh* slots (still zero: attnres_full, moda) says
-so, and nothing is kept for them.  :func:`layer_stack` is a ``jax.custom_vjp`` over the whole
-stack that
+so, and nothing is kept for them.  A family whose block moreover *sets*
+its slots and masks the slots not yet written (moda: ``overwrite``) needs
+no rebuild at all: the backward runs each block on the final bank.
+:func:`layer_stack` is a ``jax.custom_vjp`` over the whole stack that
 
 * forward: scans the blocks once, keeping per block only ``undo_i`` and the
   state's small leaves (everything that is not a bank: the ``d``-wide
   stream, counters, masks), plus the final state: ``O(L)`` in all;
-* backward: scans the blocks in reverse carrying the banks and one
-  cotangent state, rebuilds each block's input carry from the one after
-  it, and recomputes the block's forward inside ``jax.vjp`` (what
-  ``nn.remat`` does) to pull the cotangent through it.
+* backward: scans the blocks in reverse carrying the banks (those not
+  ``overwrite``) and one cotangent state, rebuilds each block's input carry
+  from the one after it, and recomputes the block's forward inside
+  ``jax.vjp`` (what ``nn.remat`` does) to pull the cotangent through it.
 
 The rebuild is exact (slots are restored, not recomputed), so the
 gradients are those of the plain scan up to the summation order XLA picks
@@ -40,11 +42,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-# (params of one block, state, per-block scan inputs, global params, view) -> (state, z);
-# view (static): ((bank leaf, slot axis, n), ...), the leading slots the block's
-# reads may cut each bank to (its writes get the whole bank).
-View = tuple[tuple[str, int, int], ...]
-Step = Callable[[Any, dict, dict, Any, View], tuple[dict, Any]]
+# (params of one block, state, per-block scan inputs, global params) -> (state, z)
+Step = Callable[[Any, dict, dict, Any], tuple[dict, Any]]
 # (state, execution position) -> {bank leaf: (slot axis, slots [k] the block may write)}
 Slots = Callable[[dict, jax.Array], dict[str, tuple[int, jax.Array]]]
 # positions p (static) -> {bank leaf: slots [0, n) the blocks at positions [0, p) may touch}
@@ -56,9 +55,14 @@ def _is_float(x) -> bool:
 
 
 def _entry(item):
-    """``(leaf, (axis, slots[, fresh]))`` -> ``(leaf, (axis, slots, fresh))``."""
+    """``(leaf, (axis, slots[, fresh[, overwrite]]))`` -> ``(leaf, (axis, slots, fresh))``."""
     key, value = item
     return key, (*value, False)[:3]
+
+
+def _overwrite(value) -> bool:
+    """The ``overwrite`` flag of a ``bank_slots`` entry (default False)."""
+    return bool((*value, False, False)[3])
 
 
 def _take(bank, axis: int, slots):
@@ -126,56 +130,68 @@ def layer_stack(
     ``extent(p)`` (optional, static ints) bounds the slots the blocks at
     positions ``[0, p)`` read or write: ``{bank leaf: n}``, the first ``n``
     slots.  With it the positions run in :func:`position_groups`, one scan
-    per group, and each block of a group gets the view ``(leaf, axis, n)``
-    of the extent at the group's end: its reads see the banks cut to that
-    (a static slice: a transient copy at most, where a dot reads it), its
-    writes the whole banks, and the scans carry the whole banks (cutting
-    the carries instead costs a copy of each cut bank and its cotangent per
-    group).  A mix or a depth
-    attention then never visits a slot that cannot be valid yet by the end
-    of its group: about ``(G + 1) / 2G`` of the slot visits of whole banks."""
+    per group, each on the banks (and, backwards, their cotangents) cut to
+    the extent at the group's end: the slots past it are neither read nor
+    written by the group, so they wait outside its scan (a copy of the cut
+    banks per group, none per block).  A mix or a depth attention then never
+    visits a slot that cannot be valid yet by the end of its group: about
+    ``(G + 1) / 2G`` of the slot visits of whole banks."""
     depth = int(xs_l["pos"].shape[0])
-    entries = dict(map(_entry, bank_slots(state0, xs_l["pos"][0]).items()))
+    declared = bank_slots(state0, xs_l["pos"][0])
+    entries = dict(map(_entry, declared.items()))
+    overwrite = {k: _overwrite(v) for k, v in declared.items()}
     bank_keys = tuple(entries)
     axes = {k: ax for k, (ax, _, _) in entries.items()}
     full = {k: state0[k].shape[axes[k]] for k in bank_keys}
     spans = position_groups(depth) if extent is not None else ((0, depth),)
-    views = []
+    sizes = []  # per group: {bank leaf: slots its scan carries}
     for _, end in spans:
         bound = extent(end) if extent is not None else {}
-        views.append(tuple((k, axes[k], int(bound[k])) for k in bank_keys
-                           if k in bound and int(bound[k]) < full[k]))
+        sizes.append({k: min(int(bound.get(k, full[k])), full[k]) for k in bank_keys})
+
+    def resize(state, state0, size):
+        """``state`` with each bank cut or grown to ``size`` slots; grown slots come
+        from ``state0`` (no block before this group touched them)."""
+        out = dict(state)
+        for k, n in size.items():
+            ax, cur = axes[k], state[k].shape[axes[k]]
+            if n < cur:
+                out[k] = jax.lax.slice_in_dim(state[k], 0, n, axis=ax)
+            elif n > cur:
+                base = jax.lax.slice_in_dim(state0[k], 0, n, axis=ax)
+                out[k] = jax.lax.dynamic_update_slice_in_dim(base, state[k], 0, axis=ax)
+        return out
 
     def run(params_l, state0, xs_l, g):
         state, zs = state0, []
-        for (start, end), view in zip(spans, views, strict=True):
-            def body(state, px, view=view):
-                return step(px[0], state, px[1], g, view)
+        for (start, end), size in zip(spans, sizes, strict=True):
+            def body(state, px):
+                return step(px[0], state, px[1], g)
 
-            state, z = jax.lax.scan(body, state,
+            state, z = jax.lax.scan(body, resize(state, state0, size),
                                     (_cut(params_l, start, end), _cut(xs_l, start, end)),
                                     unroll=unroll)
             zs.append(z)
-        return state, _join(zs)
+        return resize(state, state0, full), _join(zs)
 
     def fwd(params_l, state0, xs_l, g):
-        def body(state, px, view):
+        def body(state, px):
             p, x = px
             slots = bank_slots(state, x["pos"])
             undo = {k: None if fresh else _take(state[k], ax, idx)
                     for k, (ax, idx, fresh) in map(_entry, slots.items())}
             small = {k: v for k, v in state.items() if k not in bank_keys}
-            new, z = step(p, state, x, g, view)
+            new, z = step(p, state, x, g)
             return new, (z, undo, small)
 
         state, zs, saved = state0, [], []
-        for (start, end), view in zip(spans, views, strict=True):
+        for (start, end), size in zip(spans, sizes, strict=True):
             state, (z, undo_l, small_l) = jax.lax.scan(
-                functools.partial(body, view=view), state,
+                body, resize(state, state0, size),
                 (_cut(params_l, start, end), _cut(xs_l, start, end)), unroll=unroll)
             zs.append(z)
             saved.append((undo_l, small_l))
-        final = state
+        final = resize(state, state0, full)
         return (final, _join(zs)), (params_l, xs_l, g, {k: final[k] for k in bank_keys}, saved)
 
     def bwd(res, cts):
@@ -183,18 +199,28 @@ def layer_stack(
         ct_final, ct_zs = cts
         small0 = saved[0][1]
         float_keys = tuple(k for k in ct_final if _is_float(banks_final.get(k, small0.get(k))))
+        # Overwritten banks: each block runs on the final bank as it is (the
+        # slots it would see still empty hold later values, which its reads
+        # weigh 0, and it sets its own slots), so they are no loop carry: no
+        # per-block restore, and none of the bank copies XLA makes around an
+        # in-place update of a loop carry.
+        fixed = {k for k in bank_keys if overwrite[k]}
 
-        def body(carry, inp, view):
+        def body(carry, inp, size):
             banks_next, ct_state, ct_g = carry
             p, x, undo, small, ct_z = inp
-            slots = bank_slots({**small, **banks_next}, x["pos"])
+            # Sliced here, per block (a transient copy), not once per group: the
+            # groups' slices, all computed up front, would each hold a bank.
+            fixed_banks = {k: jax.lax.slice_in_dim(banks_final[k], 0, size[k], axis=axes[k])
+                           for k in fixed}
+            slots = bank_slots({**small, **banks_next, **fixed_banks}, x["pos"])
             banks = {k: _put(banks_next[k], ax, idx, undo[k])
-                     for k, (ax, idx, _) in map(_entry, slots.items())}
-            state = {**small, **banks}
-            fixed = {k: v for k, v in state.items() if k not in float_keys}
+                     for k, (ax, idx, _) in map(_entry, slots.items()) if k in banks_next}
+            state = {**small, **fixed_banks, **banks}
+            consts = {k: v for k, v in state.items() if k not in float_keys}
 
             def block(p, diff, g):
-                new, z = step(p, {**fixed, **diff}, x, g, view)
+                new, z = step(p, {**consts, **diff}, x, g)
                 return {k: new[k] for k in float_keys}, z
 
             _, pull = jax.vjp(block, p, {k: state[k] for k in float_keys}, g)
@@ -202,18 +228,32 @@ def layer_stack(
             ct_g = jax.tree.map(jnp.add, ct_g, ct_g_i)
             return (banks, ct_diff, ct_g), ct_p
 
-        banks = banks_final
+        # Each group runs on the banks and their cotangents cut to its extent:
+        # the cotangent of the slots past it passes the group unchanged (kept
+        # aside in ``tails``).
+        banks = {k: v for k, v in banks_final.items() if k not in fixed}
         ct_state = {k: ct_final[k] for k in float_keys}
+        tails = {k: [] for k in bank_keys}
         ct_g = jax.tree.map(jnp.zeros_like, g)
         ct_params = []
-        for (start, end), view, (undo_l, small_l) in reversed(
-                list(zip(spans, views, saved, strict=True))):
+        for (start, end), size, (undo_l, small_l) in reversed(
+                list(zip(spans, sizes, saved, strict=True))):
+            for k, n in size.items():
+                ax = axes[k]
+                if k in ct_state and ct_state[k].shape[ax] > n:
+                    tails[k].insert(0, jax.lax.slice_in_dim(ct_state[k], n, None, axis=ax))
+                    ct_state[k] = jax.lax.slice_in_dim(ct_state[k], 0, n, axis=ax)
+                if k in banks:
+                    banks[k] = jax.lax.slice_in_dim(banks[k], 0, n, axis=ax)
             inputs = (_cut(params_l, start, end), _cut(xs_l, start, end), undo_l, small_l,
                       _cut(ct_zs, start, end))
             (banks, ct_state, ct_g), ct_p = jax.lax.scan(
-                functools.partial(body, view=view), (banks, ct_state, ct_g), inputs,
-                reverse=True, unroll=unroll)
+                functools.partial(body, size=size), (banks, ct_state, ct_g),
+                inputs, reverse=True, unroll=unroll)
             ct_params.insert(0, ct_p)
+        for k, rest in tails.items():
+            if rest and k in ct_state:
+                ct_state[k] = jnp.concatenate([ct_state[k], *rest], axis=axes[k])
         ct_state0 = {k: ct_state.get(k) for k in ct_final}
         return _join(ct_params), ct_state0, None, ct_g
 

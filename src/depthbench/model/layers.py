@@ -204,7 +204,7 @@ def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
     Sequence logits use the rotated ``q_btnh`` against rotated ``k``; depth
     logits use ``q_depth_btnh`` (the rotated or the unrotated query: the
     family decides) against each group's depth keys.  ``groups`` is a sequence
-    of ``(k_btmgh, v_btmgh, valid_m)``, each with its own number of key heads
+    of ``(k_btgmh, v_btgmh, valid_m)``, each with its own number of key heads
     ``g`` dividing ``n`` (query head ``i`` uses key head ``i // (n / g)``, as
     in GQA); invalid slots are masked.  One softmax over all of it, in fp32,
     scale ``1/sqrt(d_h)``::
@@ -215,36 +215,48 @@ def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
     Query heads are grouped per key head (as :func:`causal_attention`), never
     repeated, and the parts are not concatenated: no key or logit tensor is
     copied per query head (about 0.6x the temp memory of the repeated form).
+    The sequence part runs in :func:`causal_attention`'s layout (plain
+    batched matmuls over ``[B, K, G T, H]``, one ``O(B T d)`` transpose each
+    for q, k, v and the output): the 5-D einsum form makes XLA:CPU copy the
+    ``[.., T, T]`` operands into transposed layouts in the backward.
     """
     b, t, n, h = q_btnh.shape
     kv = k_btkh.shape[2]
+    gs = n // kv  # query heads per sequence key head
     scale = 1.0 / jnp.sqrt(jnp.float32(h))
-    q_btkgh = (q_btnh.astype(jnp.float32) * scale).reshape(b, t, kv, n // kv, h)
-    seq_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_btkh.astype(jnp.float32))
-    causal_ts = jnp.tril(jnp.ones((t, t), dtype=bool))
-    seq_bkgts = jnp.where(causal_ts, seq_bkgts, -jnp.inf)
+    q_bkmh = (q_btnh.astype(jnp.float32) * scale).reshape(b, t, kv, gs, h)
+    q_bkmh = q_bkmh.transpose(0, 2, 3, 1, 4).reshape(b, kv, gs * t, h)  # row m: token m % t
+    k_bksh = k_btkh.astype(jnp.float32).transpose(0, 2, 1, 3)
+    v_bksh = v_btkh.astype(jnp.float32).transpose(0, 2, 1, 3)
+    seq_bkms = jnp.einsum("bkmh,bksh->bkms", q_bkmh, k_bksh)
+    causal_ms = jnp.tile(jnp.tril(jnp.ones((t, t), dtype=bool)), (gs, 1))
+    seq_bkms = jnp.where(causal_ms, seq_bkms, -jnp.inf)
+
+    def to_btn(x_bkm):
+        return x_bkm.reshape(b, kv, gs, t).transpose(0, 3, 1, 2).reshape(b, t, n)
+
     qd_btnh = q_depth_btnh.astype(jnp.float32) * scale
-    depth = []  # per group: logits [B, T, m, g, n/g] (masked), values [B, T, m, g, h]
-    for k_btmgh, v_btmgh, valid_m in groups:
-        g = k_btmgh.shape[3]
-        logits = jnp.einsum("btgrh,btmgh->btmgr", qd_btnh.reshape(b, t, g, n // g, h),
-                            k_btmgh.astype(jnp.float32))
-        depth.append((jnp.where(valid_m[:, None, None], logits, -jnp.inf), v_btmgh))
+    depth = []  # per group: logits [B, T, g, n/g, m] (masked), values [B, T, g, m, h]
+    for k_btgmh, v_btgmh, valid_m in groups:
+        g = k_btgmh.shape[2]
+        logits = jnp.einsum("btgrh,btgmh->btgrm", qd_btnh.reshape(b, t, g, n // g, h),
+                            k_btgmh.astype(jnp.float32))
+        depth.append((jnp.where(valid_m, logits, -jnp.inf), v_btgmh))
     # The joint maximum (the diagonal sequence key is always there: finite).
-    mu_btn = jnp.max(seq_bkgts, axis=-1).transpose(0, 3, 1, 2).reshape(b, t, n)
+    mu_btn = to_btn(jnp.max(seq_bkms, axis=-1))
     for logits, _ in depth:
-        mu_btn = jnp.maximum(mu_btn, jnp.max(logits, axis=2).reshape(b, t, n))
+        mu_btn = jnp.maximum(mu_btn, jnp.max(logits, axis=-1).reshape(b, t, n))
     mu_btn = jax.lax.stop_gradient(mu_btn)
-    mu_bkgt = mu_btn.reshape(b, t, kv, n // kv).transpose(0, 2, 3, 1)
-    e_bkgts = jnp.exp(seq_bkgts - mu_bkgt[..., None])
-    den_btn = jnp.sum(e_bkgts, axis=-1).transpose(0, 3, 1, 2).reshape(b, t, n)
-    out_btnh = jnp.einsum("bkgts,bskh->btkgh", e_bkgts, v_btkh.astype(jnp.float32)).reshape(
-        b, t, n, h)
-    for logits, v_btmgh in depth:
-        g = v_btmgh.shape[3]
-        e_btmgr = jnp.exp(logits - mu_btn.reshape(b, t, 1, g, n // g))
-        den_btn = den_btn + jnp.sum(e_btmgr, axis=2).reshape(b, t, n)
-        out_btgrh = jnp.einsum("btmgr,btmgh->btgrh", e_btmgr, v_btmgh.astype(jnp.float32))
+    mu_bkm = mu_btn.reshape(b, t, kv, gs).transpose(0, 2, 3, 1).reshape(b, kv, gs * t)
+    e_bkms = jnp.exp(seq_bkms - mu_bkm[..., None])
+    den_btn = to_btn(jnp.sum(e_bkms, axis=-1))
+    out_bkmh = jnp.einsum("bkms,bksh->bkmh", e_bkms, v_bksh)
+    out_btnh = out_bkmh.reshape(b, kv, gs, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+    for logits, v_btgmh in depth:
+        g = v_btgmh.shape[2]
+        e_btgrm = jnp.exp(logits - mu_btn.reshape(b, t, g, n // g, 1))
+        den_btn = den_btn + jnp.sum(e_btgrm, axis=-1).reshape(b, t, n)
+        out_btgrh = jnp.einsum("btgrm,btgmh->btgrh", e_btgrm, v_btgmh.astype(jnp.float32))
         out_btnh = out_btnh + out_btgrh.reshape(b, t, n, h)
     return (out_btnh / den_btn[..., None]).astype(q_btnh.dtype)
 

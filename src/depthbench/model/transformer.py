@@ -55,20 +55,10 @@ class Block(nn.Module):
     spec: ModelSpec
     fam: ResidualFamily
     capture: bool | str = False
-    # ((bank leaf, slot axis, n), ...): the family's reads see each bank cut to
-    # its first n slots (depth_scan.layer_stack's groups), its writes the whole bank.
-    view: tuple = ()
-
-    def _read_view(self, state):
-        if not self.view:
-            return state
-        cut = {k: jax.lax.slice_in_dim(state[k], 0, n, axis=axis) for k, axis, n in self.view}
-        return {**state, **cut}
 
     @nn.compact
     def __call__(self, state, xs, g, positions_t):
         fam, s = self.fam, self.spec
-        seen = self._read_view
         pos, ident, active = xs["pos"], xs["ident"], xs["active"]
         p = _FamilyParams(fam, True, name="residual")(ident)
         attn = Attention(s, tuple(fam.init_scale(m) for m in "qkvo"), name="attn")
@@ -79,15 +69,15 @@ class Block(nn.Module):
         ]
         captured = {}
         if self.capture:
-            captured["z"] = fam.boundary_state(p, g, seen(state))
+            captured["z"] = fam.boundary_state(p, g, state)
         if self.capture == "all":
-            captured["lens"] = fam.lens_state(p, g, seen(state))
+            captured["lens"] = fam.lens_state(p, g, state)
             captured["probe"] = []
         for sub in (0, 1):
             site = Site(sub, pos, ident)
             if self.capture == "all":
-                captured["probe"].append(fam.probe(p, seen(state), site))
-            h, ctx = fam.read(p, seen(state), site)
+                captured["probe"].append(fam.probe(p, state, site))
+            h, ctx = fam.read(p, state, site)
             x_in = rms_norm(h, norms[sub], s.norm_eps) if fam.pre_norm else h
             x_in = fam.input_scale(p, x_in, site)
             if sub == 0:
@@ -213,8 +203,8 @@ class Transformer(nn.Module):
         by the depth-linear custom VJP, each block applied as a pure function."""
         params_l = nn.meta.unbox(self.variables["params"]["blocks"])
 
-        def step(p, state, x, g, view):
-            block = Block(self.spec, fam, capture, view)
+        def step(p, state, x, g):
+            block = Block(self.spec, fam, capture)
             return block.apply({"params": p}, state, x, g, positions_t)
 
         return layer_stack(step, fam.bank_slots, params_l, state, xs, g,

@@ -41,7 +41,7 @@ holding at least one of the sublayers ``0 .. c-1`` (``started[0] = 0``):
 A skipped block (``active`` false) adds nothing to its slot and does not
 advance ``c``: it adds no source, and the following blocks fill the bank in
 *execution* order, exactly as if the block had been removed.  Each write
-touches one slot (``dynamic_update_slice``), never the whole bank.  The
+touches one slot (a scatter-add into it), never the whole bank.  The
 per-sublayer ``q``, ``w`` are block parameters, so they move with a permuted
 block; every block owns both pairs (the block that runs first does not use
 its attention pair: its mix has one source).
@@ -259,9 +259,12 @@ class AttnResFull(ResidualFamily):
     def write(self, p, state, y, site, aux, active):
         bank, count = state["bank"], state["count"]
         slot = 1 + jnp.asarray(self.block_of, jnp.int32)[jnp.minimum(count, len(self.block_of) - 1)]
-        old_btd = jax.lax.dynamic_index_in_dim(bank, slot, axis=0, keepdims=False)
-        new_btd = old_btd + jnp.where(active, y.astype(bank.dtype), jnp.zeros_like(old_btd))
-        bank = jax.lax.dynamic_update_index_in_dim(bank, new_btd, slot, axis=0)
+        # An add into one slot (the slot is in range: ``bank_extent``; clamped as
+        # a dynamic_update_slice would): its cotangent passes the bank's through
+        # unchanged, where read-add-write makes a bank-sized select and add.
+        slot = jnp.minimum(slot, bank.shape[0] - 1)
+        add_btd = jnp.where(active, y.astype(bank.dtype), jnp.zeros(y.shape, bank.dtype))
+        bank = bank.at[slot].add(add_btd, mode="promise_in_bounds")
         skipped = jnp.where(active, 0, 1) if site.sub == 1 else state["skipped"]
         return {"bank": with_axes(bank, MBTD), "count": count + active.astype(jnp.int32),
                 "skipped": skipped}

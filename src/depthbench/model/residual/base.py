@@ -190,8 +190,12 @@ class ResidualFamily:
     def bank_slots(self, state: State, pos: jax.Array) -> dict[str, tuple[int, jax.Array]]:
         """The state's *banks* (leaves with a slot per depth source) and the slots
         the block at execution position ``pos`` may write: ``{leaf: (slot axis,
-        slots [k], fresh)}``, from the state before the block; ``fresh`` (static,
-        optional) promises those slots are still zero before it.  It may read only the
+        slots [k], fresh, overwrite)}``, from the state before the block; ``fresh``
+        (static, optional) promises those slots are still zero before it;
+        ``overwrite`` (static, optional, with ``fresh``) also promises that the
+        block *sets* them (never adds into them) and that its reads give slots
+        not yet written zero weight, so running it on the final bank computes
+        the same: the backward then keeps no bank carry.  It may read only the
         state's other leaves.  Listing them lets the layer stack keep memory
         linear in depth (``model/depth_scan.py``); a slot listed but not written
         is harmless.  Default ``{}``: no banks (the state is saved per block)."""

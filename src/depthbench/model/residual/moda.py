@@ -36,8 +36,10 @@ last block writes nothing (its MLP does not even compute its extra linear:
 have one shape, and the last block's copy is unused (it is still counted
 in ``extra_block_params``: it exists and is trained by nothing).
 
-State: ``{"x": [B, T, d], "ka", "va": [B, T, L-1, n_kv, d_h], "kf", "vf":
-[B, T, L-1, H, d_h], "valid": [L-1]}``.  Slots follow execution positions;
+State: ``{"x": [B, T, d], "ka", "va": [B, T, n_kv, L-1, d_h], "kf", "vf":
+[B, T, H, L-1, d_h], "valid": [L-1]}``: heads before slots, so the depth
+dots (batched over ``B, T``, heads) and their backward read the caches
+without transposed copies.  Slots follow execution positions;
 a skipped block (``active`` false) leaves ``x`` unchanged and its slots
 invalid: it writes no depth keys.  The caches are in the compute dtype.
 """
@@ -63,22 +65,22 @@ from depthbench.model.residual.base import (
 )
 from depthbench.model.residual.fields import check_choice, check_number
 
-BTMKH = ("activation_batch", "activation_length", "activation_sources", "activation_kv_heads", None)
+BTKMH = ("activation_batch", "activation_length", "activation_kv_heads", "activation_sources", None)
 _POST_NORM = ("attn_post_norm", "mlp_post_norm")
 NORMS = ("post", "pre")
 DEPTH_QUERIES = ("rotated", "unrotated")
 
 
-def put_slot(cache_btmkh: jax.Array, new_btkh: jax.Array, j: jax.Array, ok: jax.Array) -> jax.Array:
-    """``cache[:, :, j] = new`` where ``ok`` (else unchanged); one slot read and written.
+def put_slot(cache_btkmh: jax.Array, new_btkh: jax.Array, j: jax.Array, ok: jax.Array) -> jax.Array:
+    """``cache[:, :, :, j] = new`` where ``ok`` (else unchanged); one slot read and written.
 
     ``j`` past the end is clamped by ``dynamic_update_slice``, so the old value
     of the clamped slot is written back unless ``ok`` (which excludes it)."""
-    m = cache_btmkh.shape[2]
+    m = cache_btkmh.shape[3]
     jj = jnp.minimum(j, m - 1)
-    old = jax.lax.dynamic_index_in_dim(cache_btmkh, jj, axis=2, keepdims=False)
-    new = jnp.where(ok, new_btkh.astype(cache_btmkh.dtype), old)
-    return jax.lax.dynamic_update_index_in_dim(cache_btmkh, new, jj, axis=2)
+    old = jax.lax.dynamic_index_in_dim(cache_btkmh, jj, axis=3, keepdims=False)
+    new = jnp.where(ok, new_btkh.astype(cache_btkmh.dtype), old)
+    return jax.lax.dynamic_update_index_in_dim(cache_btkmh, new, jj, axis=3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,14 +152,14 @@ class MoDA(ResidualFamily):
     def init_state(self, g, x0):
         s, m = self.spec, self.n_slots
         b, t, _ = x0.shape
-        attn = with_axes(jnp.zeros((b, t, m, s.n_kv_heads, s.head_dim), x0.dtype), BTMKH)
-        mlp = with_axes(jnp.zeros((b, t, m, self.kv_heads, s.head_dim), x0.dtype), BTMKH)
+        attn = with_axes(jnp.zeros((b, t, s.n_kv_heads, m, s.head_dim), x0.dtype), BTKMH)
+        mlp = with_axes(jnp.zeros((b, t, self.kv_heads, m, s.head_dim), x0.dtype), BTKMH)
         return {"x": x0, "ka": attn, "va": attn, "kf": mlp, "vf": mlp,
                 "valid": jnp.zeros((m,), bool)}
 
     def read(self, p, state, site):
         if site.sub == 0 and self.n_slots > 0:
-            valid = state["valid"][: state["ka"].shape[2]]  # the caches may be cut (bank_extent)
+            valid = state["valid"][: state["ka"].shape[3]]  # the caches may be cut (bank_extent)
             groups = ((state["ka"], state["va"], valid), (state["kf"], state["vf"], valid))
             return state["x"], {"depth_kv": (groups, self.rotated_query)}
         return state["x"], {}
@@ -182,16 +184,16 @@ class MoDA(ResidualFamily):
         if site.sub == 0:
             k, v = aux["kv"]
             return {**state, "x": x,
-                    "ka": with_axes(put_slot(state["ka"], k, b, ok), BTMKH),
-                    "va": with_axes(put_slot(state["va"], v, b, ok), BTMKH)}
+                    "ka": with_axes(put_slot(state["ka"], k, b, ok), BTKMH),
+                    "va": with_axes(put_slot(state["va"], v, b, ok), BTKMH)}
         # The last block's MLP keys are never read: do not compute them.
         zeros = jnp.zeros((*y.shape[:2], self.kv_heads, self.spec.head_dim), self.spec.dtype)
         k, v = jax.lax.cond(
             ok, lambda xi: self._depth_kv(p, xi), lambda xi: (zeros, zeros), aux["x_in"]
         )
         return {**state, "x": x,
-                "kf": with_axes(put_slot(state["kf"], k, b, ok), BTMKH),
-                "vf": with_axes(put_slot(state["vf"], v, b, ok), BTMKH),
+                "kf": with_axes(put_slot(state["kf"], k, b, ok), BTKMH),
+                "vf": with_axes(put_slot(state["vf"], v, b, ok), BTKMH),
                 "valid": state["valid"] | ((jnp.arange(m) == b) & ok)}
 
     def bank_slots(self, state, pos):
@@ -200,7 +202,9 @@ class MoDA(ResidualFamily):
         if self.n_slots == 0:
             return {}
         slots = pos[None]
-        return {k: (2, slots, True) for k in ("ka", "va", "kf", "vf")}  # never written before
+        # Never written before; put_slot sets the slot, and the depth attention
+        # masks the slots not yet written (``valid``): overwrite.
+        return {k: (3, slots, True, True) for k in ("ka", "va", "kf", "vf")}
 
     def bank_extent(self, positions: int) -> dict[str, int]:
         """Blocks ``[0, p)`` read slots ``< p - 1`` and write slots ``< p``."""

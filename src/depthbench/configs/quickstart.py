@@ -1,4 +1,4 @@
-"""The micro sweep a new user runs first (15 runs, about 11 minutes on a 2-core CPU).
+"""The micro sweep a new user runs first (15 runs, about 9 minutes on a 2-core CPU).
 
 Four residual families, and hc's readout control, x three aspect ratios of
 the micro suite (~1.2M parameters, 4 heads, vocabulary 2048), trained on the

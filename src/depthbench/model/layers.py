@@ -112,16 +112,30 @@ def causal_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array) ->
 
     The query is scaled before the product; logits and softmax are fp32.
     """
-    b, t, n, h = q_btnh.shape
+    t, h = q_btnh.shape[1], q_btnh.shape[3]
     kv = k_btkh.shape[2]
-    g = n // kv
-    blk = CAUSAL_BLOCK if t % CAUSAL_BLOCK == 0 else t
-    nb = t // blk
-    q_bkqgrh = (q_btnh * jnp.asarray(h ** -0.5, q_btnh.dtype)).reshape(b, nb, blk, kv, g, h)
-    q_bkqmh = q_bkqgrh.transpose(0, 3, 1, 4, 2, 5).reshape(b, kv, nb, g * blk, h)
+    nb = t // CAUSAL_BLOCK if t % CAUSAL_BLOCK == 0 else 1
+    q_bkqmh = heads_to_rows(q_btnh * jnp.asarray(h ** -0.5, q_btnh.dtype), kv, nb)
     out_bkqmh = _causal_blocks(q_bkqmh, k_btkh.transpose(0, 2, 1, 3), v_btkh.transpose(0, 2, 1, 3))
-    out_bkgtr = out_bkqmh.reshape(b, kv, nb, g, blk, h).transpose(0, 1, 3, 2, 4, 5)
-    return out_bkgtr.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+    return rows_to_heads(out_bkqmh, t)
+
+
+def heads_to_rows(x_btnh: jax.Array, kv: int, nb: int = 1) -> jax.Array:
+    """``[B, T, N, H]`` -> ``[B, K, nb, G * T / nb, H]``: per key head and query
+    block of ``T / nb`` tokens, the ``G = N / K`` query heads stacked along the
+    rows (row ``m`` is head ``m // (T / nb)``, token ``m % (T / nb)`` of the block)."""
+    b, t, n, h = x_btnh.shape
+    g, blk = n // kv, t // nb
+    x = x_btnh.reshape(b, nb, blk, kv, g, h).transpose(0, 3, 1, 4, 2, 5)
+    return x.reshape(b, kv, nb, g * blk, h)
+
+
+def rows_to_heads(x_bkqmh: jax.Array, t: int) -> jax.Array:
+    """The inverse of :func:`heads_to_rows`: ``[B, K, nb, G * T / nb, H]`` -> ``[B, T, N, H]``."""
+    b, kv, nb, m, h = x_bkqmh.shape
+    g = m * nb // t
+    x = x_bkqmh.reshape(b, kv, nb, g, t // nb, h).transpose(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, t, kv * g, h)
 
 
 def _block_logits(q_bkmh, k_bksh, i, blk):
@@ -222,18 +236,14 @@ def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
     """
     b, t, n, h = q_btnh.shape
     kv = k_btkh.shape[2]
-    gs = n // kv  # query heads per sequence key head
     scale = 1.0 / jnp.sqrt(jnp.float32(h))
-    q_bkmh = (q_btnh.astype(jnp.float32) * scale).reshape(b, t, kv, gs, h)
-    q_bkmh = q_bkmh.transpose(0, 2, 3, 1, 4).reshape(b, kv, gs * t, h)  # row m: token m % t
+    q_bkmh = heads_to_rows(q_btnh.astype(jnp.float32) * scale, kv)[:, :, 0]
     k_bksh = k_btkh.astype(jnp.float32).transpose(0, 2, 1, 3)
     v_bksh = v_btkh.astype(jnp.float32).transpose(0, 2, 1, 3)
-    seq_bkms = jnp.einsum("bkmh,bksh->bkms", q_bkmh, k_bksh)
-    causal_ms = jnp.tile(jnp.tril(jnp.ones((t, t), dtype=bool)), (gs, 1))
-    seq_bkms = jnp.where(causal_ms, seq_bkms, -jnp.inf)
+    seq_bkms, _ = _block_logits(q_bkmh, k_bksh, 0, t)  # one block: all of T
 
     def to_btn(x_bkm):
-        return x_bkm.reshape(b, kv, gs, t).transpose(0, 3, 1, 2).reshape(b, t, n)
+        return rows_to_heads(x_bkm[:, :, None, :, None], t)[..., 0]
 
     qd_btnh = q_depth_btnh.astype(jnp.float32) * scale
     depth = []  # per group: logits [B, T, g, n/g, m] (masked), values [B, T, g, m, h]
@@ -247,11 +257,11 @@ def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
     for logits, _ in depth:
         mu_btn = jnp.maximum(mu_btn, jnp.max(logits, axis=-1).reshape(b, t, n))
     mu_btn = jax.lax.stop_gradient(mu_btn)
-    mu_bkm = mu_btn.reshape(b, t, kv, gs).transpose(0, 2, 3, 1).reshape(b, kv, gs * t)
+    mu_bkm = heads_to_rows(mu_btn[..., None], kv)[:, :, 0, :, 0]
     e_bkms = jnp.exp(seq_bkms - mu_bkm[..., None])
     den_btn = to_btn(jnp.sum(e_bkms, axis=-1))
     out_bkmh = jnp.einsum("bkms,bksh->bkmh", e_bkms, v_bksh)
-    out_btnh = out_bkmh.reshape(b, kv, gs, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+    out_btnh = rows_to_heads(out_bkmh[:, :, None], t)
     for logits, v_btgmh in depth:
         g = v_btgmh.shape[2]
         e_btgrm = jnp.exp(logits - mu_btn.reshape(b, t, g, n // g, 1))

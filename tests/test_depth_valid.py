@@ -114,14 +114,21 @@ def _concat_attention_with_depth(q, k, v, qd, groups):
     return out
 
 
-def test_grouped_depth_attention_equals_the_concatenated_softmax():
+@pytest.mark.parametrize(
+    ("t", "block", "valid"),
+    [(5, 128, (True, False, True)),  # one query block (128 does not divide T)
+     (6, 2, (True, False, True)),  # three causal blocks merged with the depth part
+     (6, 3, (False, False, False))],  # no valid depth key: the sequence part alone
+)
+def test_grouped_depth_attention_equals_the_concatenated_softmax(monkeypatch, t, block, valid):
+    monkeypatch.setattr(layers, "CAUSAL_BLOCK", block)
     k = jax.random.split(jax.random.key(5), 8)
-    b, t, n, h, m = 2, 5, 4, 8, 3
+    b, n, h, m = 2, 4, 8, 3
     q, qd = jax.random.normal(k[0], (b, t, n, h)), jax.random.normal(k[1], (b, t, n, h))
     seq_k, seq_v = jax.random.normal(k[2], (b, t, 2, h)), jax.random.normal(k[3], (b, t, 2, h))
     ka, va = jax.random.normal(k[4], (b, t, 4, m, h)), jax.random.normal(k[5], (b, t, 4, m, h))
     kf, vf = jax.random.normal(k[6], (b, t, 1, m, h)), jax.random.normal(k[7], (b, t, 1, m, h))
-    valid = jnp.array([True, False, True])
+    valid = jnp.array(valid)
 
     def run(fn):
         def f(*a):

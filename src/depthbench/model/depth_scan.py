@@ -78,11 +78,14 @@ def _put(bank, axis: int, slots, values):
 
 
 # Position groups of a banked stack (``position_groups``).  More groups mix
-# fewer invalid slots ((G + 1) / 2G of the whole banks' visits) but compile
-# one scan each and hold more cut copies; at d 64, L 32 on CPU (train step,
-# 2026-11-30, loaded machine) G 8 was within timing noise of G 4 (a few %
-# faster) at 3.07x pre_ln's temp memory against 2.87x.
-GROUPS = 4
+# fewer invalid slots ((G + 1) / 2G of the whole banks' visits) and run each
+# block on a smaller bank, but compile one scan each and hold more cut
+# copies.  Train step at d 64, L 32 on CPU (one thread, wall time, relative
+# to pre_ln; 2026-11-30, idle): G 4 / 6 / 8 / 10 / 12 gave attnres_full
+# 2.43x / 2.30x / 2.11x / 2.24x / 2.20x and moda 2.37x / 2.12x / 1.94x /
+# 2.04x / 1.95x, at temp memory 2.43x / 2.43x / 2.60x / 3.03x / 3.46x
+# (attnres_full) of pre_ln's.
+GROUPS = 8
 
 
 def read_extents(depth: int, extent: Extent) -> list[dict[str, int]]:

@@ -116,7 +116,8 @@ def causal_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array) ->
     kv = k_btkh.shape[2]
     nb = t // CAUSAL_BLOCK if t % CAUSAL_BLOCK == 0 else 1
     q_bkqmh = heads_to_rows(q_btnh * jnp.asarray(h ** -0.5, q_btnh.dtype), kv, nb)
-    out_bkqmh = _causal_blocks(q_bkqmh, k_btkh.transpose(0, 2, 1, 3), v_btkh.transpose(0, 2, 1, 3))
+    out_bkqmh, _ = _causal_blocks(q_bkqmh, k_btkh.transpose(0, 2, 1, 3),
+                                  v_btkh.transpose(0, 2, 1, 3))
     return rows_to_heads(out_bkqmh, t)
 
 
@@ -156,16 +157,19 @@ def _block_logits(q_bkmh, k_bksh, i, blk):
 @jax.custom_vjp
 def _causal_blocks(q_bkqmh, k_bksh, v_bksh):
     """Causal softmax attention per query block; ``q_bkqmh`` is ``[B, K, nb, M, H]``.
+    Returns the output and each row's log-sum-exp ``[B, K, nb, M]`` (fp32;
+    :func:`attention_with_depth` merges more keys into the softmax with it).
 
     Forward per block: ``mu = max l``, ``p = e^(l - mu) / sum``, ``o = p v``,
     and the row statistic ``lse = mu + log sum e^(l - mu)``.  Backward (the
     flash-attention form) from ``q, k, v, o, lse`` alone::
 
         p  = e^(l - lse)                 (recomputed; masked entries 0)
-        dv = p^T do      dp = do v^T      D = rowsum(do * o)
+        dv = p^T do      dp = do v^T      D = rowsum(do * o) - dlse
         ds = p (dp - D)  dq = ds k        dk = ds^T q
 
-    so the layer scan stacks no ``[.., T, T]`` tensor for the backward."""
+    (``d lse / d l = p``), so the layer scan stacks no ``[.., T, T]`` tensor
+    for the backward."""
     return _causal_blocks_fwd(q_bkqmh, k_bksh, v_bksh)[0]
 
 
@@ -180,12 +184,13 @@ def _causal_blocks_fwd(q_bkqmh, k_bksh, v_bksh):
         probs_bkms = (e_bkms / sum_bkm).astype(v_bksh.dtype)
         outs.append(jnp.einsum("bkms,bksh->bkmh", probs_bkms, v_bksh[:, :, :keys]))
         lses.append((mu_bkm + jnp.log(sum_bkm))[..., 0])
-    out_bkqmh = jnp.stack(outs, axis=2)
-    return out_bkqmh, (q_bkqmh, k_bksh, v_bksh, out_bkqmh, jnp.stack(lses, axis=2))
+    out_bkqmh, lse_bkqm = jnp.stack(outs, axis=2), jnp.stack(lses, axis=2)
+    return (out_bkqmh, lse_bkqm), (q_bkqmh, k_bksh, v_bksh, out_bkqmh, lse_bkqm)
 
 
-def _causal_blocks_bwd(saved, dout_bkqmh):
+def _causal_blocks_bwd(saved, cts):
     q_bkqmh, k_bksh, v_bksh, out_bkqmh, lse_bkqm = saved
+    dout_bkqmh, dlse_bkqm = cts
     dk_bksh = jnp.zeros(k_bksh.shape, jnp.float32)
     dv_bksh = jnp.zeros(v_bksh.shape, jnp.float32)
     nb = q_bkqmh.shape[2]
@@ -200,7 +205,7 @@ def _causal_blocks_bwd(saved, dout_bkqmh):
         dp_bkms = jnp.einsum("bkmh,bksh->bkms", dout_bkmh, v_bksh[:, :, :keys],
                              preferred_element_type=jnp.float32)
         rowdot_bkm = jnp.sum(dout_bkmh.astype(jnp.float32) * out_bkqmh[:, :, i].astype(
-            jnp.float32), axis=-1, keepdims=True)
+            jnp.float32), axis=-1, keepdims=True) - dlse_bkqm[:, :, i, :, None]
         ds_bkms = (probs_bkms * (dp_bkms - rowdot_bkm)).astype(q_bkqmh.dtype)
         dqs.append(jnp.einsum("bkms,bksh->bkmh", ds_bkms, k_bksh[:, :, :keys]))
         dk_bksh = dk_bksh.at[:, :, :keys].add(jnp.einsum(
@@ -226,24 +231,28 @@ def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
         mu  = max(seq logits, depth logits)              (per token and head)
         out = (sum_s e^(l_s - mu) v_s + sum_m e^(l_m - mu) v_m) / (sum of the e^)
 
+    computed in two parts merged by their log-sum-exp: the sequence part is
+    :func:`causal_attention`'s (causal query blocks, its layout, the
+    flash-style backward, and each row's ``lse_s``), the depth part is small
+    (``m`` keys per token)::
+
+        lse = log(e^lse_s + sum_m e^l_m)
+        out = e^(lse_s - lse) out_s + sum_m e^(l_m - lse) v_m
+
     Query heads are grouped per key head (as :func:`causal_attention`), never
     repeated, and the parts are not concatenated: no key or logit tensor is
-    copied per query head (about 0.6x the temp memory of the repeated form).
-    The sequence part runs in :func:`causal_attention`'s layout (plain
-    batched matmuls over ``[B, K, G T, H]``, one ``O(B T d)`` transpose each
-    for q, k, v and the output): the 5-D einsum form makes XLA:CPU copy the
-    ``[.., T, T]`` operands into transposed layouts in the backward.
+    copied per query head.
     """
     b, t, n, h = q_btnh.shape
     kv = k_btkh.shape[2]
     scale = 1.0 / jnp.sqrt(jnp.float32(h))
-    q_bkmh = heads_to_rows(q_btnh.astype(jnp.float32) * scale, kv)[:, :, 0]
-    k_bksh = k_btkh.astype(jnp.float32).transpose(0, 2, 1, 3)
-    v_bksh = v_btkh.astype(jnp.float32).transpose(0, 2, 1, 3)
-    seq_bkms, _ = _block_logits(q_bkmh, k_bksh, 0, t)  # one block: all of T
-
-    def to_btn(x_bkm):
-        return rows_to_heads(x_bkm[:, :, None, :, None], t)[..., 0]
+    nb = t // CAUSAL_BLOCK if t % CAUSAL_BLOCK == 0 else 1
+    q_bkqmh = heads_to_rows(q_btnh.astype(jnp.float32) * scale, kv, nb)
+    out_bkqmh, lse_bkqm = _causal_blocks(
+        q_bkqmh, k_btkh.astype(jnp.float32).transpose(0, 2, 1, 3),
+        v_btkh.astype(jnp.float32).transpose(0, 2, 1, 3))
+    seq_btnh = rows_to_heads(out_bkqmh, t)
+    lse_btn = rows_to_heads(lse_bkqm[..., None], t)[..., 0]
 
     qd_btnh = q_depth_btnh.astype(jnp.float32) * scale
     depth = []  # per group: logits [B, T, g, n/g, m] (masked), values [B, T, g, m, h]
@@ -252,23 +261,25 @@ def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
         logits = jnp.einsum("btgrh,btgmh->btgrm", qd_btnh.reshape(b, t, g, n // g, h),
                             k_btgmh.astype(jnp.float32))
         depth.append((jnp.where(valid_m, logits, -jnp.inf), v_btgmh))
-    # The joint maximum (the diagonal sequence key is always there: finite).
-    mu_btn = to_btn(jnp.max(seq_bkms, axis=-1))
+    # The joint log-sum-exp of the sequence part (finite: the diagonal key is
+    # always there) and the depth logits, shifted by their joint maximum.
+    mu_btn = lse_btn
     for logits, _ in depth:
         mu_btn = jnp.maximum(mu_btn, jnp.max(logits, axis=-1).reshape(b, t, n))
     mu_btn = jax.lax.stop_gradient(mu_btn)
-    mu_bkm = heads_to_rows(mu_btn[..., None], kv)[:, :, 0, :, 0]
-    e_bkms = jnp.exp(seq_bkms - mu_bkm[..., None])
-    den_btn = to_btn(jnp.sum(e_bkms, axis=-1))
-    out_bkmh = jnp.einsum("bkms,bksh->bkmh", e_bkms, v_bksh)
-    out_btnh = rows_to_heads(out_bkmh[:, :, None], t)
+    den_btn = jnp.exp(lse_btn - mu_btn)
+    for logits, _ in depth:
+        g = logits.shape[2]
+        den_btn = den_btn + jnp.sum(jnp.exp(logits - mu_btn.reshape(b, t, g, n // g, 1)),
+                                    axis=-1).reshape(b, t, n)
+    lse_all_btn = mu_btn + jnp.log(den_btn)
+    out_btnh = seq_btnh * jnp.exp(lse_btn - lse_all_btn)[..., None]
     for logits, v_btgmh in depth:
         g = v_btgmh.shape[2]
-        e_btgrm = jnp.exp(logits - mu_btn.reshape(b, t, g, n // g, 1))
-        den_btn = den_btn + jnp.sum(e_btgrm, axis=-1).reshape(b, t, n)
-        out_btgrh = jnp.einsum("btgrm,btgmh->btgrh", e_btgrm, v_btgmh.astype(jnp.float32))
+        p_btgrm = jnp.exp(logits - lse_all_btn.reshape(b, t, g, n // g, 1))
+        out_btgrh = jnp.einsum("btgrm,btgmh->btgrh", p_btgrm, v_btgmh.astype(jnp.float32))
         out_btnh = out_btnh + out_btgrh.reshape(b, t, n, h)
-    return (out_btnh / den_btn[..., None]).astype(q_btnh.dtype)
+    return out_btnh.astype(q_btnh.dtype)
 
 
 class Attention(nn.Module):

@@ -26,6 +26,13 @@ def test_position_groups_cover_the_stack_in_near_equal_spans(depth, groups):
     assert lengths == sorted(lengths, reverse=True)
 
 
+@pytest.mark.parametrize("depth,expected", [(3, 1), (8, 2), (17, 4), (32, 8), (70, 8)])
+def test_default_groups_keep_min_span_positions_each(depth, expected, monkeypatch):
+    monkeypatch.setattr(depth_scan, "GROUPS", 8)
+    monkeypatch.setattr(depth_scan, "MIN_SPAN", 4)
+    assert len(depth_scan.position_groups(depth)) == expected
+
+
 @pytest.mark.parametrize("groups", [2, 5], ids=["3+2", "1each"])
 @pytest.mark.parametrize("family", ["attnres_full", "attnres_block", "moda"])
 def test_grouped_stack_gives_nn_scans_loss_and_gradients(family, groups, monkeypatch):
@@ -33,6 +40,7 @@ def test_grouped_stack_gives_nn_scans_loss_and_gradients(family, groups, monkeyp
     the tightest cut, ``bank_extent`` of its own end), with a skipped and a
     permuted block: the cut reads see every slot they need."""
     monkeypatch.setattr(depth_scan, "GROUPS", groups)
+    monkeypatch.setattr(depth_scan, "MIN_SPAN", 1)
     shape = Shape(depth=5, d_model=16, d_ff=32, n_heads=2, n_kv_heads=2, vocab_size=32)
     tokens = jax.random.randint(jax.random.key(0), (2, 6), 0, 32)
     order = jnp.array([1, 0, 2, 4, 3])

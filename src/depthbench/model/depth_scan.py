@@ -86,6 +86,11 @@ def _put(bank, axis: int, slots, values):
 # 2.04x / 1.95x, at temp memory 2.43x / 2.43x / 2.60x / 3.03x / 3.46x
 # (attnres_full) of pre_ln's.
 GROUPS = 8
+# ... but no fewer than ``MIN_SPAN`` positions per group by default: each
+# group's cut copies cost memory, and a short stack has little to gain (at
+# L 8, G 8 took 3.4x / 3.8x pre_ln's temp memory for attnres_block / moda,
+# against 1.3x / 1.4x with G 4).
+MIN_SPAN = 4
 
 
 def read_extents(depth: int, extent: Extent) -> list[dict[str, int]]:
@@ -97,8 +102,11 @@ def read_extents(depth: int, extent: Extent) -> list[dict[str, int]]:
 def position_groups(depth: int, groups: int | None = None) -> tuple[tuple[int, int], ...]:
     """``groups`` contiguous spans ``[start, end)`` of near-equal length covering
     the ``depth`` execution positions (fewer when ``depth < groups``); the
-    longer spans come first."""
-    n = max(1, min(int(GROUPS if groups is None else groups), int(depth)))
+    longer spans come first.  By default ``GROUPS``, or fewer so that each
+    span has at least ``MIN_SPAN`` positions."""
+    if groups is None:
+        groups = min(GROUPS, int(depth) // MIN_SPAN)
+    n = max(1, min(int(groups), int(depth)))
     q, r = divmod(int(depth), n)
     ends = [0]
     for i in range(n):

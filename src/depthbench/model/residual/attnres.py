@@ -105,15 +105,11 @@ def depth_mix(
 
 def _depth_mix_fwd(bank_mbtd, valid_m, query_d, key_norm_d, eps):
     v32 = bank_mbtd.astype(jnp.float32)
-    m, b, t, d = v32.shape
     qw_d = query_d.astype(jnp.float32) * key_norm_d.astype(jnp.float32)
+    # No dot batched over (b, t) (``einsum("mbt,mbtd->btd")``): XLA:CPU lowers
+    # it with a transposed copy of the bank.  A sum over the slot axis instead.
     inv_rms_mbt = jax.lax.rsqrt(jnp.mean(jnp.square(v32), axis=-1) + eps)
-    # Products with q w as matrix-vector products over the flattened bank:
-    # ``sum(v * qw, -1)`` makes XLA:CPU write the broadcast ``qw`` out as a
-    # bank-sized operand of the reduction.  No dot batched over (b, t) for the
-    # mix (``einsum("mbt,mbtd->btd")``): XLA:CPU lowers it with a transposed
-    # copy of the bank; a sum over the slot axis instead.
-    dot_mbt = jnp.dot(v32.reshape(-1, d), qw_d).reshape(m, b, t)
+    dot_mbt = jnp.sum(v32 * qw_d, axis=-1)
     logits_mbt = jnp.where(valid_m[:, None, None], dot_mbt * inv_rms_mbt, -jnp.inf)
     # The barrier keeps XLA from fusing the softmax into the sum over slots
     # (recomputing it for each of the d features).
@@ -138,7 +134,7 @@ def _depth_mix_bwd(eps, res, dh_btd):
     c_mbt = a_mbt * dot_mbt * jnp.square(inv_rms_mbt) / d
     p_mbt, a_mbt, c_mbt = jax.lax.optimization_barrier((p_mbt, a_mbt, c_mbt))  # as in forward
     dv = p_mbt[..., None] * dh + a_mbt[..., None] * qw_d - c_mbt[..., None] * v32
-    dqw_d = jnp.dot(a_mbt.reshape(1, -1), v32.reshape(-1, d))[0]  # (as in the forward)
+    dqw_d = jnp.sum(a_mbt[..., None] * v32, axis=(0, 1, 2))
     return (dv.astype(bank_mbtd.dtype), None,
             (dqw_d * key_norm_d.astype(jnp.float32)).astype(query_d.dtype),
             (dqw_d * query_d.astype(jnp.float32)).astype(key_norm_d.dtype))

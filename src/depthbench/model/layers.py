@@ -87,6 +87,11 @@ def rope(x_bthd: jax.Array, positions_t: jax.Array, theta: float) -> jax.Array:
 CAUSAL_BLOCK = 128  # query rows per block of causal_attention (when it divides T)
 
 
+def _query_blocks(t: int) -> int:
+    """Causal query blocks over ``t`` tokens: ``t / CAUSAL_BLOCK`` when that divides, else 1."""
+    return t // CAUSAL_BLOCK if t % CAUSAL_BLOCK == 0 else 1
+
+
 def causal_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array) -> jax.Array:
     """softmax(q k^T / sqrt(d_h) + causal mask) v, GQA by grouping query heads.
 
@@ -114,7 +119,7 @@ def causal_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array) ->
     """
     t, h = q_btnh.shape[1], q_btnh.shape[3]
     kv = k_btkh.shape[2]
-    nb = t // CAUSAL_BLOCK if t % CAUSAL_BLOCK == 0 else 1
+    nb = _query_blocks(t)
     q_bkqmh = heads_to_rows(q_btnh * jnp.asarray(h ** -0.5, q_btnh.dtype), kv, nb)
     out_bkqmh, _ = _causal_blocks(q_bkqmh, k_btkh.transpose(0, 2, 1, 3),
                                   v_btkh.transpose(0, 2, 1, 3))
@@ -246,7 +251,7 @@ def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
     b, t, n, h = q_btnh.shape
     kv = k_btkh.shape[2]
     scale = 1.0 / jnp.sqrt(jnp.float32(h))
-    nb = t // CAUSAL_BLOCK if t % CAUSAL_BLOCK == 0 else 1
+    nb = _query_blocks(t)
     q_bkqmh = heads_to_rows(q_btnh.astype(jnp.float32) * scale, kv, nb)
     out_bkqmh, lse_bkqm = _causal_blocks(
         q_bkqmh, k_btkh.astype(jnp.float32).transpose(0, 2, 1, 3),

@@ -124,7 +124,7 @@ def _concat_attention_with_depth(q, k, v, qd, groups):
 
 @pytest.mark.parametrize(
     ("t", "block", "valid"),
-    [(5, 128, (True, False, True)),  # one query block (128 does not divide T)
+    [(5, 128, (True, False, True)),  # one query block (T 5 < 128 rows)
      (6, 2, (True, False, True)),  # three causal blocks merged with the depth part
      (6, 3, (False, False, False))],  # no valid depth key: the sequence part alone
 )

@@ -75,7 +75,14 @@ def test_depth_attention_without_depth_keys_is_causal_attention():
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("block", [None, 2, 3, 4])  # None: one block (T 6 < 128); 4: no split
+@pytest.mark.parametrize(("t", "blocks"), [(6, 1), (100, 1), (128, 2), (192, 3), (256, 4),
+                                           (512, 8), (2048, 8), (2000, 8), (2001, 3)])
+def test_query_blocks_split_evenly_into_at_least_min_rows(t, blocks):
+    assert layers._query_blocks(t) == blocks
+    assert t % blocks == 0 and (blocks == 1 or t // blocks >= layers.CAUSAL_BLOCK)
+
+
+@pytest.mark.parametrize("block", [None, 2, 3, 4])  # None: one block (T 6 < 64); 4: no split
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 def test_causal_attention_matches_jax_reference_values_and_grads(kv_heads, block, monkeypatch):
     if block is not None:  # query blocks that skip the keys above the diagonal

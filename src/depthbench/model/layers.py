@@ -119,8 +119,8 @@ def causal_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array) ->
     * **causal blocks** (:func:`_query_blocks`): query block ``i`` is
       multiplied by keys ``[0, (i + 1) blk)`` only, so the blocks
       above the diagonal are never computed (``(nb + 1) / 2 nb`` of the full
-      products: 56% at T 512 in 8 blocks); each row's softmax still sees every key it
-      may see;
+      products: 56% at T 512 in 8 blocks); each row's softmax still sees
+      every key it may see;
     * **backward from statistics** (:func:`_causal_blocks`): only the output
       and each row's log-sum-exp are kept, the probabilities are recomputed.
 
@@ -281,6 +281,10 @@ def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
     for logits, _ in depth:
         mu_btn = jnp.maximum(mu_btn, jnp.max(logits, axis=-1).reshape(b, t, n))
     mu_btn = jax.lax.stop_gradient(mu_btn)
+    # Each depth exponential is taken twice (shifted by mu for the sum, by the
+    # joint lse for the weights): keeping one and dividing the sum at the end
+    # cost more temp memory (moda, d 64, L 32: 2.87x pre_ln's against 2.84x)
+    # at no measurable time gain.
     den_btn = jnp.exp(lse_btn - mu_btn)
     for logits, _ in depth:
         g = logits.shape[2]

@@ -10,10 +10,11 @@ import pytest
 from flax import linen as nn
 
 from depthbench.model import depth_scan, layers
-from depthbench.model.residual import attnres
+from depthbench.model.residual import depth_mix
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer, cross_entropy, permute_blocks
 from depthbench.shapes import Shape
+from pallas_kernels import merge_partial
 
 
 @pytest.mark.parametrize("depth,groups", [(1, 4), (4, 4), (5, 2), (7, 3), (32, 4)])
@@ -95,12 +96,66 @@ def test_depth_mix_vjp_equals_autodiff_of_the_formula(dtype, tol):
             return jnp.sum(mix(b, valid, q, w, 1e-6).astype(jnp.float32) * ct)
         return jax.value_and_grad(f, argnums=(0, 1, 2))(bank, q, w)
 
-    (v_new, g_new), (v_old, g_old) = grads(attnres.depth_mix), grads(_plain_depth_mix)
+    (v_new, g_new), (v_old, g_old) = grads(depth_mix.depth_mix), grads(_plain_depth_mix)
     np.testing.assert_allclose(float(v_new), float(v_old), rtol=tol)
     for a, b in zip(g_new, g_old, strict=True):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         np.testing.assert_allclose(a / np.abs(b).max(), b / np.abs(b).max(), atol=tol)
     assert not np.any(np.asarray(g_new[0], np.float32)[~np.asarray(valid)])  # masked: no grad
+
+
+def test_depth_mixes_vjp_equals_autodiff_of_the_formula():
+    """Two mixes over different slots with their log-sum-exps, the inverse RMS
+    given per slot (its cotangent returned, not pushed into the bank): values
+    and gradients of every input equal autodiff of the spec's formula."""
+    k = jax.random.split(jax.random.key(5), 6)
+    bank = 3 * jax.random.normal(k[0], (6, 2, 5, 16))
+    inv_rms = depth_mix.slot_inv_rms(bank, 1e-6)
+    valid_mk = jnp.array([[1, 1], [1, 1], [0, 1], [1, 0], [1, 1], [0, 0]], bool)
+    q, w = jax.random.normal(k[1], (2, 16)), 1 + 0.2 * jax.random.normal(k[2], (2, 16))
+    ct_h, ct_lse = jax.random.normal(k[3], (2, 5, 2, 16)), jax.random.normal(k[4], (2, 5, 2))
+
+    def plain(bank, r, valid_mk, q, w):
+        logits = jnp.einsum("mbtd,kd->mbtk", bank, q * w) * r[..., None]
+        logits = jnp.where(valid_mk[:, None, None, :], logits, -jnp.inf)
+        p = jax.nn.softmax(logits, axis=0)
+        return jnp.einsum("mbtk,mbtd->btkd", p, bank), jax.nn.logsumexp(logits, axis=0)
+
+    def loss(mixes):
+        def f(bank, r, q, w):
+            h, lse = mixes(bank, r, valid_mk, q, w)
+            return jnp.sum(h * ct_h) + jnp.sum(lse * ct_lse)
+        return jax.value_and_grad(f, argnums=(0, 1, 2, 3))(bank, inv_rms, q, w)
+
+    (v_new, g_new), (v_old, g_old) = loss(depth_mix.depth_mixes), loss(plain)
+    np.testing.assert_allclose(float(v_new), float(v_old), rtol=1e-5)
+    for a, b in zip(g_new, g_old, strict=True):
+        np.testing.assert_allclose(a / np.abs(b).max(), b / np.abs(b).max(), atol=2e-5)
+    assert not np.any(np.asarray(g_new[0])[5]) and not np.any(np.asarray(g_new[1])[5])
+
+
+def test_partial_mix_merged_with_the_next_source_equals_the_mix_over_all():
+    """attnres's two-phase block: a mix over slots ``0 .. 3`` merged with slot 4
+    is the mix over ``0 .. 4`` (forward and gradients)."""
+    k = jax.random.split(jax.random.key(6), 4)
+    bank = 2 * jax.random.normal(k[0], (5, 2, 3, 8))
+    q, w = jax.random.normal(k[1], (8,)), 1 + 0.2 * jax.random.normal(k[2], (8,))
+    ct = jax.random.normal(k[3], (2, 3, 8))
+    upto = jnp.arange(5) <= 3
+
+    def two_phase(bank, q, w):
+        h, lse = depth_mix.depth_mixes(bank, depth_mix.slot_inv_rms(bank, 1e-6), upto[:, None],
+                                       q[None], w[None])
+        return jnp.sum(ct * merge_partial(h[:, :, 0], lse[:, :, 0], bank[4], q, w, 1e-6))
+
+    def direct(bank, q, w):
+        return jnp.sum(ct * depth_mix.depth_mix(bank, jnp.ones(5, bool), q, w, 1e-6))
+
+    (v2, g2), (v1, g1) = (jax.value_and_grad(f, argnums=(0, 1, 2))(bank, q, w)
+                          for f in (two_phase, direct))
+    np.testing.assert_allclose(float(v2), float(v1), rtol=1e-5)
+    for a, b in zip(g2, g1, strict=True):
+        np.testing.assert_allclose(a / np.abs(b).max(), b / np.abs(b).max(), atol=2e-5)
 
 
 def _concat_attention_with_depth(q, k, v, qd, groups):

@@ -27,7 +27,7 @@ from depthbench import costs
 from depthbench.cli.families import family_rows
 from depthbench.config import ConfigError, apply_overrides, base_config, validate
 from depthbench.model.layers import MLP, Attention
-from depthbench.model.residual import attnres, hc, mhc, moda
+from depthbench.model.residual import depth_mix, hc, mhc, moda
 from depthbench.model.residual.base import Site
 from depthbench.model.residual.sinkhorn import sinkhorn
 from depthbench.model.spec import ModelSpec
@@ -212,11 +212,11 @@ def test_attnres_at_init_is_pre_ln(pre_ln, family, fields):
 
 
 def test_depth_mix_zero_query_is_uniform_average_and_matches_numpy():
-    depth_mix = fast_jit(functools.partial(attnres.depth_mix, eps=1e-6))
+    mix = fast_jit(functools.partial(depth_mix.depth_mix, eps=1e-6))
     rng = np.random.default_rng(3)
     bank = normal(rng, (5, 2, 3, 16))
     valid = jnp.array([True, True, True, False, False])
-    out = depth_mix(bank, valid, jnp.zeros(16), jnp.ones(16))
+    out = mix(bank, valid, jnp.zeros(16), jnp.ones(16))
     np.testing.assert_allclose(out, jnp.mean(bank[:3], axis=0), rtol=1e-6, atol=1e-6)
     q, w = normal(rng, (16,)), 1 + normal(rng, (16,), 0.1)
     v = np.asarray(bank, np.float64)[:3]
@@ -227,13 +227,13 @@ def test_depth_mix_zero_query_is_uniform_average_and_matches_numpy():
     )
     p = np.exp(logit - logit.max(0)) / np.exp(logit - logit.max(0)).sum(0)
     np.testing.assert_allclose(
-        depth_mix(bank, valid, q, w), np.einsum("mbt,mbtd->btd", p, v), rtol=1e-5, atol=1e-6
+        mix(bank, valid, q, w), np.einsum("mbt,mbtd->btd", p, v), rtol=1e-5, atol=1e-6
     )
     # bf16 sources are mixed in fp32: the same as mixing their fp32 values.
     b16 = bank.astype(jnp.bfloat16)
     np.testing.assert_array_equal(
-        depth_mix(b16, valid, q, w),
-        depth_mix(b16.astype(jnp.float32), valid, q, w).astype(jnp.bfloat16),
+        mix(b16, valid, q, w),
+        mix(b16.astype(jnp.float32), valid, q, w).astype(jnp.bfloat16),
     )
 
 
@@ -640,8 +640,8 @@ def test_documented_overheads_and_state_sizes():
     hd = d // 16
     assert f["moda"].extra_block_params() == 2 * d * 2 * hd  # 2 depth K/V heads
     assert f["hc"].state_floats_per_token() == f["mhc"].state_floats_per_token() == n * d
-    assert f["attnres_full"].state_floats_per_token() == (2 * L + 1) * d
-    assert f["attnres_block"].state_floats_per_token() == (8 + 1) * d  # x0 + 8 blocks
+    assert f["attnres_full"].state_floats_per_token() == (2 * L + 1) * (d + 1)  # + inverse RMS
+    assert f["attnres_block"].state_floats_per_token() == (8 + 1) * (d + 1)  # x0 + 8 blocks
     assert f["moda"].state_floats_per_token() == d + 2 * (L - 1) * (16 + 2) * hd
     assert f["attnres_full"].sources_per_token() == 2 * L * L + 3 * L
     assert f["moda"].extra_flops_per_token(128) == 4 * d * L * (L - 1) + (L - 1) * 2 * d * 4 * hd

@@ -4,7 +4,7 @@ Forward and gradients (sources, query, key-norm weight) over odd token
 counts, a single source, all sources masked but one, fp32 (tight) and bf16
 (looser), under both backends' tiling rules (``interpret`` emulates TPU,
 ``interpret_gpu`` Triton's power-of-two padding); the reference equals the
-model's ``attnres.depth_mix``; the two-phase prefill equals one mix over all
+model's ``depth_mix.depth_mix``; the two-phase prefill equals one mix over all
 sources.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, rel_err
 
-from depthbench.model.residual.attnres import depth_mix
+from depthbench.model.residual.depth_mix import depth_mix
 from pallas_kernels import (
     completed_sources_attention,
     depth_attention,
@@ -84,7 +84,7 @@ def test_reference_is_the_models_depth_mix():
     assert rel_err(reference(v, valid, q, w), depth_mix(v, valid, q, w, EPS)) < 1e-6
     grad_model = jax.grad(lambda v: jnp.sum(jnp.sin(depth_mix(v, valid, q, w, EPS))))(v)
     grad_ref = jax.grad(lambda v: jnp.sum(jnp.sin(reference(v, valid, q, w))))(v)
-    # The model's backward is written by hand (attnres._depth_mix_bwd): the
+    # The model's backward is written by hand (depth_mix._depth_mixes_bwd): the
     # same formula summed in another order, so a few fp32 ulps apart.
     assert rel_err(grad_ref, grad_model) < 1e-5
 

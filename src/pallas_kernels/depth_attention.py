@@ -8,7 +8,7 @@ For sources ``V[S, N, d]`` (``S`` depth slots, ``N`` tokens), a validity mask
     p       = softmax_s(logit)                            (fp32)
     h       = sum_s p_s v_s                               (in V's dtype)
 
-exactly :func:`depthbench.model.residual.attnres.depth_mix` (fp32 maths,
+exactly :func:`depthbench.model.residual.depth_mix.depth_mix` (fp32 maths,
 output cast back to the bank's dtype).  :func:`depth_attention_reference`
 is that computation in plain ``jnp``.
 
@@ -51,7 +51,7 @@ _NEG_BIG = -1e30
 
 
 def depth_attention_reference(v_snd, valid_s, query_d, key_norm_d, eps: float):
-    """The XLA path (``attnres.depth_mix`` on flattened tokens): ``[N, d]``."""
+    """The XLA path (``depth_mix.depth_mix`` on flattened tokens): ``[N, d]``."""
     v32 = v_snd.astype(jnp.float32)
     qw_d = query_d.astype(jnp.float32) * key_norm_d.astype(jnp.float32)
     inv_rms_sn = jax.lax.rsqrt(jnp.mean(jnp.square(v32), axis=-1) + eps)

@@ -82,9 +82,9 @@ class Block(nn.Module):
             x_in = fam.input_scale(p, x_in, site)
             if sub == 0:
                 y, kv = attn(x_in, positions_t, ctx.get("depth_kv"))
-                aux = {"x_in": x_in, "kv": kv}
+                aux = {"x_in": x_in, "kv": kv, "ctx": ctx}
             else:
-                y, aux = mlp(x_in), {"x_in": x_in}
+                y, aux = mlp(x_in), {"x_in": x_in, "ctx": ctx}
             state = fam.write(p, state, y, site, aux, active)
         if self.capture == "all":
             captured["probe"] = jax.tree.map(lambda a, b: jnp.stack([a, b]), *captured["probe"])

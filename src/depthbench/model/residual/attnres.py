@@ -57,14 +57,24 @@ produces each block's right boundary with it.  The analysis options
 ``probe_rule="readout"``, ``skip_rule="remove"`` and ``swap_rule="block"``
 (in ``spec.residual``) select depthbench's earlier definitions instead.
 
-:func:`depth_mix` is pure ``jnp`` with an explicit source mask: the fused
-kernel in ``pallas_kernels`` replaces it one for one.
+The mixes run in ``depth_mix`` (pure ``jnp``, explicit source masks).  On
+the XLA path a block computes its two mixes in one set of passes over the
+bank, the two-phase form of the AttnRes paper: before the attention side,
+its mix and the MLP side's *partial* mix over the slots up to ``covered =
+block_of[c]`` (those the attention side's write leaves alone, with their
+log-sum-exp); after the write, the MLP side's mix is that partial merged
+with the slot written (``merge_source``, an online softmax), or the partial
+alone after a skipped attention side.  The state keeps each slot's inverse
+RMS (``inv_rms``, ``[M, B, T]``), set when the slot is written, so the
+mixes never recompute it.  At d 64, L 32 on CPU the two together took
+attnres_full's train step from 2.0-2.2x to 1.8-1.9x pre_ln's (2026-12-01).
+With ``model.impl=pallas`` each mix is one fused kernel call instead, and
+``inv_rms`` is not kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -73,74 +83,16 @@ from flax import linen as nn
 from depthbench.model.depth_scan import read_extents
 from depthbench.model.residual import fused
 from depthbench.model.residual.base import BTD, ResidualFamily, family_param, norm_param, with_axes
+from depthbench.model.residual.depth_mix import (
+    depth_mixes,
+    depth_weights,
+    merge_source,
+    slot_inv_rms,
+)
 from depthbench.model.residual.fields import check_number
 
 MBTD = ("activation_sources", *BTD)
-
-
-def depth_weights(
-    bank_mbtd: jax.Array, valid_m: jax.Array, query_d: jax.Array, key_norm_d: jax.Array, eps: float
-) -> jax.Array:
-    """The softmax weights ``p`` ``[M, B, T]`` (fp32) of a depth mix; invalid slots get 0."""
-    v32 = bank_mbtd.astype(jnp.float32)
-    qw_d = query_d.astype(jnp.float32) * key_norm_d.astype(jnp.float32)
-    inv_rms_mbt = jax.lax.rsqrt(jnp.mean(jnp.square(v32), axis=-1) + eps)
-    logits_mbt = jnp.einsum("mbtd,d->mbt", v32, qw_d) * inv_rms_mbt
-    logits_mbt = jnp.where(valid_m[:, None, None], logits_mbt, -jnp.inf)
-    return jax.nn.softmax(logits_mbt, axis=0)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def depth_mix(
-    bank_mbtd: jax.Array, valid_m: jax.Array, query_d: jax.Array, key_norm_d: jax.Array, eps: float
-) -> jax.Array:
-    """Softmax-over-depth mix of the valid sources, in fp32; ``[B, T, d]`` in the
-    bank's dtype.  Invalid slots get zero weight; slot 0 must be valid.
-
-    Differentiated by hand (:func:`_depth_mix_bwd`): autodiff's backward of
-    the expression above makes several bank-sized temporaries and passes;
-    this one reads the bank three times and writes one bank-sized cotangent."""
-    return _depth_mix_fwd(bank_mbtd, valid_m, query_d, key_norm_d, eps)[0]
-
-
-def _depth_mix_fwd(bank_mbtd, valid_m, query_d, key_norm_d, eps):
-    v32 = bank_mbtd.astype(jnp.float32)
-    qw_d = query_d.astype(jnp.float32) * key_norm_d.astype(jnp.float32)
-    # No dot batched over (b, t) (``einsum("mbt,mbtd->btd")``): XLA:CPU lowers
-    # it with a transposed copy of the bank.  A sum over the slot axis instead.
-    inv_rms_mbt = jax.lax.rsqrt(jnp.mean(jnp.square(v32), axis=-1) + eps)
-    dot_mbt = jnp.sum(v32 * qw_d, axis=-1)
-    logits_mbt = jnp.where(valid_m[:, None, None], dot_mbt * inv_rms_mbt, -jnp.inf)
-    # The barrier keeps XLA from fusing the softmax into the sum over slots
-    # (recomputing it for each of the d features).
-    p_mbt = jax.lax.optimization_barrier(jax.nn.softmax(logits_mbt, axis=0))
-    h_btd = jnp.sum(p_mbt[..., None] * v32, axis=0).astype(bank_mbtd.dtype)
-    return h_btd, (bank_mbtd, query_d, key_norm_d, inv_rms_mbt, dot_mbt, p_mbt)
-
-
-def _depth_mix_bwd(eps, res, dh_btd):
-    """With ``s = v . (q w)``, ``r = rsqrt(mean(v^2) + eps)``, logit ``l = s r``:
-    ``dp_m = dh . v_m``, ``dl = p (dp - sum_m p dp)`` (softmax; 0 on invalid
-    slots since ``p`` is), ``dv_m = p_m dh + dl_m r_m (q w) - dl_m s_m r_m^3 v_m / d``
-    and ``d(q w) = sum dl r v``."""
-    bank_mbtd, query_d, key_norm_d, inv_rms_mbt, dot_mbt, p_mbt = res
-    v32 = bank_mbtd.astype(jnp.float32)
-    qw_d = query_d.astype(jnp.float32) * key_norm_d.astype(jnp.float32)
-    dh = dh_btd.astype(jnp.float32)
-    m, b, t, d = v32.shape
-    dp_mbt = jnp.sum((v32.reshape(m, -1) * dh.reshape(1, -1)).reshape(m, b, t, d), axis=-1)
-    dl_mbt = p_mbt * (dp_mbt - jnp.sum(p_mbt * dp_mbt, axis=0))
-    a_mbt = dl_mbt * inv_rms_mbt
-    c_mbt = a_mbt * dot_mbt * jnp.square(inv_rms_mbt) / d
-    p_mbt, a_mbt, c_mbt = jax.lax.optimization_barrier((p_mbt, a_mbt, c_mbt))  # as in forward
-    dv = p_mbt[..., None] * dh + a_mbt[..., None] * qw_d - c_mbt[..., None] * v32
-    dqw_d = jnp.sum(a_mbt[..., None] * v32, axis=(0, 1, 2))
-    return (dv.astype(bank_mbtd.dtype), None,
-            (dqw_d * key_norm_d.astype(jnp.float32)).astype(query_d.dtype),
-            (dqw_d * query_d.astype(jnp.float32)).astype(key_norm_d.dtype))
-
-
-depth_mix.defvjp(_depth_mix_fwd, _depth_mix_bwd)
+MBT = MBTD[:-1]
 
 
 def block_sizes(depth: int, blocks: int, block_size: int = 0) -> tuple[int, ...]:
@@ -229,32 +181,68 @@ class AttnResFull(ResidualFamily):
         # ``skipped`` (analyses only; 0 in training): 1 the last block was
         # skipped, 2 the newest source was injected (``with_boundary_state``).
         zero = jnp.zeros((), jnp.int32)
-        return {"bank": bank, "count": zero, "skipped": zero}
-
-    def _mix(self, state, query, key_norm):
-        mix = fused.depth_mix if fused.use_pallas(self.spec) else depth_mix
-        bank = state["bank"]
-        return mix(bank, self._valid(state["count"], bank), query, key_norm, self.spec.norm_eps)
+        state = {"bank": bank, "count": zero, "skipped": zero}
+        if not fused.use_pallas(self.spec):  # the kernels compute r in their one pass
+            r0_bt = slot_inv_rms(x0, self.spec.norm_eps)
+            empty_r = jnp.zeros((self.n_slots - 1, *r0_bt.shape), jnp.float32)
+            state["inv_rms"] = with_axes(jnp.concatenate([r0_bt[None], empty_r], axis=0), MBT)
+        return state
 
     def _newest(self, count) -> jax.Array:
         """The newest valid slot after ``count`` executed sublayers (0: ``x0``)."""
         return jnp.asarray(self.started, jnp.int32)[count]
 
-    def _consumer_mix(self, state, query, key_norm):
-        """A block boundary's mix (the next block's attention side, or the
-        readout).  After a skipped block it is the identity on the newest
-        source (the original benchmark's "next-output" rule), unless the
-        analysis option ``skip_rule`` is "remove" (the mix runs as usual)."""
-        mix = self._mix(state, query, key_norm)
-        newest = jax.lax.dynamic_index_in_dim(
-            state["bank"], self._newest(state["count"]), axis=0, keepdims=False)
+    def _consumer_valid(self, state) -> jax.Array:
+        """The slots of a block boundary's mix (the next block's attention side,
+        or the readout).  After a skipped block only the newest source, so the
+        mix is the identity on it (the original benchmark's "next-output" rule),
+        unless the analysis option ``skip_rule`` is "remove" (the mix runs as
+        usual).  A softmax over one source weighs it exactly 1, and its gradient
+        passes only ``dh`` to that slot: a read of the slot, without a second
+        bank-sized cotangent."""
+        bank, count = state["bank"], state["count"]
         rule = self.analysis_option("skip_rule", "next_output") == "next_output"
-        return jnp.where(state["skipped"] >= (1 if rule else 2), newest, mix)
+        only_newest = jnp.arange(bank.shape[0]) == self._newest(count)
+        return jnp.where(state["skipped"] >= (1 if rule else 2), only_newest,
+                         self._valid(count, bank))
+
+    def _one_mix(self, state, valid_m, query, key_norm):
+        bank = state["bank"]
+        if "inv_rms" not in state:
+            return fused.depth_mix(bank, valid_m, query, key_norm, self.spec.norm_eps)
+        h_btkd, _ = depth_mixes(bank, state["inv_rms"], valid_m[:, None], query[None],
+                                key_norm[None])
+        return h_btkd[:, :, 0].astype(bank.dtype)
+
+    def _consumer_mix(self, state, query, key_norm):
+        return self._one_mix(state, self._consumer_valid(state), query, key_norm)
 
     def read(self, p, state, site):
-        if site.sub == 0:
-            return self._consumer_mix(state, p["query"][0], p["key_norm"][0]), {}
-        return self._mix(state, p["query"][site.sub], p["key_norm"][site.sub]), {}
+        if site.sub == 1 and "next_mix" in state:
+            h_btd, lse_bt, covered, newest_btd, newest_r_bt = state["next_mix"]
+            merged = merge_source(h_btd, lse_bt, newest_btd, newest_r_bt, p["query"][1],
+                                  p["key_norm"][1])
+            # A skipped attention side added no source: the partial is the whole mix.
+            return jnp.where(self._newest(state["count"]) > covered, merged,
+                             h_btd.astype(newest_btd.dtype)), {}
+        if site.sub == 0 and "inv_rms" in state:
+            return self._mix_pair(p, state)
+        valid = self._consumer_valid(state) if site.sub == 0 else self._valid(
+            state["count"], state["bank"])
+        return self._one_mix(state, valid, p["query"][site.sub], p["key_norm"][site.sub]), {}
+
+    def _mix_pair(self, p, state):
+        """Both mixes of the block in one set of passes over the bank (the
+        two-phase form of the AttnRes paper): the attention side's, and the
+        MLP side's over the slots up to ``covered`` (those the attention
+        side's write leaves alone), to be merged with the slot it writes."""
+        bank, count = state["bank"], state["count"]
+        covered = jnp.asarray(self.block_of, jnp.int32)[jnp.minimum(count, len(self.block_of) - 1)]
+        valid_mk = jnp.stack([self._consumer_valid(state), jnp.arange(bank.shape[0]) <= covered],
+                             axis=-1)
+        h_btkd, lse_btk = depth_mixes(bank, state["inv_rms"], valid_mk, p["query"], p["key_norm"])
+        partial = (h_btkd[:, :, 1], lse_btk[:, :, 1], covered)
+        return h_btkd[:, :, 0].astype(bank.dtype), {"next_mix": partial}
 
     def write(self, p, state, y, site, aux, active):
         bank, count = state["bank"], state["count"]
@@ -266,8 +254,26 @@ class AttnResFull(ResidualFamily):
         add_btd = jnp.where(active, y.astype(bank.dtype), jnp.zeros(y.shape, bank.dtype))
         bank = bank.at[slot].add(add_btd, mode="promise_in_bounds")
         skipped = jnp.where(active, 0, 1) if site.sub == 1 else state["skipped"]
-        return {"bank": with_axes(bank, MBTD), "count": count + active.astype(jnp.int32),
-                "skipped": skipped}
+        out = {"bank": with_axes(bank, MBTD), "count": count + active.astype(jnp.int32),
+               "skipped": skipped}
+        if "inv_rms" in state:
+            # The slot's new value: the output itself where slots are written
+            # once (full), the block's partial otherwise.  Read back from the
+            # bank only then: the read's cotangent is a bank-sized pass.
+            value_btd = add_btd if max(self.blocks) == 1 else jax.lax.dynamic_index_in_dim(
+                bank, slot, axis=0, keepdims=False)
+            out["inv_rms"], r_bt = self._with_inv_rms(state["inv_rms"], slot, value_btd, active)
+            if "next_mix" in aux.get("ctx", {}):
+                out["next_mix"] = (*aux["ctx"]["next_mix"], value_btd, r_bt)
+        return out
+
+    def _with_inv_rms(self, inv_rms_mbt, slot, value_btd, changed):
+        """``inv_rms_mbt`` with ``slot`` holding ``value_btd``'s inverse RMS where
+        ``changed``, and that slot's entry."""
+        old_bt = jax.lax.dynamic_index_in_dim(inv_rms_mbt, slot, axis=0, keepdims=False)
+        new_bt = jnp.where(changed, slot_inv_rms(value_btd, self.spec.norm_eps), old_bt)
+        inv_rms_mbt = jax.lax.dynamic_update_index_in_dim(inv_rms_mbt, new_bt, slot, axis=0)
+        return with_axes(inv_rms_mbt, MBT), new_bt
 
     def bank_slots(self, state, pos):
         """The block adds into the slots of sublayers ``count`` and ``count + 1``."""
@@ -276,12 +282,14 @@ class AttnResFull(ResidualFamily):
         count = state["count"]
         slots = 1 + block_of[jnp.minimum(jnp.stack([count, count + 1]), last)]
         # Blocks of one sublayer (full): both slots are still empty before the block.
-        return {"bank": (0, slots, max(self.blocks) == 1)}
+        fresh = max(self.blocks) == 1
+        return {k: (0, slots, fresh) for k in ("bank", "inv_rms") if k in state}
 
     def bank_extent(self, positions: int) -> dict[str, int]:
         """Blocks ``[0, p)`` run sublayers ``c < 2p``: they mix slots up to
         ``started[c]`` and add into ``1 + block_of[c] <= started[2p]``."""
-        return {"bank": 1 + self.started[min(2 * int(positions), len(self.started) - 1)]}
+        n = 1 + self.started[min(2 * int(positions), len(self.started) - 1)]
+        return {"bank": n, "inv_rms": n}
 
     def readout(self, g, state, final_norm):
         return final_norm(self._consumer_mix(state, g["query"], g["key_norm"]))
@@ -305,9 +313,13 @@ class AttnResFull(ResidualFamily):
         """The newest source replaced by ``z`` and marked so that the next
         consumer's mix returns it (the "next-output" rule): the block that
         follows reads exactly ``z``, and later mixes see ``z`` in that slot."""
-        bank = jax.lax.dynamic_update_index_in_dim(
-            state["bank"], z.astype(state["bank"].dtype), self._newest(state["count"]), axis=0)
-        return {**state, "bank": with_axes(bank, MBTD), "skipped": jnp.full((), 2, jnp.int32)}
+        newest = self._newest(state["count"])
+        z_btd = z.astype(state["bank"].dtype)
+        bank = jax.lax.dynamic_update_index_in_dim(state["bank"], z_btd, newest, axis=0)
+        out = {**state, "bank": with_axes(bank, MBTD), "skipped": jnp.full((), 2, jnp.int32)}
+        if "inv_rms" in state:
+            out["inv_rms"], _ = self._with_inv_rms(state["inv_rms"], newest, z_btd, True)
+        return out
 
     def lens_state(self, p, g, state):
         return self.boundary_state(p, g, state)
@@ -363,18 +375,25 @@ class AttnResFull(ResidualFamily):
         return sum(1 + started[c] for c in range(1, 2 * self.spec.depth)) + self.n_slots
 
     def extra_flops_per_token(self, seq_len: int) -> float:
-        """``6 d`` per source per mix: the key's sum of squares (its RMS), the
-        logit ``v . (q * w)`` and the weighted sum, 2 FLOPs per element each;
-        the softmax over sources is negligible."""
-        return float(6 * self.spec.d_model * self.sources_per_token())
+        """``4 d`` per source per mix, the logit ``v . (q * w)`` and the weighted
+        sum (2 FLOPs per element each; the softmax over sources is negligible),
+        and ``2 d`` per written slot for its RMS, computed once when the slot
+        is written (``x0`` and each of the ``2L`` writes) and kept beside the
+        bank.  (The fused kernels recompute the RMS at every mix instead.)"""
+        d = self.spec.d_model
+        return float(4 * d * self.sources_per_token() + 2 * d * (2 * self.spec.depth + 1))
 
     def masked_flops_per_token(self, seq_len: int) -> float:
         """The XLA path mixes over the bank's slots at each of the ``2L`` sublayers
         (the first one too; all ``M`` or the group's extent, ``_mix_visits``) and
-        masks the slots not yet valid: ``6 d`` for each of those ``visits + M -
-        sources`` slot visits (the readout visits all ``M``).  Not model FLOPs."""
-        return float(6 * self.spec.d_model * (self._mix_visits() + self.n_slots
-                                               - self.sources_per_token()))
+        masks the slots not yet valid: ``4 d`` for each of those ``visits + M -
+        sources`` slot visits (the readout visits all ``M``); and per block
+        ``6 d`` for the MLP side's merge with the newest source (its logit and
+        the blend), which the block's pass over the bank also visited, masked.
+        Not model FLOPs."""
+        d = self.spec.d_model
+        masked = self._mix_visits() + self.n_slots - self.sources_per_token()
+        return float(4 * d * masked + 6 * d * self.spec.depth)
 
     def _mix_visits(self) -> int:
         """Slots the ``2L`` sublayer mixes visit on the XLA path: all ``M`` each
@@ -385,8 +404,10 @@ class AttnResFull(ResidualFamily):
         return sum(2 * e["bank"] for e in read_extents(self.spec.depth, self.bank_extent))
 
     def state_floats_per_token(self) -> int:
-        """The bank: ``M * d`` (full: ``(2L + 1) d``; block: ``(1 + ceil(2L/S)) d``)."""
-        return self.n_slots * self.spec.d_model
+        """The bank and each slot's inverse RMS: ``M (d + 1)`` (full: ``M = 2L + 1``;
+        block: ``M = 1 + ceil(2L/S)``).  With ``model.impl=pallas`` the kernels
+        recompute the RMS and the state is the bank's ``M d``."""
+        return self.n_slots * (self.spec.d_model + 1)
 
     def describe(self) -> dict:
         return {**super().describe(), "blocks": list(self.blocks), "sources": self.n_slots}

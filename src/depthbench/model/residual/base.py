@@ -9,9 +9,12 @@ otherwise consists of pure functions of (parameters, state, ...):
   (before the backbone's pre-norm, if the family uses one), and a context
   dict the sublayer may consume (moda: ``depth_kv``);
 * ``write(p, state, y_btd, site, aux, active) -> state``: fold the sublayer
-  output back; ``aux`` holds the sublayer's normalised input ``x_in`` and,
-  for attention, its pre-RoPE ``kv``; where ``active`` is false the state
-  must come back unchanged (that is how a block is skipped);
+  output back; ``aux`` holds the sublayer's normalised input ``x_in``, the
+  ``ctx`` its read returned and, for attention, its pre-RoPE ``kv``; where
+  ``active`` is false the state must come back unchanged (that is how a
+  block is skipped).  The state between a block's two sublayers may carry
+  extra leaves (attnres: the MLP side's partial mix, computed with the
+  attention side's); the state a block returns has the keys it was given;
 * ``readout(g, state, final_norm) -> x_btd``: the normalised vector fed to
   the LM head (families that normalise streams separately need the norm).
 

@@ -72,15 +72,14 @@ DEPTH_QUERIES = ("rotated", "unrotated")
 
 
 def put_slot(cache_btkmh: jax.Array, new_btkh: jax.Array, j: jax.Array, ok: jax.Array) -> jax.Array:
-    """``cache[:, :, :, j] = new`` where ``ok`` (else unchanged); one slot read and written.
+    """``cache[:, :, :, j] = new`` where ``ok`` (else unchanged).
 
-    ``j`` past the end is clamped by ``dynamic_update_slice``, so the old value
-    of the clamped slot is written back unless ``ok`` (which excludes it)."""
-    m = cache_btkmh.shape[3]
-    jj = jnp.minimum(j, m - 1)
-    old = jax.lax.dynamic_index_in_dim(cache_btkmh, jj, axis=3, keepdims=False)
-    new = jnp.where(ok, new_btkh.astype(cache_btkmh.dtype), old)
-    return jax.lax.dynamic_update_index_in_dim(cache_btkmh, new, jj, axis=3)
+    A scatter whose index is moved past the end where not ``ok`` (dropped):
+    no read of the old slot, whose cotangent would be a cache-sized zero
+    tensor and add per write (at d 64, L 32 that took moda's temp memory
+    from 2.53x to 2.84x pre_ln's and its step from 1.9-2.0x to 2.1-2.2x)."""
+    jj = jnp.where(ok, j, cache_btkmh.shape[3])
+    return cache_btkmh.at[:, :, :, jj].set(new_btkh.astype(cache_btkmh.dtype), mode="drop")
 
 
 @dataclasses.dataclass(frozen=True)

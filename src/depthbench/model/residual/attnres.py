@@ -67,7 +67,7 @@ with the slot written (``merge_source``, an online softmax), or the partial
 alone after a skipped attention side.  The state keeps each slot's inverse
 RMS (``inv_rms``, ``[M, B, T]``), set when the slot is written, so the
 mixes never recompute it.  At d 64, L 32 on CPU the two together took
-attnres_full's train step from 2.0-2.2x to 1.8-1.9x pre_ln's (2026-12-01).
+attnres_full's train step from 2.18-2.45x to 1.57-1.78x pre_ln's (2026-12-01).
 With ``model.impl=pallas`` each mix is one fused kernel call instead, and
 ``inv_rms`` is not kept.
 """

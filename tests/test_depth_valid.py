@@ -204,3 +204,29 @@ def test_grouped_depth_attention_equals_the_concatenated_softmax(monkeypatch, t,
     np.testing.assert_allclose(float(v_new), float(v_old), rtol=1e-5)
     for a, b_ in zip(g_new, g_old, strict=True):
         np.testing.assert_allclose(a, b_, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("j", "ok"), [(1, True), (1, False), (3, True)])  # 3: past the end
+def test_moda_put_slot_vjp_equals_autodiff_of_the_scatter(j, ok):
+    """moda's cache write (hand-written backward: the slot's cotangent to the new
+    keys, zero to the old slot) against autodiff of the plain masked scatter."""
+    from depthbench.model.residual.moda import put_slot
+
+    k = jax.random.split(jax.random.key(3), 3)
+    cache, new = jax.random.normal(k[0], (2, 5, 2, 3, 4)), jax.random.normal(k[1], (2, 5, 2, 4))
+    weight = jax.random.normal(k[2], (2, 5, 2, 3, 4))
+    j, ok = jnp.int32(j), jnp.bool_(ok)
+
+    def scatter(cache, new, j, ok):
+        written = ok & (j < cache.shape[3])
+        return jnp.where(written & (jnp.arange(cache.shape[3]) == j)[:, None], new[:, :, :, None],
+                         cache)
+
+    def run(fn):
+        return jax.value_and_grad(lambda c, n: jnp.sum(jnp.sin(fn(c, n, j, ok)) * weight),
+                                  argnums=(0, 1))(cache, new)
+
+    (v_new, g_new), (v_ref, g_ref) = run(put_slot), run(scatter)
+    np.testing.assert_allclose(float(v_new), float(v_ref), rtol=1e-6)
+    for a, b_ in zip(g_new, g_ref, strict=True):
+        np.testing.assert_allclose(a, b_, rtol=1e-6, atol=1e-7)

@@ -207,9 +207,9 @@ def test_grouped_depth_attention_equals_the_concatenated_softmax(monkeypatch, t,
 
 
 @pytest.mark.parametrize(("j", "ok"), [(1, True), (1, False), (3, True)])  # 3: past the end
-def test_moda_put_slot_vjp_equals_autodiff_of_the_scatter(j, ok):
-    """moda's cache write (hand-written backward: the slot's cotangent to the new
-    keys, zero to the old slot) against autodiff of the plain masked scatter."""
+def test_moda_put_slot_equals_a_masked_select(j, ok):
+    """moda's cache write (a scatter with a dropped index where not written),
+    value and gradients, against a select over the slot axis."""
     from depthbench.model.residual.moda import put_slot
 
     k = jax.random.split(jax.random.key(3), 3)

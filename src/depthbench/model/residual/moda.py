@@ -77,39 +77,9 @@ def put_slot(cache_btkmh: jax.Array, new_btkh: jax.Array, j: jax.Array, ok: jax.
     A scatter whose index is moved past the end where not ``ok`` (dropped):
     no read of the old slot, whose cotangent would be a cache-sized zero
     tensor and add per write (at d 64, L 32 that took moda's temp memory
-    from 2.53x to 2.84x pre_ln's and its step from 1.9-2.0x to 2.1-2.2x).
-    Differentiated by :func:`_put_slot_bwd`."""
-    return _put_slot(cache_btkmh, new_btkh.astype(cache_btkmh.dtype), j, ok)
-
-
-@jax.custom_vjp
-def _put_slot(cache_btkmh, new_btkh, j, ok):
+    from 2.53x to 2.84x pre_ln's and its step from 1.9-2.0x to 2.1-2.2x)."""
     jj = jnp.where(ok, j, cache_btkmh.shape[3])
-    return cache_btkmh.at[:, :, :, jj].set(new_btkh, mode="drop")
-
-
-def _put_slot_fwd(cache_btkmh, new_btkh, j, ok):
-    return _put_slot(cache_btkmh, new_btkh, j, ok), (j, ok)
-
-
-def _put_slot_bwd(saved, ct_btkmh):
-    """The slot's cotangent goes to ``new``; the cache's is the same with that
-    slot zeroed, in place.  The zeroed value is computed from the slot read
-    (``where``, not a constant): XLA orders an in-place update after only the
-    reads it depends on, and autodiff's form (a gather, a scatter of zeros)
-    copied the cotangent bank per cache and block (d 64, L 32: four per block)."""
-    j, ok = saved
-    n = ct_btkmh.shape[3]
-    written = ok & (j < n)
-    at = jnp.minimum(j, n - 1)
-    ct_slot_btkh = jax.lax.dynamic_index_in_dim(ct_btkmh, at, axis=3, keepdims=False)
-    ct_new_btkh = jnp.where(written, ct_slot_btkh, 0)
-    jj = jnp.where(written, j, n)
-    ct_cache = ct_btkmh.at[:, :, :, jj].set(jnp.where(written, 0, ct_slot_btkh), mode="drop")
-    return ct_cache, ct_new_btkh, None, None
-
-
-_put_slot.defvjp(_put_slot_fwd, _put_slot_bwd)
+    return cache_btkmh.at[:, :, :, jj].set(new_btkh.astype(cache_btkmh.dtype), mode="drop")
 
 
 def after(values, y):

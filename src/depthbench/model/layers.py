@@ -292,8 +292,10 @@ def _depth_part(q_btgrh, k_btgmh, v_btgmh, valid_m):
 
     Differentiated by hand from the saved probabilities (the flash form, as
     :func:`_causal_blocks`): ``dv = p^T do``, ``ds = p (do v^T - D)`` with ``D
-    = rowsum(do * o) - dlse``, ``dq = ds k``, ``dk = ds^T q``; autodiff of the
-    same lines took two exponentials and their gradients per key."""
+    = rowsum(do * o) - dlse``, ``dq = ds k``, ``dk = ds^T q``.  Against autodiff
+    of the joint softmax's lines (two exponentials per key and their
+    gradients): moda's attention at d 64, L 32 (B 2, T 256, 31 slots), forward
+    and backward on one thread, 14.6 -> 12.6 ms."""
     return _depth_part_fwd(q_btgrh, k_btgmh, v_btgmh, valid_m)[0]
 
 

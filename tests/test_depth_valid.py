@@ -217,7 +217,7 @@ def test_moda_put_slot_equals_a_masked_select(j, ok):
     weight = jax.random.normal(k[2], (2, 5, 2, 3, 4))
     j, ok = jnp.int32(j), jnp.bool_(ok)
 
-    def scatter(cache, new, j, ok):
+    def select(cache, new, j, ok):
         written = ok & (j < cache.shape[3])
         return jnp.where(written & (jnp.arange(cache.shape[3]) == j)[:, None], new[:, :, :, None],
                          cache)
@@ -226,7 +226,7 @@ def test_moda_put_slot_equals_a_masked_select(j, ok):
         return jax.value_and_grad(lambda c, n: jnp.sum(jnp.sin(fn(c, n, j, ok)) * weight),
                                   argnums=(0, 1))(cache, new)
 
-    (v_new, g_new), (v_ref, g_ref) = run(put_slot), run(scatter)
+    (v_new, g_new), (v_ref, g_ref) = run(put_slot), run(select)
     np.testing.assert_allclose(float(v_new), float(v_ref), rtol=1e-6)
     for a, b_ in zip(g_new, g_ref, strict=True):
         np.testing.assert_allclose(a, b_, rtol=1e-6, atol=1e-7)

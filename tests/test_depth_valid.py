@@ -209,16 +209,18 @@ def test_grouped_depth_attention_equals_the_concatenated_softmax(monkeypatch, t,
 @pytest.mark.parametrize(("j", "ok"), [(1, True), (1, False), (3, True)])  # 3: past the end
 def test_moda_put_slot_equals_a_masked_select(j, ok):
     """moda's cache write (a scatter with a dropped index where not written),
-    value and gradients, against a select over the slot axis."""
+    value and the written keys' gradient, against a select over the slot axis;
+    the cache's gradient is the incoming cotangent passed on as is (a fresh
+    slot's old value has no gradient: the select would zero it there)."""
     from depthbench.model.residual.moda import put_slot
 
     k = jax.random.split(jax.random.key(3), 3)
     cache, new = jax.random.normal(k[0], (2, 5, 2, 3, 4)), jax.random.normal(k[1], (2, 5, 2, 4))
     weight = jax.random.normal(k[2], (2, 5, 2, 3, 4))
     j, ok = jnp.int32(j), jnp.bool_(ok)
+    written = ok & (j < cache.shape[3])
 
     def select(cache, new, j, ok):
-        written = ok & (j < cache.shape[3])
         return jnp.where(written & (jnp.arange(cache.shape[3]) == j)[:, None], new[:, :, :, None],
                          cache)
 
@@ -226,7 +228,10 @@ def test_moda_put_slot_equals_a_masked_select(j, ok):
         return jax.value_and_grad(lambda c, n: jnp.sum(jnp.sin(fn(c, n, j, ok)) * weight),
                                   argnums=(0, 1))(cache, new)
 
-    (v_new, g_new), (v_ref, g_ref) = run(put_slot), run(select)
+    (v_new, (g_cache, g_new)), (v_ref, (g_cache_ref, g_new_ref)) = run(put_slot), run(select)
     np.testing.assert_allclose(float(v_new), float(v_ref), rtol=1e-6)
-    for a, b_ in zip(g_new, g_ref, strict=True):
-        np.testing.assert_allclose(a, b_, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(g_new, g_new_ref, rtol=1e-6, atol=1e-7)
+    incoming = jnp.cos(select(cache, new, j, ok)) * weight
+    np.testing.assert_allclose(g_cache, incoming, rtol=1e-6, atol=1e-7)
+    kept = ~(written & (jnp.arange(cache.shape[3]) == j))[:, None]
+    np.testing.assert_allclose(jnp.where(kept, g_cache, 0), g_cache_ref, rtol=1e-6, atol=1e-7)

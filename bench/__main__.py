@@ -1,5 +1,6 @@
 """``python -m bench``: every benchmark table, each headed by the machine, its
-load, the jax version and the date.
+load, the jax version, the date and any step-time setting in the environment
+(``common.STEP_ENV``).
 
 Sections: the PyTorch peer comparison (skipped with a message without torch),
 compile time against depth per family, step time and memory per family

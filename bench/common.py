@@ -19,15 +19,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Settings that change step times (glibc's tunables alone moved the CPU train
+# step by 9-15%: README, Performance): a table headed without them ran without.
+STEP_ENV = ("XLA_FLAGS", "GLIBC_TUNABLES", "OMP_NUM_THREADS", "LD_PRELOAD")
+
+
 def header(title: str) -> str:
-    """One line naming the machine, the load, the jax version and the date."""
+    """The title, then one line naming the machine, the load, the jax version, the
+    date and any of ``STEP_ENV`` set."""
     import jax
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (f"== {title} ==\n{platform.processor() or platform.machine()}, {cores} cores, "
+    line = (f"== {title} ==\n{platform.processor() or platform.machine()}, {cores} cores, "
             f"load {load:.1f}; jax {jax.__version__} ({jax.default_backend()}); {now}")
+    return line + "".join(f"; {k}={os.environ[k]}" for k in STEP_ENV if os.environ.get(k))
 
 
 def table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:

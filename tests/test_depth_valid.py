@@ -218,11 +218,12 @@ def test_moda_put_slot_equals_a_masked_select(j, ok):
     cache, new = jax.random.normal(k[0], (2, 5, 2, 3, 4)), jax.random.normal(k[1], (2, 5, 2, 4))
     weight = jax.random.normal(k[2], (2, 5, 2, 3, 4))
     j, ok = jnp.int32(j), jnp.bool_(ok)
-    written = ok & (j < cache.shape[3])
+
+    def written(cache, j, ok):  # [slots, 1]: the slot put_slot writes, if any
+        return (ok & (j < cache.shape[3]) & (jnp.arange(cache.shape[3]) == j))[:, None]
 
     def select(cache, new, j, ok):
-        return jnp.where(written & (jnp.arange(cache.shape[3]) == j)[:, None], new[:, :, :, None],
-                         cache)
+        return jnp.where(written(cache, j, ok), new[:, :, :, None], cache)
 
     def run(fn):
         return jax.value_and_grad(lambda c, n: jnp.sum(jnp.sin(fn(c, n, j, ok)) * weight),
@@ -233,5 +234,5 @@ def test_moda_put_slot_equals_a_masked_select(j, ok):
     np.testing.assert_allclose(g_new, g_new_ref, rtol=1e-6, atol=1e-7)
     incoming = jnp.cos(select(cache, new, j, ok)) * weight
     np.testing.assert_allclose(g_cache, incoming, rtol=1e-6, atol=1e-7)
-    kept = ~(written & (jnp.arange(cache.shape[3]) == j))[:, None]
-    np.testing.assert_allclose(jnp.where(kept, g_cache, 0), g_cache_ref, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(jnp.where(written(cache, j, ok), 0, g_cache), g_cache_ref,
+                               rtol=1e-6, atol=1e-7)

@@ -1,0 +1,22 @@
+"""depthbench's benchmarks: ``python -m bench`` runs them all (README, Performance).
+
+Run as ``python -m bench`` or ``python -m bench.<module>``, the package first
+applies the ``depthbench`` command's host-memory setting
+(:mod:`depthbench.hostmem`: glibc keeps freed memory, so XLA:CPU's temp buffer
+is not page-faulted in every step), before numpy or jax start a thread (later
+it does not take), so steps are timed as the command runs them; every table's
+header says what was decided.  Imported any other way (the tests), the
+package leaves the process alone.
+"""
+
+import sys
+
+if sys.argv[:1] == ["-m"]:  # Python's placeholder while `-m` imports the package
+    from depthbench import hostmem
+    from depthbench.errors import EXIT_BAD_INPUT, ConfigError
+
+    try:
+        hostmem.keep_freed_memory()
+    except ConfigError as e:
+        sys.stderr.write(f"bench: error: {e}\n")
+        sys.exit(EXIT_BAD_INPUT)

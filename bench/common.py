@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from depthbench import hostmem
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,14 +28,15 @@ STEP_ENV = ("XLA_FLAGS", "GLIBC_TUNABLES", "OMP_NUM_THREADS", "LD_PRELOAD")
 
 def header(title: str) -> str:
     """The title, then one line naming the machine, the load, the jax version, the
-    date and any of ``STEP_ENV`` set."""
+    date, the host-memory setting (``bench/__init__.py``) and any of ``STEP_ENV`` set."""
     import jax
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     line = (f"== {title} ==\n{platform.processor() or platform.machine()}, {cores} cores, "
-            f"load {load:.1f}; jax {jax.__version__} ({jax.default_backend()}); {now}")
+            f"load {load:.1f}; jax {jax.__version__} ({jax.default_backend()}); {now}; "
+            f"host malloc: {hostmem.status()}")
     return line + "".join(f"; {k}={os.environ[k]}" for k in STEP_ENV if os.environ.get(k))
 
 

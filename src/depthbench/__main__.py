@@ -1,7 +1,5 @@
 """`python -m depthbench` is the `depthbench` command."""
 
-import sys
+from depthbench.cli import entry
 
-from depthbench.cli import main
-
-sys.exit(main())
+entry()

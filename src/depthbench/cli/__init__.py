@@ -14,7 +14,7 @@ import os
 import shlex
 import sys
 
-from depthbench import faults
+from depthbench import faults, hostmem
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError
 
 # Sub-command modules, in the order `depthbench --help` lists them.
@@ -34,6 +34,9 @@ environment:
       the command line's); announced on stderr. For smoke tests of scripts.
   DEPTHBENCH_MAX_RUNS=N   a sweep process trains at most N runs (sweep --max-runs).
   DEPTHBENCH_CACHE=DIR    data cache root (default ~/.cache/depthbench).
+  DEPTHBENCH_MALLOC=auto|keep|system
+      glibc keeps freed memory for reuse (no page faults of XLA:CPU's temp buffer
+      every step); auto: on CPU-only installs (depthbench.hostmem).
 
 Exit status: 0 ok, 2 bad input (one line on stderr), 3 training diverged,
 4 disk full or read-only (one line on stderr; free space and re-run)."""
@@ -137,5 +140,11 @@ if __name__ == "__main__":
 
 
 def entry() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (and ``python -m depthbench``): host-memory
+    settings first, before jax starts any thread (:mod:`depthbench.hostmem`)."""
+    try:
+        hostmem.keep_freed_memory()
+    except ConfigError as e:
+        sys.stderr.write(f"depthbench: error: {e}\n")
+        sys.exit(EXIT_BAD_INPUT)
     sys.exit(main())

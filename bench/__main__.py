@@ -45,9 +45,10 @@ def _capture(fn, title: str) -> str:
 
 
 def _script(name: str) -> str:
-    path = common.ROOT / "bench" / name
-    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                          cwd=common.ROOT, check=False)
+    # As a module (`python -m bench.<name>`), so it gets the same host-memory
+    # setting as this process (bench/__init__.py) and the header says so.
+    proc = subprocess.run([sys.executable, "-m", f"bench.{name.removesuffix('.py')}"],
+                          capture_output=True, text=True, cwd=common.ROOT, check=False)
     status = ""
     if proc.returncode != 0:
         status = f"\n(exit status {proc.returncode}: {proc.stderr.strip()[-300:]})"

@@ -84,8 +84,9 @@ def run(quick: bool = False, shapes=SHAPES) -> str:
         ours = common.DepthbenchStep(config)
         peer = TorchStep(ours.setup.spec, b, t, float(config.train.lr),
                          float(config.train.clip_norm))
-        ours()  # compile
-        peer()  # warm up
+        for _ in range(2):  # compile, then settle the heap: the first steps of each
+            ours()           # stack grow it to fit both (page faults the timed steps
+            peer()           # would otherwise pay)
         sec = common.interleaved({"depthbench": ours, "torch": peer}, reps)
         rows.append({
             "shape": f"d {d}, L {depth}, T {t}, B {b}, V {v}",

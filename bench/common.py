@@ -59,13 +59,23 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def interleaved(fns: dict[str, Callable[[], None]], reps: int) -> dict[str, float]:
+def interleaved(fns: dict[str, Callable[[], None]], reps: int, pause: float = 0.0,
+                warm: bool = False) -> dict[str, float]:
     """Median seconds per call of each ``fn``, calls interleaved A, B, A, B ...
 
-    Each ``fn`` must block until its work is done."""
+    Each ``fn`` must block until its work is done.  Idle worker threads spin
+    for a while after a call (torch's OpenMP threads do) and slow whatever runs
+    next on the same cores: a jax matmul right after a torch one ran at 185
+    against 252 GFLOP/s alone on a 2-core Xeon.  Two remedies: ``pause``
+    seconds of sleep before each timed call (for calls long against the
+    sleep's own wake-up cost), or ``warm``: one untimed call of the same ``fn``
+    right before each timed one (for short calls)."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(reps):
         for name, fn in fns.items():
+            time.sleep(pause)
+            if warm:
+                fn()
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

@@ -21,6 +21,9 @@ from bench import common
 
 # (d_model, depth, seq_len, batch, vocab): the shapes of issue 15.
 SHAPES = ((128, 4, 128, 16, 2048), (256, 8, 256, 16, 8192), (768, 12, 512, 4, 32000))
+# Sleep before each timed step: torch's OpenMP threads spin after its step and
+# would slow the depthbench step that follows (common.interleaved).
+PAUSE = 0.25
 
 
 class TorchStep:
@@ -78,7 +81,7 @@ def run(quick: bool = False, shapes=SHAPES) -> str:
 
     out[0] += f"; torch {torch.__version__} ({torch.get_num_threads()} threads)"
     reps = 3 if quick else 5
-    rows = []
+    rows, mm_rows = [], []
     for d, depth, t, b, v in shapes:
         config = common.config_at(d, depth, t, b, v)
         ours = common.DepthbenchStep(config)
@@ -87,17 +90,59 @@ def run(quick: bool = False, shapes=SHAPES) -> str:
         for _ in range(2):  # compile, then settle the heap: the first steps of each
             ours()           # stack grow it to fit both (page faults the timed steps
             peer()           # would otherwise pay)
-        sec = common.interleaved({"depthbench": ours, "torch": peer}, reps)
+        sec = common.interleaved({"depthbench": ours, "torch": peer}, reps, pause=PAUSE)
         rows.append({
             "shape": f"d {d}, L {depth}, T {t}, B {b}, V {v}",
             "depthbench tok/s": ours.tokens / sec["depthbench"],
             "torch tok/s": ours.tokens / sec["torch"],
             "ratio": f"{sec['torch'] / sec['depthbench']:.2f}x",
         })
+        mm_rows += matmul_rows(f"d {d}", b * t, d, ours.setup.spec.d_ff, v, reps)
     out.append(common.table(rows))
     out.append(f"median of {reps} interleaved steps each; ratio = torch step time / depthbench's "
                "(goal >= 1.00x)")
+    out += ["", "the step's 2-D products alone, fp32, jax (XLA:CPU's kernels; one jitted call "
+            "each, dispatch included) vs torch, interleaved (M x K x N):", common.table(mm_rows),
+            f"median of {3 * reps} products each; ratio = torch time / jax's. Matmuls are most "
+            "of either step, so where jax's kernels trail, the step does too."]
     return "\n".join(out)
+
+
+def matmul_rows(shape: str, n: int, d: int, f: int, v: int, reps: int) -> list[dict]:
+    """One shape's 2-D products as the step runs them (a projection ``x W``, its
+    input gradient ``g W^T`` and weight gradient ``x^T g``, the head ``x W``),
+    each timed alone in jax and in torch, interleaved."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    products = (  # name, operand shapes as stored, the product, its M x K x N
+        ("x W", (n, d), (d, f), lambda a, b: a @ b, (n, d, f)),
+        ("g W^T", (n, f), (d, f), lambda a, b: a @ b.T, (n, f, d)),
+        ("x^T g", (n, d), (n, f), lambda a, b: a.T @ b, (d, n, f)),
+        ("head x W", (n, d), (d, v), lambda a, b: a @ b, (n, d, v)))
+    rows = []
+    for name, a_shape, b_shape, fn, (m, k, cols) in products:
+        a, b = (rng.standard_normal(x, np.float32) for x in (a_shape, b_shape))
+        sec = _time_product(fn, a, b, 3 * reps)
+        flop = 2 * m * k * cols
+        rows.append({"shape": shape, "product": f"{name}, {m}x{k}x{cols}",
+                     "jax GFLOP/s": flop / sec["jax"] / 1e9,
+                     "torch GFLOP/s": flop / sec["torch"] / 1e9,
+                     "ratio": f"{sec['torch'] / sec['jax']:.2f}x"})
+    return rows
+
+
+def _time_product(fn, a, b, reps: int) -> dict[str, float]:
+    """Median seconds of ``fn(a, b)`` jitted in jax and eager in torch, interleaved."""
+    import jax
+    import torch
+
+    ja, jb, ta, tb = jax.numpy.asarray(a), jax.numpy.asarray(b), torch.tensor(a), torch.tensor(b)
+    jitted = jax.jit(fn)
+    calls = {"jax": lambda: jitted(ja, jb).block_until_ready(), "torch": lambda: fn(ta, tb)}
+    for call in calls.values():
+        call()
+    return common.interleaved(calls, reps, warm=True)
 
 
 def main(argv=None) -> int:

@@ -58,7 +58,7 @@ def _rounds(*args: str, **env: str) -> tuple[str, bool, list[int]]:
 def test_kept_memory_is_not_faulted_in_again_and_system_default_is():
     kept, light, faults = _rounds("keep")
     assert kept.startswith("freed memory kept") and light  # no jax or numpy imported
-    assert faults[0] >= (256 << 20) // (2 << 20)  # the first touch faults (at least per 2 MiB page)
+    assert faults[0] >= 64  # the first touch faults (4 KiB pages: 65,536; 2 MiB ones: 128)
     assert max(faults[1:]) <= 16, faults  # the freed pages are reused
     default, _, system = _rounds("system")
     assert default == "glibc default ($DEPTHBENCH_MALLOC=system)"

@@ -86,3 +86,13 @@ def test_bad_setting_is_one_line_and_exit_2(tmp_path):
         assert done.returncode == 2, done.stderr
         assert done.stderr.strip().count("\n") == 0
         assert "$DEPTHBENCH_MALLOC: 'always' is not one of auto, keep, system" in done.stderr
+
+
+@glibc_linux
+def test_a_late_call_says_it_is_late():
+    code = ("import numpy\nfrom depthbench import hostmem\n"
+            "print(hostmem.keep_freed_memory('keep'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == ("freed memory kept (one arena, no mmap, no trim); set after numpy was "
+                   "imported: their threads' arenas may still map and unmap")

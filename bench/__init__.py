@@ -2,11 +2,10 @@
 
 Run as ``python -m bench`` or ``python -m bench.<module>``, the package first
 applies the ``depthbench`` command's host-memory setting
-(:mod:`depthbench.hostmem`: glibc keeps freed memory, so XLA:CPU's temp buffer
-is not page-faulted in every step), before numpy or jax start a thread (later
-it does not take), so steps are timed as the command runs them; every table's
-header says what was decided.  Imported any other way (the tests), the
-package leaves the process alone.
+(:mod:`depthbench.hostmem`, opt-in with ``DEPTHBENCH_MALLOC=keep``), before
+numpy or jax start a thread (later it only partly takes), so steps are timed
+as the command runs them; every table's header says what was decided.
+Imported any other way (the tests), the package leaves the process alone.
 """
 
 import sys

@@ -1,11 +1,10 @@
-"""Keep freed host memory for reuse: three glibc ``malloc`` settings for the CPU step.
+"""Keep freed host memory for reuse: three glibc ``malloc`` settings, opt-in.
 
 XLA:CPU allocates an executable's whole temp buffer at every run and frees it
 after (1.1 GiB for the d 256 benchmark step, 2.5 GiB at d 768).  A request that
 large is above glibc's ``mmap`` threshold, so glibc maps it from the kernel and
 unmaps it on ``free``: every step page-faults the whole buffer in again
-(281,000 minor faults per d 256 step, about half a core of kernel time on a
-2-core VM).  Three ``mallopt`` settings stop it:
+(281,000 minor faults per d 256 step).  Three ``mallopt`` settings stop it:
 
 * ``M_ARENA_MAX = 1``: every thread allocates from the main arena.  XLA's
   worker threads would otherwise get arenas of their own, whose heaps cannot
@@ -15,26 +14,22 @@ unmaps it on ``free``: every step page-faults the whole buffer in again
 * ``M_TRIM_THRESHOLD = -1``: the heap's top is never returned to the kernel
   (``mallopt(3)``: -1 disables trimming), so the next step reuses the pages.
 
-Measured on a 2-core Intel Xeon VM (jax 0.10.2, one process, steps after the
-first): the d 256 train step 1.93-2.08 s -> 1.47-1.51 s and 0 page faults per
-step; d 768 8.9 -> 7.1 s (``bench/results/peer.md``).
-
-The price: the process keeps its peak heap for its whole life, and all threads
-share one arena.  So the ``depthbench`` command and ``python -m bench`` turn it
-on for CPU runs only: not when ``JAX_PLATFORMS`` names something other than
-the CPU, nor when an accelerator plugin (libtpu, a ``jax_plugins`` package) is
-installed.  ``DEPTHBENCH_MALLOC`` overrides: ``keep`` (always), ``system``
-(never), ``auto`` (the default above).  It must run before jax starts its
-threads; in a notebook, call :func:`keep_freed_memory` in the first cell.
+It is a trade, so it is off unless asked for (``DEPTHBENCH_MALLOC=keep``).
+Measured on a 2-core Intel Xeon VM (jax 0.10.2, one process, median step):
+the d 256 peer step 1.63 -> 1.49 s (0 faults per step), d 768 7.63 -> 7.23 s;
+but a deep-narrow step (d 64, L 32, T 256, B 2) 137 -> 207 ms, since with one
+arena XLA's worker threads wait on its lock (2,225 voluntary context switches
+per step against 352).  Use it for wide models on CPU.  The process also keeps
+its peak heap for its whole life.  The ``depthbench`` command and ``python -m
+bench`` apply it first thing, before numpy or jax start a thread (later it
+only partly takes, and its status says so); in a notebook, call
+:func:`keep_freed_memory` with ``"keep"`` in the first cell.
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
-import importlib.util
 import os
-import pkgutil
 import platform
 import sys
 
@@ -43,7 +38,7 @@ from depthbench.errors import ConfigError
 __all__ = ["ENV", "keep_freed_memory", "status"]
 
 ENV = "DEPTHBENCH_MALLOC"
-CHOICES = ("auto", "keep", "system")
+CHOICES = ("system", "keep")  # the first is the default
 
 # mallopt(3) parameter numbers (glibc's malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
@@ -56,40 +51,20 @@ def status() -> str:
     return _status or "not asked"
 
 
-def accelerator_plugin() -> str | None:
-    """The accelerator jax would use here, by name, or None when it is the CPU.
-    Decided without importing jax (its threads must not exist yet)."""
-    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
-    if platforms:
-        first = platforms.split(",")[0].strip()
-        return None if first == "cpu" else f"JAX_PLATFORMS={platforms}"
-    if importlib.util.find_spec("libtpu") is not None:
-        return "libtpu"
-    spec = importlib.util.find_spec("jax_plugins")
-    if spec is not None and spec.submodule_search_locations:
-        for module in pkgutil.iter_modules(spec.submodule_search_locations):
-            return f"jax_plugins.{module.name}"
-    for entry in importlib.metadata.entry_points(group="jax_plugins"):
-        return f"jax_plugins entry point {entry.name}"
-    return None
-
-
 def keep_freed_memory(mode: str | None = None) -> str:
     """Apply the three settings (module docstring) if ``mode`` (default:
-    ``$DEPTHBENCH_MALLOC``, else ``auto``) asks for them; returns one line
+    ``$DEPTHBENCH_MALLOC``, else ``system``) is ``keep``; returns one line
     saying what was done.  Idempotent: the first call decides."""
     global _status
     if _status is not None:
         return _status
-    mode = (mode if mode is not None else os.environ.get(ENV, "")).strip().lower() or "auto"
+    mode = (mode if mode is not None else os.environ.get(ENV, "")).strip().lower() or CHOICES[0]
     if mode not in CHOICES:
         raise ConfigError(f"${ENV}: {mode!r} is not one of {', '.join(CHOICES)}")
     if mode == "system":
-        _status = f"glibc default (${ENV}=system)"
+        _status = "system default"
     elif not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         _status = "system default (not glibc)"
-    elif mode == "auto" and (accelerator := accelerator_plugin()):
-        _status = f"glibc default (accelerator: {accelerator})"
     else:
         # Threads that numpy or jax started already hold arenas of their own,
         # which the settings do not reach (measured: 93,000 faults per d 256

@@ -160,6 +160,19 @@ def _wait_for_step(workdir: Path, step: int, proc: subprocess.Popen, timeout=600
     raise AssertionError(f"no step {step} within {timeout} s")
 
 
+def _wait_for_checkpoint(workdir: Path, step: int, proc: subprocess.Popen, timeout=600) -> None:
+    """Until a finished checkpoint at ``step`` or later is on disk: checkpoints are
+    written in the background, so a later step's metrics can come first (under load)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (workdir / "checkpoints").is_dir() and any(s >= step for s in _checkpoints(workdir)):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"ended before a checkpoint at {step}: {proc.communicate()[0]}")
+        time.sleep(0.2)
+    raise AssertionError(f"no checkpoint at {step} within {timeout} s")
+
+
 def _signal_process(logs: Path, index: int, sig: int) -> None:
     os.kill(int((logs / f"process-{index}.pid").read_text()), sig)
 
@@ -174,6 +187,7 @@ def test_kill_then_sigterm_then_resume_multi_process(corpus, reference_and_two_p
     # 1. SIGKILL process 1 after the first checkpoint: the launcher stops process 0, fails.
     proc = _multi(corpus, workdir, 2, 1, logs)
     _wait_for_step(workdir, EVERY + 2, proc)
+    _wait_for_checkpoint(workdir, EVERY, proc)
     _signal_process(logs, 1, signal.SIGKILL)
     code, out = _finish(proc)
     assert code != 0 and "process 1 failed" in out, out

@@ -12,10 +12,5 @@ import sys
 
 if sys.argv[:1] == ["-m"]:  # Python's placeholder while `-m` imports the package
     from depthbench import hostmem
-    from depthbench.errors import EXIT_BAD_INPUT, ConfigError
 
-    try:
-        hostmem.keep_freed_memory()
-    except ConfigError as e:
-        sys.stderr.write(f"bench: error: {e}\n")
-        sys.exit(EXIT_BAD_INPUT)
+    hostmem.keep_freed_memory_or_exit("bench")

@@ -87,9 +87,9 @@ def run(quick: bool = False, shapes=SHAPES) -> str:
         ours = common.DepthbenchStep(config)
         peer = TorchStep(ours.setup.spec, b, t, float(config.train.lr),
                          float(config.train.clip_norm))
-        for _ in range(2):  # compile, then settle the heap: the first steps of each
-            ours()           # stack grow it to fit both (page faults the timed steps
-            peer()           # would otherwise pay)
+        for _ in range(2):  # compile; the second round because the first steps still
+            ours()           # grow the heap (page faults, with DEPTHBENCH_MALLOC=keep)
+            peer()
         sec = common.interleaved({"depthbench": ours, "torch": peer}, reps, pause=PAUSE)
         rows.append({
             "shape": f"d {d}, L {depth}, T {t}, B {b}, V {v}",

@@ -148,29 +148,32 @@ def test_two_processes_match_one_process_with_two_devices(reference_and_two_proc
     assert len(list((runs / "2x1" / "tb").glob("events.*"))) == 1
 
 
-def _wait_for_step(workdir: Path, step: int, proc: subprocess.Popen, timeout=600) -> None:
+def _wait_until(done, what: str, proc: subprocess.Popen, timeout=600) -> None:
+    """Poll ``done()`` until it holds; fail if ``proc`` ends first or time runs out."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        rows = read_jsonl(workdir / "metrics.jsonl")
-        if rows and rows[-1]["step"] >= step:
+        if done():
             return
         if proc.poll() is not None:
-            raise AssertionError(f"ended before step {step}: {proc.communicate()[0]}")
+            raise AssertionError(f"ended before {what}: {proc.communicate()[0]}")
         time.sleep(0.2)
-    raise AssertionError(f"no step {step} within {timeout} s")
+    raise AssertionError(f"no {what} within {timeout} s")
 
 
-def _wait_for_checkpoint(workdir: Path, step: int, proc: subprocess.Popen, timeout=600) -> None:
+def _wait_for_step(workdir: Path, step: int, proc: subprocess.Popen) -> None:
+    def reached():
+        rows = read_jsonl(workdir / "metrics.jsonl")
+        return bool(rows) and rows[-1]["step"] >= step
+
+    _wait_until(reached, f"step {step}", proc)
+
+
+def _wait_for_checkpoint(workdir: Path, step: int, proc: subprocess.Popen) -> None:
     """Until a finished checkpoint at ``step`` or later is on disk: checkpoints are
     written in the background, so a later step's metrics can come first (under load)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if (workdir / "checkpoints").is_dir() and any(s >= step for s in _checkpoints(workdir)):
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"ended before a checkpoint at {step}: {proc.communicate()[0]}")
-        time.sleep(0.2)
-    raise AssertionError(f"no checkpoint at {step} within {timeout} s")
+    _wait_until(lambda: (workdir / "checkpoints").is_dir()
+                and any(s >= step for s in _checkpoints(workdir)),
+                f"a checkpoint at {step}", proc)
 
 
 def _signal_process(logs: Path, index: int, sig: int) -> None:

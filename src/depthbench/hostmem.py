@@ -33,9 +33,9 @@ import os
 import platform
 import sys
 
-from depthbench.errors import ConfigError
+from depthbench.errors import EXIT_BAD_INPUT, ConfigError
 
-__all__ = ["ENV", "keep_freed_memory", "status"]
+__all__ = ["ENV", "keep_freed_memory", "keep_freed_memory_or_exit", "status"]
 
 ENV = "DEPTHBENCH_MALLOC"
 CHOICES = ("system", "keep")  # the first is the default
@@ -79,3 +79,14 @@ def keep_freed_memory(mode: str | None = None) -> str:
             _status += (f"; set after {' and '.join(late)} {'was' if len(late) == 1 else 'were'}"
                         " imported: their threads' arenas may still map and unmap")
     return _status
+
+
+def keep_freed_memory_or_exit(prog: str) -> str:
+    """:func:`keep_freed_memory` for a command's first line (the ``depthbench``
+    command, ``python -m bench``): a bad ``$DEPTHBENCH_MALLOC`` is one line on
+    stderr and exit status 2, like every bad input."""
+    try:
+        return keep_freed_memory()
+    except ConfigError as e:
+        sys.stderr.write(f"{prog}: error: {e}\n")
+        raise SystemExit(EXIT_BAD_INPUT) from None

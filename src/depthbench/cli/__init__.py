@@ -142,9 +142,5 @@ if __name__ == "__main__":
 def entry() -> None:
     """Console-script entry point (and ``python -m depthbench``): host-memory
     settings first, before jax starts any thread (:mod:`depthbench.hostmem`)."""
-    try:
-        hostmem.keep_freed_memory()
-    except ConfigError as e:
-        sys.stderr.write(f"depthbench: error: {e}\n")
-        sys.exit(EXIT_BAD_INPUT)
+    hostmem.keep_freed_memory_or_exit("depthbench")
     sys.exit(main())

@@ -2,9 +2,10 @@
 
 Run as ``python -m bench`` or ``python -m bench.<module>``, the package first
 applies the ``depthbench`` command's host-memory setting
-(:mod:`depthbench.hostmem`, opt-in with ``DEPTHBENCH_MALLOC=keep``), before
-numpy or jax start a thread (later it only partly takes), so steps are timed
-as the command runs them; every table's header says what was decided.
+(:mod:`depthbench.hostmem`, ``$DEPTHBENCH_MALLOC``; on a CPU-only install it
+re-executes itself once with the mimalloc allocator), before numpy or jax
+start a thread, so steps are timed as the command runs them; every table's
+header says what was decided.
 Imported any other way (the tests), the package leaves the process alone.
 """
 
@@ -13,4 +14,4 @@ import sys
 if sys.argv[:1] == ["-m"]:  # Python's placeholder while `-m` imports the package
     from depthbench import hostmem
 
-    hostmem.keep_freed_memory_or_exit("bench")
+    hostmem.apply_or_exit("bench")

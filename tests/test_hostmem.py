@@ -1,8 +1,11 @@
-"""depthbench.hostmem: glibc keeps freed memory, so a large buffer freed and
-allocated again (XLA:CPU's temp buffer, every step) is not page-faulted in again.
+"""depthbench.hostmem: a large buffer freed and allocated again (XLA:CPU's
+temp buffer, every step) is not page-faulted in again, with mimalloc (the
+command re-executes itself with it preloaded) or with glibc keeping freed
+memory (``keep``).
 
-Each case runs in a fresh interpreter: the settings must be made before any
-thread takes a malloc arena, and they last for the process."""
+Each case runs in a fresh interpreter: an allocator is chosen when a process
+starts, glibc's settings must be made before any thread takes a malloc arena,
+and both last for the process."""
 
 from __future__ import annotations
 
@@ -22,11 +25,15 @@ glibc_linux = pytest.mark.skipif(
 
 # Three rounds of malloc, touch every page, free, on a fresh thread (XLA's
 # worker threads allocate the temp buffer); prints the decision, then each
-# round's minor page faults.
+# round's minor page faults.  With "command" as its argument it starts as a
+# command does (hostmem.apply_or_exit, which may re-execute it), and prints its
+# pid, then what a process it starts finds in $LD_PRELOAD, on a third line.
 _ROUNDS = r"""
-import ctypes, resource, sys, threading
+import ctypes, os, resource, subprocess, sys, threading
 from depthbench import hostmem
-print(hostmem.keep_freed_memory(sys.argv[1] if len(sys.argv) > 1 else None))
+command = sys.argv[1:] == ["command"]
+print(hostmem.apply_or_exit("t") if command else
+      hostmem.apply(sys.argv[1] if len(sys.argv) > 1 else None))
 light = not any(m in sys.modules for m in ("jax", "numpy"))
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
@@ -43,15 +50,77 @@ thread = threading.Thread(target=rounds)
 thread.start()
 thread.join()
 print(light, *faults)
+if command:
+    child = subprocess.run(["sh", "-c", "echo \"[$LD_PRELOAD]\""], capture_output=True, text=True)
+    print(os.getpid(), child.stdout.strip())
 """
+
+# The environment of a CPU-only install as the user starts it: none of the
+# variables this module reads or sets.
+_CLEAN = {k: v for k, v in os.environ.items()
+          if k not in ("DEPTHBENCH_MALLOC", "DEPTHBENCH_MALLOC_REEXEC", "LD_PRELOAD",
+                       "MIMALLOC_PURGE_DELAY", "JAX_PLATFORMS")}
+
+
+def _run_rounds(*args: str, **env: str) -> tuple[list[str], int]:
+    proc = subprocess.Popen([sys.executable, "-c", _ROUNDS, *args], env={**_CLEAN, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err
+    return out.splitlines(), proc.pid
 
 
 def _rounds(*args: str, **env: str) -> tuple[str, bool, list[int]]:
-    clean = {k: v for k, v in os.environ.items() if k != "DEPTHBENCH_MALLOC"}
-    out = subprocess.run([sys.executable, "-c", _ROUNDS, *args], env={**clean, **env},
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    out, _ = _run_rounds(*args, **env)
     light, *faults = out[1].split()
     return out[0], light == "True", [int(f) for f in faults]
+
+
+needs_mimalloc = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or hostmem.mimalloc_library() is None
+    or hostmem.accelerator_plugin() is not None,
+    reason="mimalloc is a dependency on Linux; auto leaves accelerator hosts alone")
+
+
+@needs_mimalloc
+def test_a_command_re_executes_itself_once_with_mimalloc_and_its_children_start_clean():
+    out, pid = _run_rounds("command")
+    assert out[0] == "mimalloc (MIMALLOC_PURGE_DELAY -1)"
+    faults = [int(f) for f in out[1].split()[1:]]
+    assert faults[0] >= 64  # the first touch faults (4 KiB pages: 65,536; 2 MiB ones: 128)
+    assert max(faults[1:]) <= 16, faults  # the freed memory is reused
+    # The same process (exec in place, not a child); what it starts has no preload.
+    assert out[2].split() == [str(pid), "[]"]
+    plain, _, system = _rounds("system")
+    assert plain == "system default"
+    assert min(system[1:]) > 10 * max(faults[1:]), system  # glibc: unmapped, faulted again
+
+
+@needs_mimalloc
+def test_no_re_execution_unless_mimalloc_is_chosen_and_free_to_load():
+    for env, decided in (
+        ({"DEPTHBENCH_MALLOC": "system"}, "system default"),
+        ({"DEPTHBENCH_MALLOC": "keep"}, "freed memory kept (one arena, no mmap, no trim)"),
+        ({"JAX_PLATFORMS": "tpu"}, "system default (accelerator: JAX_PLATFORMS=tpu)"),
+        # the user's own preload wins (a library that exists, loaded harmlessly)
+        ({"LD_PRELOAD": "libm.so.6"}, "system default (LD_PRELOAD is set: libm.so.6)"),
+    ):
+        out, pid = _run_rounds("command", **env)
+        assert out[0] == decided, env
+        assert out[2].split()[0] == str(pid)
+    # apply(), as a notebook calls it, never re-executes: it says what would.
+    assert _rounds()[0] == ("system default (mimalloc is chosen at process start: the "
+                            "depthbench command and python -m bench do it)")
+    # Asked for by name on an accelerator host, it is loaded all the same.
+    out, _ = _run_rounds("command", DEPTHBENCH_MALLOC="mimalloc", JAX_PLATFORMS="tpu")
+    assert out[0] == "mimalloc (MIMALLOC_PURGE_DELAY -1)"
+
+
+def test_accelerator_plugin_reads_jax_platforms(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")
+    assert hostmem.accelerator_plugin() == "JAX_PLATFORMS=cuda,cpu"
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert hostmem.accelerator_plugin() is None
 
 
 @glibc_linux
@@ -66,16 +135,16 @@ def test_kept_memory_is_not_faulted_in_again_and_system_default_is():
 
 
 @glibc_linux
-def test_off_unless_asked_for():
-    assert _rounds()[0] == "system default"
+def test_keep_only_when_asked_for():
+    assert not _rounds()[0].startswith("freed memory kept")
     assert _rounds(DEPTHBENCH_MALLOC="keep")[0].startswith("freed memory kept")
     assert _rounds(DEPTHBENCH_MALLOC="system")[0] == "system default"
 
 
 def test_bad_setting_is_one_line_and_exit_2(tmp_path):
     with pytest.raises(ConfigError, match=r"\$DEPTHBENCH_MALLOC: 'always' is not one of "
-                                          r"system, keep"):
-        hostmem.keep_freed_memory("always")
+                                          r"auto, mimalloc, keep, system"):
+        hostmem.setting("always")
     env = {**os.environ, "DEPTHBENCH_MALLOC": "always"}
     for command in ([sys.executable, "-m", "depthbench", "shapes"],
                     [sys.executable, "-m", "bench.peer", "--quick"]):
@@ -83,13 +152,14 @@ def test_bad_setting_is_one_line_and_exit_2(tmp_path):
                               cwd=os.path.dirname(os.path.dirname(__file__)))
         assert done.returncode == 2, done.stderr
         assert done.stderr.strip().count("\n") == 0
-        assert "$DEPTHBENCH_MALLOC: 'always' is not one of system, keep" in done.stderr
+        assert ("$DEPTHBENCH_MALLOC: 'always' is not one of auto, mimalloc, keep, system"
+                in done.stderr)
 
 
 @glibc_linux
 def test_a_late_call_says_it_is_late():
     code = ("import numpy\nfrom depthbench import hostmem\n"
-            "print(hostmem.keep_freed_memory('keep'))")
+            "print(hostmem.apply('keep'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == ("freed memory kept (one arena, no mmap, no trim); set after numpy was "

@@ -35,7 +35,7 @@ from depthbench.train import state as state_lib
 from depthbench.train.metrics import read_jsonl
 
 VOCAB = 64
-STEPS = 64  # long enough for a SIGTERM to land mid-run, ~0.5 s of compute
+STEPS = 128  # long enough for a SIGTERM to land mid-run under the suite's load (~1 s)
 EVERY = 16  # eval, checkpoint and layer-stats interval
 BATCH, SEQ = 4, 16
 

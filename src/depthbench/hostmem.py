@@ -1,44 +1,76 @@
-"""Keep freed host memory for reuse: three glibc ``malloc`` settings, opt-in.
+"""Host memory for XLA:CPU steps: mimalloc on CPU-only installs, set at start.
 
 XLA:CPU allocates an executable's whole temp buffer at every run and frees it
-after (1.1 GiB for the d 256 benchmark step, 2.5 GiB at d 768).  A request that
-large is above glibc's ``mmap`` threshold, so glibc maps it from the kernel and
-unmaps it on ``free``: every step page-faults the whole buffer in again
-(281,000 minor faults per d 256 step).  Three ``mallopt`` settings stop it:
+after (1.1 GiB for the d 256 benchmark step, 2.5 GiB at d 768), from one of
+its async-runner threads (``posix_memalign`` in ``CpuDeviceMemory``).  glibc
+serves a request that large with ``mmap`` from that thread's arena and unmaps
+it on ``free``, so every step page-faults the whole buffer in again, 4 KiB at
+a time (281,000 minor faults per d 256 step; about 16% of the step's CPU
+samples are the kernel's).  ``$DEPTHBENCH_MALLOC`` chooses what to do:
 
-* ``M_ARENA_MAX = 1``: every thread allocates from the main arena.  XLA's
-  worker threads would otherwise get arenas of their own, whose heaps cannot
-  grow past 64 MiB, so glibc maps their large requests whatever the next
-  setting says;
-* ``M_MMAP_MAX = 0``: large requests grow the heap instead of being mapped;
-* ``M_TRIM_THRESHOLD = -1``: the heap's top is never returned to the kernel
-  (``mallopt(3)``: -1 disables trimming), so the next step reuses the pages.
+* ``auto`` (the default): ``mimalloc`` where jax will run on the CPU (no
+  accelerator plugin installed, ``$JAX_PLATFORMS`` unset or ``cpu`` first),
+  on Linux, with the ``cmeel-mimalloc`` package installed (a dependency on
+  Linux); otherwise ``system``.
+* ``mimalloc``: the process runs with the mimalloc allocator
+  (``LD_PRELOAD``), told never to return freed memory to the kernel
+  (``MIMALLOC_PURGE_DELAY=-1``): the temp buffer is reused, 0 faults per step,
+  and mimalloc's per-thread heaps take no lock that XLA's threads wait on.
+  The process keeps its peak heap for its life.  An allocator is chosen when
+  a process starts, so the command entry points (:func:`apply_or_exit`: the
+  ``depthbench`` command, ``python -m bench``) re-execute the same command
+  line once, in place (same pid), with those two variables set, then remove
+  them from the environment, so the processes it starts begin as usual (a
+  ``depthbench`` command among them sets itself up the same way).  Not done
+  when ``$LD_PRELOAD`` is set already (your allocator wins).
+* ``keep``: glibc, with three ``mallopt`` settings made in-process before
+  numpy or jax start a thread: one arena (``M_ARENA_MAX = 1``; a thread
+  arena's heap cannot grow past 64 MiB, so glibc maps large requests
+  whatever the next setting says), no ``mmap`` (``M_MMAP_MAX = 0``) and no
+  trimming (``M_TRIM_THRESHOLD = -1``).  0 faults per step too, but XLA's
+  threads then wait on the one arena's lock.
+* ``system``: glibc as configured.
 
-It is a trade, so it is off unless asked for (``DEPTHBENCH_MALLOC=keep``).
-Measured on a 2-core Intel Xeon VM (jax 0.10.2, one process, median step):
-the d 256 peer step 1.63 -> 1.49 s (0 faults per step), d 768 7.63 -> 7.23 s;
-but a deep-narrow step (d 64, L 32, T 256, B 2) 137 -> 207 ms, since with one
-arena XLA's worker threads wait on its lock (2,225 voluntary context switches
-per step against 352).  Use it for wide models on CPU.  The process also keeps
-its peak heap for its whole life.  The ``depthbench`` command and ``python -m
-bench`` apply it first thing, before numpy or jax start a thread (later it
-only partly takes, and its status says so); in a notebook, call
-:func:`keep_freed_memory` with ``"keep"`` in the first cell.
+Measured on a 2-core Intel Xeon VM (jax 0.10.2; separate processes running
+only depthbench's step, median step; bench/results/peer.md):
+
+============================  ==========  ==========  ===========
+shape                         system      mimalloc    keep
+============================  ==========  ==========  ===========
+d 128, L 4, T 128, B 16       142 ms      112 ms      --
+d 256, L 8, T 256, B 16       1.72 s      1.46 s      1.55 s
+d 64, L 32, T 256, B 2        159 ms      134 ms      225 ms
+d 768, L 12, T 512, B 4       7.50-7.62   7.71-7.74   7.23 (a.m.)
+============================  ==========  ==========  ===========
+
+In a notebook, start the kernel with ``LD_PRELOAD=<mimalloc_library()>
+MIMALLOC_PURGE_DELAY=-1`` in its environment, or call :func:`apply` with
+``"keep"`` in the first cell; a notebook's process is never re-executed.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
+import importlib.util
 import os
+import pkgutil
 import platform
 import sys
 
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError
 
-__all__ = ["ENV", "keep_freed_memory", "keep_freed_memory_or_exit", "status"]
+__all__ = ["CHOICES", "ENV", "accelerator_plugin", "apply", "apply_or_exit",
+           "mimalloc_library", "setting", "status"]
 
 ENV = "DEPTHBENCH_MALLOC"
-CHOICES = ("system", "keep")  # the first is the default
+CHOICES = ("auto", "mimalloc", "keep", "system")  # the first is the default
+MIMALLOC_PACKAGE = "cmeel-mimalloc"
+# What the re-executed process finds in its environment: the mimalloc
+# settings this module added (so it can remove them again), and that it was
+# re-executed (so it never is twice, whatever the loader made of them).
+_REEXEC_MARK = "DEPTHBENCH_MALLOC_REEXEC"
+_MIMALLOC_ENV = {"MIMALLOC_PURGE_DELAY": "-1"}
 
 # mallopt(3) parameter numbers (glibc's malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
@@ -47,46 +79,139 @@ _status: str | None = None  # what the first call decided; later calls return it
 
 
 def status() -> str:
-    """What :func:`keep_freed_memory` decided in this process ("not asked" before it ran)."""
+    """What :func:`apply` decided in this process ("not asked" before it ran)."""
     return _status or "not asked"
 
 
-def keep_freed_memory(mode: str | None = None) -> str:
-    """Apply the three settings (module docstring) if ``mode`` (default:
-    ``$DEPTHBENCH_MALLOC``, else ``system``) is ``keep``; returns one line
-    saying what was done.  Idempotent: the first call decides."""
-    global _status
-    if _status is not None:
-        return _status
+def setting(mode: str | None = None) -> str:
+    """``mode`` (default: ``$DEPTHBENCH_MALLOC``, else ``auto``), checked."""
     mode = (mode if mode is not None else os.environ.get(ENV, "")).strip().lower() or CHOICES[0]
     if mode not in CHOICES:
         raise ConfigError(f"${ENV}: {mode!r} is not one of {', '.join(CHOICES)}")
-    if mode == "system":
-        _status = "system default"
-    elif not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-        _status = "system default (not glibc)"
-    else:
-        # Threads that numpy or jax started already hold arenas of their own,
-        # which the settings do not reach (measured: 93,000 faults per d 256
-        # step instead of 0), so say so.
-        late = [m for m in ("numpy", "jax") if m in sys.modules]
-        libc = ctypes.CDLL(None)
-        done = [libc.mallopt(param, value) for param, value in
-                ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))]
-        _status = ("freed memory kept (one arena, no mmap, no trim)" if all(done)
-                   else "glibc default (mallopt refused)")
-        if all(done) and late:
-            _status += (f"; set after {' and '.join(late)} {'was' if len(late) == 1 else 'were'}"
-                        " imported: their threads' arenas may still map and unmap")
+    return mode
+
+
+def accelerator_plugin() -> str | None:
+    """The accelerator jax would use here, by name, or None when it is the CPU.
+    Decided without importing jax (its threads must not exist yet)."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+    if platforms:
+        first = platforms.split(",")[0].strip()
+        return None if first == "cpu" else f"JAX_PLATFORMS={platforms}"
+    if importlib.util.find_spec("libtpu") is not None:
+        return "libtpu"
+    spec = importlib.util.find_spec("jax_plugins")
+    if spec is not None and spec.submodule_search_locations:
+        for module in pkgutil.iter_modules(spec.submodule_search_locations):
+            return f"jax_plugins.{module.name}"
+    for entry in importlib.metadata.entry_points(group="jax_plugins"):
+        return f"jax_plugins entry point {entry.name}"
+    return None
+
+
+def mimalloc_library() -> str | None:
+    """The path of ``libmimalloc.so`` from the ``cmeel-mimalloc`` package, or None."""
+    try:
+        dist = importlib.metadata.distribution(MIMALLOC_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in dist.files or ():
+        if f.name == "libmimalloc.so":
+            path = str(dist.locate_file(f))
+            return path if os.path.exists(path) else None
+    return None
+
+
+def _mimalloc_loaded() -> bool:
+    """Whether a mimalloc library is mapped into this process."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "libmimalloc" in f.read()
+    except OSError:
+        return False
+
+
+def _mimalloc_plan(mode: str) -> tuple[str, str | None]:
+    """For ``auto`` / ``mimalloc``: this process's status, and the library to
+    re-execute with (None when re-executing would not change anything)."""
+    if _mimalloc_loaded():
+        purge = os.environ.get("MIMALLOC_PURGE_DELAY", "10 ms, its default")
+        return f"mimalloc (MIMALLOC_PURGE_DELAY {purge})", None
+    if mode == "auto" and (accelerator := accelerator_plugin()):
+        return f"system default (accelerator: {accelerator})", None
+    if not sys.platform.startswith("linux"):
+        return "system default (mimalloc is preloaded on Linux only)", None
+    library = mimalloc_library()
+    if library is None:
+        return f"system default (mimalloc: `pip install {MIMALLOC_PACKAGE}`)", None
+    if os.environ.get(_REEXEC_MARK):
+        return "system default (mimalloc did not load)", None
+    if os.environ.get("LD_PRELOAD"):
+        return f"system default (LD_PRELOAD is set: {os.environ['LD_PRELOAD']})", None
+    return ("system default (mimalloc is chosen at process start: the depthbench command "
+            "and python -m bench do it)"), library
+
+
+def _keep() -> str:
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return "system default (not glibc)"
+    # Threads that numpy or jax started already hold arenas of their own,
+    # which the settings do not reach (measured: 93,000 faults per d 256
+    # step instead of 0), so say so.
+    late = [m for m in ("numpy", "jax") if m in sys.modules]
+    libc = ctypes.CDLL(None)
+    done = [libc.mallopt(param, value) for param, value in
+            ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))]
+    if not all(done):
+        return "glibc default (mallopt refused)"
+    out = "freed memory kept (one arena, no mmap, no trim)"
+    if late:
+        out += (f"; set after {' and '.join(late)} {'was' if len(late) == 1 else 'were'}"
+                " imported: their threads' arenas may still map and unmap")
+    return out
+
+
+def apply(mode: str | None = None) -> str:
+    """Apply ``mode`` in this process (``keep``: the ``mallopt`` settings;
+    ``auto`` / ``mimalloc``: report whether mimalloc is loaded, which only a
+    process's start decides) and return one line saying what holds.  Never
+    re-executes.  Idempotent: the first call decides."""
+    global _status
+    if _status is None:
+        mode = setting(mode)
+        if mode == "keep":
+            _status = _keep()
+        elif mode == "system":
+            _status = "system default"
+        else:
+            _status = _mimalloc_plan(mode)[0]
     return _status
 
 
-def keep_freed_memory_or_exit(prog: str) -> str:
-    """:func:`keep_freed_memory` for a command's first line (the ``depthbench``
-    command, ``python -m bench``): a bad ``$DEPTHBENCH_MALLOC`` is one line on
-    stderr and exit status 2, like every bad input."""
+def apply_or_exit(prog: str) -> str:
+    """:func:`apply` for a command's first line (the ``depthbench`` command,
+    ``python -m bench``): where mimalloc is chosen and not loaded, re-execute
+    the same command line in place with it (once); in the re-executed process,
+    take the variables this added out of the environment again.  A bad
+    ``$DEPTHBENCH_MALLOC`` is one line on stderr and exit status 2, like every
+    bad input."""
     try:
-        return keep_freed_memory()
+        mode = setting()
     except ConfigError as e:
         sys.stderr.write(f"{prog}: error: {e}\n")
         raise SystemExit(EXIT_BAD_INPUT) from None
+    if mode in ("auto", "mimalloc"):
+        library = _mimalloc_plan(mode)[1]
+        if library is not None:
+            added = {k: v for k, v in _MIMALLOC_ENV.items() if k not in os.environ}
+            env = dict(os.environ, LD_PRELOAD=library, **added,
+                       **{_REEXEC_MARK: ",".join(["LD_PRELOAD", *added])})
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # sys.orig_argv: the interpreter's own flags and `-m module` or the
+            # script, as this process was started.
+            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    decided = apply(mode)
+    for name in filter(None, os.environ.pop(_REEXEC_MARK, "").split(",")):
+        os.environ.pop(name, None)  # loaded already; the processes this one starts begin clean
+    return decided

@@ -88,7 +88,7 @@ def run(quick: bool = False, shapes=SHAPES) -> str:
         peer = TorchStep(ours.setup.spec, b, t, float(config.train.lr),
                          float(config.train.clip_norm))
         for _ in range(2):  # compile; the second round because the first steps still
-            ours()           # grow the heap (page faults, with DEPTHBENCH_MALLOC=keep)
+            ours()           # grow the heap (page faults, where freed memory is kept)
             peer()
         sec = common.interleaved({"depthbench": ours, "torch": peer}, reps, pause=PAUSE)
         rows.append({

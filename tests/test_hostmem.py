@@ -76,7 +76,7 @@ def _rounds(*args: str, **env: str) -> tuple[str, bool, list[int]]:
     return out[0], light == "True", [int(f) for f in faults]
 
 
-MIMALLOC_STATUS = ("mimalloc (MIMALLOC_ALLOW_LARGE_OS_PAGES=0, MIMALLOC_ARENA_EAGER_COMMIT=1, "
+MIMALLOC_STATUS = ("mimalloc (MIMALLOC_ALLOW_THP=0, MIMALLOC_ARENA_EAGER_COMMIT=1, "
                    "MIMALLOC_PURGE_DELAY=-1)")
 needs_mimalloc = pytest.mark.skipif(
     not sys.platform.startswith("linux") or hostmem.mimalloc_library() is None,

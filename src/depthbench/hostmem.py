@@ -66,7 +66,7 @@ _REEXEC_MARK = "DEPTHBENCH_MALLOC_REEXEC"
 # Never return freed memory to the kernel (so it is not faulted in again); no
 # transparent huge pages (on the benchmark VM a fresh 2 MiB page cost up to
 # 0.5 s of a 0.5 s step now and then); commit each arena whole when it is made.
-_MIMALLOC_ENV = {"MIMALLOC_PURGE_DELAY": "-1", "MIMALLOC_ALLOW_LARGE_OS_PAGES": "0",
+_MIMALLOC_ENV = {"MIMALLOC_PURGE_DELAY": "-1", "MIMALLOC_ALLOW_THP": "0",
                  "MIMALLOC_ARENA_EAGER_COMMIT": "1"}
 
 # mallopt(3) parameter numbers (glibc's malloc.h).

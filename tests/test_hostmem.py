@@ -58,8 +58,8 @@ if command:
 # The environment as a user starts a command: none of the variables this
 # module reads or sets.
 _CLEAN = {k: v for k, v in os.environ.items()
-          if k not in ("DEPTHBENCH_MALLOC", "DEPTHBENCH_MALLOC_REEXEC", "LD_PRELOAD")
-          and not k.startswith("MIMALLOC_")}
+          if k not in ("DEPTHBENCH_MALLOC", "DEPTHBENCH_MALLOC_REEXEC", "LD_PRELOAD",
+                       "JAX_PLATFORMS") and not k.startswith("MIMALLOC_")}
 
 
 def _run_rounds(*args: str, **env: str) -> tuple[list[str], int]:
@@ -79,13 +79,14 @@ def _rounds(*args: str, **env: str) -> tuple[str, bool, list[int]]:
 MIMALLOC_STATUS = ("mimalloc (MIMALLOC_ALLOW_THP=0, MIMALLOC_ARENA_EAGER_COMMIT=1, "
                    "MIMALLOC_PURGE_DELAY=-1)")
 needs_mimalloc = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or hostmem.mimalloc_library() is None,
-    reason="mimalloc: pip install 'depthbench[mimalloc]' (Linux; the dev extra has it)")
+    not sys.platform.startswith("linux") or hostmem.mimalloc_library() is None
+    or hostmem.accelerator_plugin() is not None,
+    reason="mimalloc is a dependency on Linux; auto leaves accelerator hosts alone")
 
 
 @needs_mimalloc
 def test_a_command_re_executes_itself_once_with_mimalloc_and_its_children_start_clean():
-    out, pid = _run_rounds("command", DEPTHBENCH_MALLOC="mimalloc")
+    out, pid = _run_rounds("command")  # auto, the default
     assert out[0] == MIMALLOC_STATUS
     faults = [int(f) for f in out[1].split()[1:]]
     assert faults[0] >= 64  # the first touch faults (4 KiB pages: 65,536; 2 MiB ones: 128)
@@ -100,21 +101,31 @@ def test_a_command_re_executes_itself_once_with_mimalloc_and_its_children_start_
 @needs_mimalloc
 def test_no_re_execution_unless_mimalloc_is_chosen_and_free_to_load():
     for env, decided in (
-        ({}, "system default"),
+        ({"DEPTHBENCH_MALLOC": "system"}, "system default"),
         ({"DEPTHBENCH_MALLOC": "keep"}, "freed memory kept (one arena, no mmap, no trim)"),
+        ({"JAX_PLATFORMS": "tpu"}, "system default (accelerator: JAX_PLATFORMS=tpu)"),
         # the user's own preload wins (a library that exists, loaded harmlessly)
-        ({"DEPTHBENCH_MALLOC": "mimalloc", "LD_PRELOAD": "libm.so.6"},
-         "system default (LD_PRELOAD is set: libm.so.6)"),
+        ({"LD_PRELOAD": "libm.so.6"}, "system default (LD_PRELOAD is set: libm.so.6)"),
     ):
         out, pid = _run_rounds("command", **env)
         assert out[0] == decided, env
         assert out[2].split()[0] == str(pid)
     # apply(), as a notebook calls it, never re-executes: it says what would.
-    assert _rounds("mimalloc")[0] == ("system default (mimalloc is chosen at process start: "
-                                      "the depthbench command and python -m bench do it)")
+    assert _rounds()[0] == ("system default (mimalloc is chosen at process start: the "
+                            "depthbench command and python -m bench do it)")
     # A mimalloc setting of the user's wins (and is theirs: it stays in the environment).
-    out, _ = _run_rounds("command", DEPTHBENCH_MALLOC="mimalloc", MIMALLOC_PURGE_DELAY="100")
+    out, _ = _run_rounds("command", MIMALLOC_PURGE_DELAY="100")
     assert out[0] == MIMALLOC_STATUS.replace("PURGE_DELAY=-1", "PURGE_DELAY=100")
+    # Asked for by name on an accelerator host, it is loaded all the same.
+    out, _ = _run_rounds("command", DEPTHBENCH_MALLOC="mimalloc", JAX_PLATFORMS="tpu")
+    assert out[0] == MIMALLOC_STATUS
+
+
+def test_accelerator_plugin_reads_jax_platforms(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")
+    assert hostmem.accelerator_plugin() == "JAX_PLATFORMS=cuda,cpu"
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert hostmem.accelerator_plugin() is None
 
 
 @glibc_linux
@@ -130,14 +141,14 @@ def test_kept_memory_is_not_faulted_in_again_and_system_default_is():
 
 @glibc_linux
 def test_keep_only_when_asked_for():
-    assert _rounds()[0] == "system default"
+    assert not _rounds()[0].startswith("freed memory kept")
     assert _rounds(DEPTHBENCH_MALLOC="keep")[0].startswith("freed memory kept")
     assert _rounds(DEPTHBENCH_MALLOC="system")[0] == "system default"
 
 
 def test_bad_setting_is_one_line_and_exit_2(tmp_path):
     with pytest.raises(ConfigError, match=r"\$DEPTHBENCH_MALLOC: 'always' is not one of "
-                                          r"system, mimalloc, keep"):
+                                          r"auto, mimalloc, keep, system"):
         hostmem.setting("always")
     env = {**os.environ, "DEPTHBENCH_MALLOC": "always"}
     for command in ([sys.executable, "-m", "depthbench", "shapes"],
@@ -146,7 +157,7 @@ def test_bad_setting_is_one_line_and_exit_2(tmp_path):
                               cwd=os.path.dirname(os.path.dirname(__file__)))
         assert done.returncode == 2, done.stderr
         assert done.stderr.strip().count("\n") == 0
-        assert ("$DEPTHBENCH_MALLOC: 'always' is not one of system, mimalloc, keep"
+        assert ("$DEPTHBENCH_MALLOC: 'always' is not one of auto, mimalloc, keep, system"
                 in done.stderr)
 
 

@@ -1,4 +1,4 @@
-"""Host memory for XLA:CPU steps: glibc by default, or mimalloc / kept memory on request.
+"""Host memory for XLA:CPU steps: mimalloc on CPU-only installs, set at start.
 
 XLA:CPU allocates an executable's whole temp buffer at every run and frees it
 after (1.1 GiB for the d 256 benchmark step, 2.5 GiB at d 768), from one of
@@ -8,36 +8,40 @@ it on ``free``, so every step page-faults the whole buffer in again, 4 KiB at
 a time (281,000 minor faults per d 256 step; about 16% of the step's CPU
 samples are the kernel's).  ``$DEPTHBENCH_MALLOC`` chooses what to do:
 
-* ``system`` (the default): glibc as configured.
+* ``auto`` (the default): ``mimalloc`` where jax will run on the CPU (no
+  accelerator plugin installed, ``$JAX_PLATFORMS`` unset or ``cpu`` first),
+  on Linux, with the ``cmeel-mimalloc`` package installed (a dependency on
+  Linux); otherwise ``system``.
 * ``mimalloc``: the process runs with the mimalloc allocator (``LD_PRELOAD``
-  of the ``cmeel-mimalloc`` package's library: ``pip install
-  'depthbench[mimalloc]'``), told never to return freed memory to the kernel
-  (``MIMALLOC_PURGE_DELAY=-1``), to use no transparent huge pages and to
-  commit its arenas whole (:data:`_MIMALLOC_ENV`; a ``MIMALLOC_*`` variable you
-  set wins): the temp buffer is reused, 0 faults per step, and mimalloc's
-  per-thread heaps take no lock that XLA's threads wait on.  The process keeps
-  its peak heap for its life.  An allocator is chosen when a process starts,
-  so the command entry points (:func:`apply_or_exit`: the ``depthbench``
-  command, ``python -m bench``) re-execute the same command line once, in
-  place (same pid), with those variables set, then remove them from the
-  environment, so the processes it starts begin as usual (a ``depthbench``
-  command among them sets itself up the same way).  Not done when
-  ``$LD_PRELOAD`` is set already (your allocator wins).
+  of the ``cmeel-mimalloc`` package's library), told never to return freed
+  memory to the kernel (``MIMALLOC_PURGE_DELAY=-1``), to use no transparent
+  huge pages and to commit its arenas whole (:data:`_MIMALLOC_ENV`; a
+  ``MIMALLOC_*`` variable you set wins): the temp buffer is reused, 0 faults
+  per step, and mimalloc's per-thread heaps take no lock that XLA's threads
+  wait on.  The process keeps its peak heap for its life.  An allocator is
+  chosen when a process starts, so the command entry points
+  (:func:`apply_or_exit`: the ``depthbench`` command, ``python -m bench``)
+  re-execute the same command line once, in place (same pid), with those
+  variables set, then remove them from the environment, so the processes it
+  starts begin as usual (a ``depthbench`` command among them sets itself up
+  the same way).  Not done when ``$LD_PRELOAD`` is set already (your
+  allocator wins).
 * ``keep``: glibc, with three ``mallopt`` settings made in-process before
   numpy or jax start a thread: one arena (``M_ARENA_MAX = 1``; a thread
   arena's heap cannot grow past 64 MiB, so glibc maps large requests
   whatever the next setting says), no ``mmap`` (``M_MMAP_MAX = 0``) and no
   trimming (``M_TRIM_THRESHOLD = -1``).  0 faults per step too, but XLA's
   threads then wait on the one arena's lock.
+* ``system``: glibc as configured.
 
 Measured on a 2-core Intel Xeon VM (jax 0.10.2; separate processes running
 only depthbench's step, median step; bench/results/peer.md): mimalloc d 128 L
-4 143 -> 113-123 ms, d 256 L 8 1.70 -> 1.46 s, d 64 L 32 163-173 -> 133 ms,
-d 768 L 12 7.48-7.53 -> 7.74 s; keep d 256 1.63 -> 1.49 s, d 768 7.63 -> 7.23
-s, d 64 L 32 137 -> 207 ms.  Not a default: in ``python -m bench``'s family
-table (ten compiled steps in one process) hc ran at 1.5-2x its glibc time
-under mimalloc (331 against 221 ms at d 256, L 4; 518-551 against 375 ms at d
-64, L 32), though not when fewer steps share the process; unexplained so far.
+4 142-149 -> 118 ms, d 256 L 8 1.70-1.72 -> 1.46 s, d 64 L 32 159-173 -> 140
+ms, d 768 L 12 7.48-7.62 -> 7.55 s (its 2.5 GiB buffer is larger than
+mimalloc's arenas and still faults); keep d 256 1.63 -> 1.49 s, d 768 7.63 ->
+7.23 s, d 64 L 32 137 -> 207 ms.  With transparent huge pages allowed,
+mimalloc's fresh 2 MiB pages stalled single steps up to 2x on that VM (it
+hands free memory back to its host), hence ``MIMALLOC_ALLOW_THP=0``.
 
 In a notebook, start the kernel with ``LD_PRELOAD=<mimalloc_library()>`` and
 those ``MIMALLOC_*`` settings in its environment, or call :func:`apply` with
@@ -48,16 +52,19 @@ from __future__ import annotations
 
 import ctypes
 import importlib.metadata
+import importlib.util
 import os
+import pkgutil
 import platform
 import sys
 
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError
 
-__all__ = ["CHOICES", "ENV", "apply", "apply_or_exit", "mimalloc_library", "setting", "status"]
+__all__ = ["CHOICES", "ENV", "accelerator_plugin", "apply", "apply_or_exit",
+           "mimalloc_library", "setting", "status"]
 
 ENV = "DEPTHBENCH_MALLOC"
-CHOICES = ("system", "mimalloc", "keep")  # the first is the default
+CHOICES = ("auto", "mimalloc", "keep", "system")  # the first is the default
 MIMALLOC_PACKAGE = "cmeel-mimalloc"
 # What the re-executed process finds in its environment: the mimalloc
 # settings this module added (so it can remove them again), and that it was
@@ -81,11 +88,29 @@ def status() -> str:
 
 
 def setting(mode: str | None = None) -> str:
-    """``mode`` (default: ``$DEPTHBENCH_MALLOC``, else ``system``), checked."""
+    """``mode`` (default: ``$DEPTHBENCH_MALLOC``, else ``auto``), checked."""
     mode = (mode if mode is not None else os.environ.get(ENV, "")).strip().lower() or CHOICES[0]
     if mode not in CHOICES:
         raise ConfigError(f"${ENV}: {mode!r} is not one of {', '.join(CHOICES)}")
     return mode
+
+
+def accelerator_plugin() -> str | None:
+    """The accelerator jax would use here, by name, or None when it is the CPU.
+    Decided without importing jax (its threads must not exist yet)."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+    if platforms:
+        first = platforms.split(",")[0].strip()
+        return None if first == "cpu" else f"JAX_PLATFORMS={platforms}"
+    if importlib.util.find_spec("libtpu") is not None:
+        return "libtpu"
+    spec = importlib.util.find_spec("jax_plugins")
+    if spec is not None and spec.submodule_search_locations:
+        for module in pkgutil.iter_modules(spec.submodule_search_locations):
+            return f"jax_plugins.{module.name}"
+    for entry in importlib.metadata.entry_points(group="jax_plugins"):
+        return f"jax_plugins entry point {entry.name}"
+    return None
 
 
 def mimalloc_library() -> str | None:
@@ -110,17 +135,19 @@ def _mimalloc_loaded() -> bool:
         return False
 
 
-def _mimalloc_plan() -> tuple[str, str | None]:
-    """For ``mimalloc``: this process's status, and the library to re-execute
-    with (None when re-executing would not change anything)."""
+def _mimalloc_plan(mode: str) -> tuple[str, str | None]:
+    """For ``auto`` / ``mimalloc``: this process's status, and the library to
+    re-execute with (None when re-executing would not change anything)."""
     if _mimalloc_loaded():
         options = [f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("MIMALLOC_")]
         return f"mimalloc ({', '.join(options) or 'its defaults'})", None
+    if mode == "auto" and (accelerator := accelerator_plugin()):
+        return f"system default (accelerator: {accelerator})", None
     if not sys.platform.startswith("linux"):
         return "system default (mimalloc is preloaded on Linux only)", None
     library = mimalloc_library()
     if library is None:
-        return "system default (mimalloc: pip install 'depthbench[mimalloc]')", None
+        return f"system default (mimalloc: pip install {MIMALLOC_PACKAGE})", None
     if os.environ.get(_REEXEC_MARK):
         return "system default (mimalloc did not load)", None
     if os.environ.get("LD_PRELOAD"):
@@ -150,8 +177,8 @@ def _keep() -> str:
 
 def apply(mode: str | None = None) -> str:
     """Apply ``mode`` in this process (``keep``: the ``mallopt`` settings;
-    ``mimalloc``: report whether mimalloc is loaded, which only a process's
-    start decides) and return one line saying what holds.  Never
+    ``auto`` / ``mimalloc``: report whether mimalloc is loaded, which only a
+    process's start decides) and return one line saying what holds.  Never
     re-executes.  Idempotent: the first call decides."""
     global _status
     if _status is None:
@@ -161,7 +188,7 @@ def apply(mode: str | None = None) -> str:
         elif mode == "system":
             _status = "system default"
         else:
-            _status = _mimalloc_plan()[0]
+            _status = _mimalloc_plan(mode)[0]
     return _status
 
 
@@ -177,8 +204,8 @@ def apply_or_exit(prog: str) -> str:
     except ConfigError as e:
         sys.stderr.write(f"{prog}: error: {e}\n")
         raise SystemExit(EXIT_BAD_INPUT) from None
-    if mode == "mimalloc":
-        library = _mimalloc_plan()[1]
+    if mode in ("auto", "mimalloc"):
+        library = _mimalloc_plan(mode)[1]
         if library is not None:
             added = {k: v for k, v in _MIMALLOC_ENV.items() if k not in os.environ}
             env = dict(os.environ, LD_PRELOAD=library, **added,

@@ -175,6 +175,16 @@ def _keep() -> str:
     return out
 
 
+def _decide(mode: str) -> tuple[str, str | None]:
+    """Apply ``mode`` in this process as far as a running process can: the
+    status line, and the mimalloc library to re-execute with (or None)."""
+    if mode == "keep":
+        return _keep(), None
+    if mode == "system":
+        return "system default", None
+    return _mimalloc_plan(mode)
+
+
 def apply(mode: str | None = None) -> str:
     """Apply ``mode`` in this process (``keep``: the ``mallopt`` settings;
     ``auto`` / ``mimalloc``: report whether mimalloc is loaded, which only a
@@ -182,13 +192,7 @@ def apply(mode: str | None = None) -> str:
     re-executes.  Idempotent: the first call decides."""
     global _status
     if _status is None:
-        mode = setting(mode)
-        if mode == "keep":
-            _status = _keep()
-        elif mode == "system":
-            _status = "system default"
-        else:
-            _status = _mimalloc_plan(mode)[0]
+        _status = _decide(setting(mode))[0]
     return _status
 
 
@@ -199,13 +203,14 @@ def apply_or_exit(prog: str) -> str:
     take the variables this added out of the environment again.  A bad
     ``$DEPTHBENCH_MALLOC`` is one line on stderr and exit status 2, like every
     bad input."""
+    global _status
     try:
         mode = setting()
     except ConfigError as e:
         sys.stderr.write(f"{prog}: error: {e}\n")
         raise SystemExit(EXIT_BAD_INPUT) from None
-    if mode in ("auto", "mimalloc"):
-        library = _mimalloc_plan(mode)[1]
+    if _status is None:
+        decided, library = _decide(mode)
         if library is not None:
             added = {k: v for k, v in _MIMALLOC_ENV.items() if k not in os.environ}
             env = dict(os.environ, LD_PRELOAD=library, **added,
@@ -215,7 +220,7 @@ def apply_or_exit(prog: str) -> str:
             # sys.orig_argv: the interpreter's own flags and `-m module` or the
             # script, as this process was started.
             os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
-    decided = apply(mode)
+        _status = decided
     for name in filter(None, os.environ.pop(_REEXEC_MARK, "").split(",")):
         os.environ.pop(name, None)  # loaded already; the processes this one starts begin clean
-    return decided
+    return _status

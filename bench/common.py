@@ -84,14 +84,15 @@ def interleaved(fns: dict[str, Callable[[], None]], reps: int, pause: float = 0.
 
 def config_at(d_model: int, depth: int, seq_len: int, batch: int, vocab: int, *,
               family: str = "pre_ln", n_heads: int = 0, overrides: Sequence[str] = ()):
-    """The micro spec at an explicit shape (fp32, remat off), validated."""
+    """The micro spec at an explicit shape (fp32; its remat policy,
+    ``matmuls_saveable``: no matmul recomputed), validated."""
     from depthbench import config as config_lib
 
     heads = n_heads or max(2, d_model // 64)  # >= 2: moda_kv_heads (2) must divide it
     fields = {
         "model.family": family, "model.depth": depth, "model.d_model": d_model,
         "model.n_heads": heads, "model.vocab_size": vocab, "model.suite": "",
-        "model.remat_policy": "none", "train.seq_len": seq_len, "train.batch_size": batch,
+        "train.seq_len": seq_len, "train.batch_size": batch,
     }
     args = [f"--config.{k}={v}" for k, v in fields.items()] + list(overrides)
     return config_lib.load("micro", args)

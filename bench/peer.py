@@ -1,15 +1,18 @@
 """depthbench's train step against the PyTorch peer (transformers' LlamaForCausalLM).
 
 Same shape, batch and work: forward, fp32 cross entropy over the vocabulary,
-backward, global-norm clipping and AdamW, fp32, no rematerialisation, compile
-excluded.  The two stacks' steps run interleaved (depthbench, torch,
-depthbench, torch ...) so machine load hits both alike; the table gives the
-median of each and their ratio (goal >= 1.0x).  torch and transformers come
-from the optional extra ``depthbench[peer]``; without them this prints why
-and skips.
+backward, global-norm clipping and AdamW, fp32, compile excluded.  Both run
+every matmul once: depthbench under the micro config's remat policy
+(``matmuls_saveable``: matmul outputs kept, the elementwise work between them
+recomputed in the backward; ``--remat none`` keeps everything, as torch does).
+The two stacks' steps run interleaved (depthbench, torch, depthbench, torch
+...) so machine load hits both alike; the table gives the median of each and
+their ratio (goal >= 1.0x).  torch and transformers come from the optional
+extra ``depthbench[peer]``; without them this prints why and skips.
 
-    python -m bench.peer            # the issue's three shapes
-    python -m bench.peer --quick    # fewer steps
+    python -m bench.peer                # the issue's three shapes
+    python -m bench.peer --quick        # fewer steps
+    python -m bench.peer --remat none   # depthbench keeping every residual
 """
 
 from __future__ import annotations
@@ -71,9 +74,10 @@ def torch_missing() -> str | None:
     return None
 
 
-def run(quick: bool = False, shapes=SHAPES) -> str:
+def run(quick: bool = False, shapes=SHAPES, remat: str = "matmuls_saveable") -> str:
     """The peer table (or the line saying why it is skipped)."""
-    out = [common.header("train step vs PyTorch peer (LlamaForCausalLM), fp32, interleaved")]
+    out = [common.header("train step vs PyTorch peer (LlamaForCausalLM), fp32, interleaved, "
+                         f"depthbench remat policy {remat}")]
     missing = torch_missing()
     if missing:
         return "\n".join([*out, missing])
@@ -83,7 +87,8 @@ def run(quick: bool = False, shapes=SHAPES) -> str:
     reps = 3 if quick else 5
     rows, mm_rows = [], []
     for d, depth, t, b, v in shapes:
-        config = common.config_at(d, depth, t, b, v)
+        config = common.config_at(d, depth, t, b, v,
+                                  overrides=[f"--config.model.remat_policy={remat}"])
         ours = common.DepthbenchStep(config)
         peer = TorchStep(ours.setup.spec, b, t, float(config.train.lr),
                          float(config.train.clip_norm))
@@ -150,8 +155,13 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="3 timed steps instead of 5")
     p.add_argument("--shape", type=int, nargs=5, action="append",
                    metavar=("D", "L", "T", "B", "V"), help="a shape instead of the issue's three")
+    from depthbench.model.transformer import remat_policy_names
+
+    p.add_argument("--remat", default="matmuls_saveable", choices=remat_policy_names(),
+                   metavar="POLICY",
+                   help="depthbench's model.remat_policy (default: the micro config's)")
     args = p.parse_args(argv)
-    print(run(args.quick, tuple(map(tuple, args.shape)) if args.shape else SHAPES))
+    print(run(args.quick, tuple(map(tuple, args.shape)) if args.shape else SHAPES, args.remat))
     return 0
 
 

@@ -135,7 +135,7 @@ def test_bundled_specs_resolve_by_name_and_files_by_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # names do not depend on the working directory
     assert {"base", "micro", "quickstart", "micro_all", "paper_400m"} <= set(configs.names())
     by_name = config.load("micro")
-    assert by_name.name == "micro" and by_name.model.remat_policy == "none"
+    assert by_name.name == "micro" and by_name.model.remat_policy == "matmuls_saveable"
     assert config.load("micro.py").to_dict() == by_name.to_dict()
     assert config.spec_path("quickstart") == Path(configs.__file__).with_name("quickstart.py")
     assert config.import_spec("quickstart").get_sweep()  # a sweep spec keeps get_sweep()

@@ -207,6 +207,21 @@ def test_scan_unrolled_and_remat_agree(h):
     np.testing.assert_allclose(out, h.default, rtol=1e-5, atol=1e-5)
 
 
+def test_matmuls_saveable_gradients_agree(h):
+    """The default CPU policy (matmuls_saveable: matmul outputs and marked values
+    kept, the rest recomputed) gives the gradients of the spec's full remat."""
+    _, expected = h.training
+    model = Transformer(h.spec.replace(remat_policy="matmuls_saveable"))
+    batch = jnp.asarray(_train_batch())
+
+    def loss_fn(p):
+        return cross_entropy(model.apply({"params": p}, batch[:, :-1]), batch[:, 1:])
+
+    grads = compile_fast(jax.grad(loss_fn), h.params)(h.params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                 grads, expected)
+
+
 def test_skip_blocks(h):
     """A skipped block leaves the state unchanged: all skipped == readout(init_state)."""
     L = TINY.depth

@@ -1,6 +1,12 @@
 """Backbone known answers: init, RoPE, GQA and depth attention, loss, scan/remat, permutation."""
 
+import contextlib
+import io
+import math
+import re
+
 import jax
+import jax.ad_checkpoint
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -167,6 +173,40 @@ def test_scan_vs_unrolled_and_remat(tiny):
     ):
         out = Transformer(variant).apply({"params": params}, tokens)
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def _grads_and_residuals(spec, params, tokens):
+    """Loss gradients under ``spec``'s remat policy, and the residuals the backward keeps."""
+    model = Transformer(spec)
+
+    def loss(p):
+        return cross_entropy(model.apply({"params": p}, tokens[:, :-1]), tokens[:, 1:])
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        jax.ad_checkpoint.print_saved_residuals(loss, params)  # "f32[3,2,11,1] output of ..."
+    shapes = [tuple(int(n) for n in m.group(1).split(",") if n)
+              for m in re.finditer(r"^\w+\[([\d,]*)\]", printed.getvalue(), re.M)]
+    return jax.jit(jax.grad(loss))(params), shapes
+
+
+def test_matmuls_saveable_same_gradients_fewer_residuals(tiny):
+    """matmuls_saveable: the gradients of remat off, from fewer kept values; it keeps
+    attention's log-sum-exp ([L, B, K, blocks, rows]) and drops the norms' statistics
+    ([L, B, T, 1]), which the backward recomputes."""
+    spec, model, tokens, params, apply = tiny
+    b, t = tokens.shape[0], tokens.shape[1] - 1
+    off, off_saved = _grads_and_residuals(spec.replace(remat_policy="none"), params, tokens)
+    new, new_saved = _grads_and_residuals(
+        spec.replace(remat_policy="matmuls_saveable"), params, tokens)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), new, off)
+    stat = (spec.depth, b, t, 1)
+    lse = (spec.depth, b, spec.n_kv_heads, 1, t * spec.n_heads // spec.n_kv_heads)
+    assert stat in off_saved and stat not in new_saved
+    assert lse in new_saved
+    weights = {leaf.shape for leaf in jax.tree.leaves(params)}
+    size = lambda shapes: sum(math.prod(x) for x in shapes if x not in weights)  # noqa: E731
+    assert size(new_saved) < 0.6 * size(off_saved), (size(new_saved), size(off_saved))
 
 
 def test_determinism(tiny):

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from depthbench.model.residual.base import BTD, norm_param, rms_norm, with_axes
+from depthbench.model.residual.base import BTD, keep_for_backward, norm_param, rms_norm, with_axes
 from depthbench.model.spec import ModelSpec
 
 
@@ -199,7 +199,10 @@ def _causal_blocks_fwd(q_bkqmh, k_bksh, v_bksh):
         probs_bkms = (e_bkms / sum_bkm).astype(v_bksh.dtype)
         outs.append(jnp.einsum("bkms,bksh->bkmh", probs_bkms, v_bksh[:, :, :keys]))
         lses.append((mu_bkm + jnp.log(sum_bkm))[..., 0])
-    out_bkqmh, lse_bkqm = jnp.stack(outs, axis=2), jnp.stack(lses, axis=2)
+    # Kept under matmuls_saveable: recomputing them would rerun the forward's
+    # batched products; the backward needs only these and q, k, v.
+    out_bkqmh = keep_for_backward(jnp.stack(outs, axis=2))
+    lse_bkqm = keep_for_backward(jnp.stack(lses, axis=2))
     return (out_bkqmh, lse_bkqm), (q_bkqmh, k_bksh, v_bksh, out_bkqmh, lse_bkqm)
 
 
@@ -307,8 +310,9 @@ def _depth_part_fwd(q_btgrh, k_btgmh, v_btgmh, valid_m):
     e_btgrm = jnp.exp(logits - mu)
     sum_btgr1 = jnp.sum(e_btgrm, axis=-1, keepdims=True)
     p_btgrm = e_btgrm / jnp.where(sum_btgr1 > 0, sum_btgr1, 1.0)
-    out_btgrh = jnp.einsum("btgrm,btgmh->btgrh", p_btgrm, v_btgmh)
-    lse_btgr = (mu + jnp.log(sum_btgr1))[..., 0]
+    p_btgrm = keep_for_backward(p_btgrm)  # as _causal_blocks' output: batched products
+    out_btgrh = keep_for_backward(jnp.einsum("btgrm,btgmh->btgrh", p_btgrm, v_btgmh))
+    lse_btgr = keep_for_backward((mu + jnp.log(sum_btgr1))[..., 0])
     return (out_btgrh, lse_btgr), (q_btgrh, k_btgmh, v_btgmh, p_btgrm, out_btgrh)
 
 

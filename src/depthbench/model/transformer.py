@@ -20,7 +20,15 @@ from flax import linen as nn
 from depthbench.model.depth_scan import layer_stack
 from depthbench.model.layers import MLP, Attention, RMSNorm, project, trunc_normal
 from depthbench.model.residual import registry
-from depthbench.model.residual.base import BTD, ResidualFamily, Site, norm_param, rms_norm
+from depthbench.model.residual.base import (
+    BTD,
+    KEEP,
+    ResidualFamily,
+    Site,
+    keep_for_backward,
+    norm_param,
+    rms_norm,
+)
 from depthbench.model.spec import ModelSpec
 
 # Parameter names the optimizer's weight-decay presets need (train/optim.py):
@@ -78,6 +86,8 @@ class Block(nn.Module):
             if self.capture == "all":
                 captured["probe"].append(fam.probe(p, state, site))
             h, ctx = fam.read(p, state, site)
+            if all(h is not leaf for leaf in jax.tree.leaves(state)):
+                h = keep_for_backward(h)  # a family's mix of its state (see _keep_state)
             x_in = rms_norm(h, norms[sub], s.norm_eps) if fam.pre_norm else h
             x_in = fam.input_scale(p, x_in, site)
             if sub == 0:
@@ -86,24 +96,58 @@ class Block(nn.Module):
             else:
                 y, aux = mlp(x_in), {"x_in": x_in, "ctx": ctx}
             state = fam.write(p, state, y, site, aux, active)
+            if sub == 0:
+                state = _keep_state(fam, state, pos)
         if self.capture == "all":
             captured["probe"] = jax.tree.map(lambda a, b: jnp.stack([a, b]), *captured["probe"])
         return state, captured or None
 
 
+# depthbench's own policy.  ``matmuls_saveable`` keeps every matmul output
+# without batch dimensions (the projections, the MLP, the families' routing
+# products) and every value marked ``keep_for_backward``: attention's output
+# and log-sum-exp, mhc's Sinkhorn iterates, each block's state between its
+# sublayers and a family's read of it (Block).  The backward recomputes the
+# elementwise work between them (norms, RoPE, activations, routing weights),
+# which XLA fuses into the gradient's own loops, so no matmul runs twice and
+# the layer scan stacks a few activations per block instead of a dozen.
+# Train step on a 2-core CPU against remat off: bench/results/peer.md.
+OWN_POLICIES = {
+    "matmuls_saveable": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        jax.checkpoint_policies.save_only_these_names(KEEP)),
+}
+
+
+def _keep_state(fam: ResidualFamily, state, pos):
+    """The state between a block's sublayers, marked ``keep_for_backward``
+    except its banks (they would be kept once more per block).
+
+    Under ``matmuls_saveable`` the backward would otherwise recompute the
+    attention sublayer's write, and the family's read from it, to reach the
+    MLP: for the stream families a pass over ``n`` activations each (hc at d
+    256, L 4 on a 2-core CPU: 0.92x remat off's speed unmarked, 1.10x with
+    this and the read output kept; pre_ln within 2%)."""
+    banks = fam.bank_slots(state, pos)
+    if not isinstance(state, dict):
+        return state if banks else keep_for_backward(state)
+    return {k: v if k in banks else keep_for_backward(v) for k, v in state.items()}
+
+
 def remat_policy_names() -> tuple[str, ...]:
-    """``"none"`` and the policies of ``jax.checkpoint_policies`` that need no
-    arguments (``nothing_saveable``, ``dots_saveable`` ...), as the config names them."""
+    """``"none"``, depthbench's ``matmuls_saveable`` and the policies of
+    ``jax.checkpoint_policies`` that need no arguments (``nothing_saveable``,
+    ``dots_saveable`` ...), as the config names them."""
     found = sorted(n for n in dir(jax.checkpoint_policies)
                    if n.endswith("_saveable") or n.startswith("checkpoint_"))
-    return ("none", *found)
+    return ("none", *OWN_POLICIES, *found)
 
 
 def remat_policy(name: str):
-    """The rematerialisation policy called ``name``: looked up in
-    ``jax.checkpoint_policies`` by name (big_vision style), so every policy JAX
-    has is available without a list here."""
-    return getattr(jax.checkpoint_policies, name)
+    """The rematerialisation policy called ``name``: depthbench's own, or looked
+    up in ``jax.checkpoint_policies`` by name (big_vision style), so every
+    policy JAX has is available without a list here."""
+    return OWN_POLICIES.get(name) or getattr(jax.checkpoint_policies, name)
 
 
 class Transformer(nn.Module):

@@ -28,6 +28,12 @@ Families also report their costs (extra parameters, FLOPs, residual-state
 memory) so that ``costs.py`` and ``depthbench families`` need no
 family-specific code, and their weight-decay exclusions and init scales so
 that the trainer and the backbone need none either.
+
+Under the ``matmuls_saveable`` rematerialisation policy (the micro config's
+default, ``transformer.remat_policy``) the backward keeps every matmul's
+output and recomputes the elementwise work between them; a value that is
+costly to recompute for another reason (an iteration, a batched product)
+is kept by marking it with :func:`keep_for_backward`.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from jax.ad_checkpoint import checkpoint_name
 
 from depthbench.model.spec import ModelSpec
 
@@ -60,6 +67,15 @@ class Site(NamedTuple):
     def j_ident(self) -> jax.Array:
         """Original index of the sublayer (what its parameters were made for)."""
         return 2 * self.ident + self.sub
+
+
+KEEP = "keep_for_backward"  # the checkpoint name :func:`keep_for_backward` gives
+
+
+def keep_for_backward(x: jax.Array) -> jax.Array:
+    """``x`` itself, marked for the ``matmuls_saveable`` policy to keep for the
+    backward rather than recompute (no effect without that policy)."""
+    return checkpoint_name(x, KEEP)
 
 
 def gate(active: jax.Array, new: State, old: State) -> State:

@@ -12,8 +12,12 @@ Pure ``jnp`` in fp32, so a fused kernel can replace it (``pallas_kernels``).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+
+from depthbench.model.residual.base import keep_for_backward
 
 
 def sinkhorn(logits: jax.Array, iters: int, temperature: float = 1.0) -> jax.Array:
@@ -29,11 +33,33 @@ def sinkhorn(logits: jax.Array, iters: int, temperature: float = 1.0) -> jax.Arr
     log_p = logits.astype(jnp.float32) / jnp.float32(temperature)
 
     def normalise(_, lp):
-        lp = lp - jax.nn.logsumexp(lp, axis=-1, keepdims=True)
-        return lp - jax.nn.logsumexp(lp, axis=-2, keepdims=True)
+        return _log_normalise(_log_normalise(lp, -1), -2)
 
-    log_p = jax.lax.fori_loop(0, int(iters), normalise, log_p)
-    return jnp.exp(log_p)
+    # The last column normalisation and the exp as one softmax, whose backward
+    # needs only its output: the loop's result is then needed by nothing in
+    # the backward, which under matmuls_saveable would otherwise rerun it.
+    log_p = jax.lax.fori_loop(0, int(iters) - 1, normalise, log_p)
+    return _softmax(_log_normalise(log_p, -1), -2)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _log_normalise(lp: jax.Array, axis: int) -> jax.Array:
+    """``lp - logsumexp(lp, axis)``, differentiated from its output alone:
+    ``d lp = g - e^out sum(g, axis)`` (``e^out`` is the softmax).  The output is
+    kept under ``matmuls_saveable``, so the backward reruns no iteration."""
+    return lp - jax.nn.logsumexp(lp, axis=axis, keepdims=True)
+
+
+def _log_normalise_fwd(lp, axis):
+    out = keep_for_backward(_log_normalise(lp, axis))
+    return out, out
+
+
+def _log_normalise_bwd(axis, out, g):
+    return (g - jnp.exp(out) * jnp.sum(g, axis=axis, keepdims=True),)
+
+
+_log_normalise.defvjp(_log_normalise_fwd, _log_normalise_bwd)
 
 
 def sinkhorn_flops(n: int, iters: int) -> int:
@@ -41,3 +67,22 @@ def sinkhorn_flops(n: int, iters: int) -> int:
     normalisation (an exp, an add into the log-sum, a subtract; the log of the
     ``n`` sums is negligible), two normalisations per iteration."""
     return 2 * 3 * n * n * int(iters)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _softmax(x: jax.Array, axis: int) -> jax.Array:
+    """``softmax(x, axis)``, differentiated from its output ``p`` alone (kept under
+    ``matmuls_saveable``): ``d x = p (g - sum(g p, axis))``."""
+    return jax.nn.softmax(x, axis=axis)
+
+
+def _softmax_fwd(x, axis):
+    p = keep_for_backward(_softmax(x, axis))
+    return p, p
+
+
+def _softmax_bwd(axis, p, g):
+    return (p * (g - jnp.sum(g * p, axis=axis, keepdims=True)),)
+
+
+_softmax.defvjp(_softmax_fwd, _softmax_bwd)

@@ -37,8 +37,9 @@ samples are the kernel's).  ``$DEPTHBENCH_MALLOC`` chooses what to do:
 Measured on a 2-core Intel Xeon VM (jax 0.10.2; separate processes running
 only depthbench's step, median step; bench/results/peer.md): mimalloc d 128 L
 4 142-149 -> 118 ms, d 256 L 8 1.70-1.72 -> 1.46 s, d 64 L 32 159-173 -> 140
-ms, d 768 L 12 7.48-7.62 -> 7.55 s (its 2.5 GiB buffer is larger than
-mimalloc's arenas and still faults); keep d 256 1.63 -> 1.49 s, d 768 7.63 ->
+ms, d 768 L 12 7.48-7.62 -> 7.55 s (remat off: its 2.5 GiB buffer was larger
+than mimalloc's arenas and still faulted; under ``matmuls_saveable``, the micro
+config's policy, it fits: 0-166 faults a step); keep d 256 1.63 -> 1.49 s, d 768 7.63 ->
 7.23 s, d 64 L 32 137 -> 207 ms.  With transparent huge pages allowed,
 mimalloc's fresh 2 MiB pages stalled single steps up to 2x on that VM (it
 hands free memory back to its host), hence ``MIMALLOC_ALLOW_THP=0``.

@@ -56,19 +56,26 @@ def sinkhorn_flops(n: int, iters: int) -> int:
 SHORT_AXIS = 8
 
 
-def _axis_reduce(op, x: jax.Array, axis: int) -> jax.Array:
-    """``op``-reduction of ``x`` over ``axis`` (keepdims): a chain of ``op`` over
-    the axis's slices when it is at most ``SHORT_AXIS`` long."""
+def _short_axis_reduce(x: jax.Array, axis: int, op, full) -> jax.Array:
+    """Reduction of ``x`` over ``axis`` (keepdims): a chain of the binary ``op``
+    over the axis's slices when it is at most ``SHORT_AXIS`` long, else ``full``."""
     n = x.shape[axis]
     if n > SHORT_AXIS:
-        return (jnp.max if op is jnp.maximum else jnp.sum)(x, axis=axis, keepdims=True)
-    parts = [jax.lax.slice_in_dim(x, i, i + 1, axis=axis) for i in range(n)]
-    return functools.reduce(op, parts)
+        return full(x, axis=axis, keepdims=True)
+    return functools.reduce(op, [jax.lax.slice_in_dim(x, i, i + 1, axis=axis) for i in range(n)])
+
+
+def _axis_sum(x: jax.Array, axis: int) -> jax.Array:
+    return _short_axis_reduce(x, axis, jnp.add, jnp.sum)
+
+
+def _axis_max(x: jax.Array, axis: int) -> jax.Array:
+    return _short_axis_reduce(x, axis, jnp.maximum, jnp.max)
 
 
 def _logsumexp(x: jax.Array, axis: int) -> jax.Array:
-    mu = _axis_reduce(jnp.maximum, x, axis)
-    return mu + jnp.log(_axis_reduce(jnp.add, jnp.exp(x - mu), axis))
+    mu = _axis_max(x, axis)
+    return mu + jnp.log(_axis_sum(jnp.exp(x - mu), axis))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
@@ -85,7 +92,7 @@ def _log_normalise_fwd(lp, axis):
 
 
 def _log_normalise_bwd(axis, out, g):
-    return (g - jnp.exp(out) * _axis_reduce(jnp.add, g, axis),)
+    return (g - jnp.exp(out) * _axis_sum(g, axis),)
 
 
 _log_normalise.defvjp(_log_normalise_fwd, _log_normalise_bwd)
@@ -104,7 +111,7 @@ def _softmax_fwd(x, axis):
 
 
 def _softmax_bwd(axis, p, g):
-    return (p * (g - _axis_reduce(jnp.add, g * p, axis)),)
+    return (p * (g - _axis_sum(g * p, axis)),)
 
 
 _softmax.defvjp(_softmax_fwd, _softmax_bwd)

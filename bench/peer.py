@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from bench import common
 
@@ -107,7 +108,9 @@ def run(quick: bool = False, shapes=SHAPES, remat: str = "matmuls_saveable") -> 
     out.append(f"median of {reps} interleaved steps each; ratio = torch step time / depthbench's "
                "(goal >= 1.00x)")
     out += ["", "the step's 2-D products alone, fp32, jax (XLA:CPU's kernels; one jitted call "
-            "each, dispatch included) vs torch, interleaved (M x K x N):", common.table(mm_rows),
+            "each, dispatch included) vs torch, with numpy's BLAS "
+            f"({numpy_blas()}) as a third GEMM for reference, interleaved (M x K x N):",
+            common.table(mm_rows),
             f"median of {3 * reps} products each; ratio = torch time / jax's. Matmuls are most "
             "of either step, so where jax's kernels trail, the step does too."]
     return "\n".join(out)
@@ -133,12 +136,25 @@ def matmul_rows(shape: str, n: int, d: int, f: int, v: int, reps: int) -> list[d
         rows.append({"shape": shape, "product": f"{name}, {m}x{k}x{cols}",
                      "jax GFLOP/s": flop / sec["jax"] / 1e9,
                      "torch GFLOP/s": flop / sec["torch"] / 1e9,
+                     "numpy GFLOP/s": flop / sec["numpy"] / 1e9,
                      "ratio": f"{sec['torch'] / sec['jax']:.2f}x"})
     return rows
 
 
+def numpy_blas() -> str:
+    """The BLAS numpy was built with ("openblas 0.3.x"), or "unknown"."""
+    import numpy as np
+
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas['name']} {blas.get('version', '')}".strip()
+    except (TypeError, KeyError, AttributeError):  # numpy < 1.26 has no mode="dicts"
+        return "unknown"
+
+
 def _time_product(fn, a, b, reps: int) -> dict[str, float]:
-    """Median seconds of ``fn(a, b)`` jitted in jax and eager in torch, interleaved."""
+    """Median seconds of ``fn(a, b)`` jitted in jax, eager in torch and in numpy
+    (its own BLAS), interleaved."""
     import jax
     import torch
 
@@ -147,7 +163,13 @@ def _time_product(fn, a, b, reps: int) -> dict[str, float]:
     calls = {"jax": lambda: jitted(ja, jb).block_until_ready(), "torch": lambda: fn(ta, tb)}
     for call in calls.values():
         call()
-    return common.interleaved(calls, reps, warm=True)
+    sec = common.interleaved(calls, reps, warm=True)
+    # numpy after, not interleaved: OpenBLAS's threads spin for about 0.1 s after
+    # a call and starved the next torch or jax product (torch's g W^T at 23
+    # against 150 GFLOP/s on a 2-core Xeon); the sleep lets them settle.
+    sec.update(common.interleaved({"numpy": lambda: fn(a, b)}, reps, warm=True))
+    time.sleep(0.3)
+    return sec
 
 
 def main(argv=None) -> int:

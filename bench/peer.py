@@ -108,8 +108,8 @@ def run(quick: bool = False, shapes=SHAPES, remat: str = "matmuls_saveable") -> 
     out.append(f"median of {reps} interleaved steps each; ratio = torch step time / depthbench's "
                "(goal >= 1.00x)")
     out += ["", "the step's 2-D products alone, fp32, jax (XLA:CPU's kernels; one jitted call "
-            "each, dispatch included) vs torch, with numpy's BLAS "
-            f"({numpy_blas()}) as a third GEMM for reference, interleaved (M x K x N):",
+            "each, dispatch included) vs torch, interleaved, and numpy's BLAS "
+            f"({numpy_blas()}) timed after them as a third GEMM (M x K x N):",
             common.table(mm_rows),
             f"median of {3 * reps} products each; ratio = torch time / jax's. Matmuls are most "
             "of either step, so where jax's kernels trail, the step does too."]

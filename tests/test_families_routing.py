@@ -27,7 +27,7 @@ from depthbench import costs
 from depthbench.cli.families import family_rows
 from depthbench.config import ConfigError, apply_overrides, base_config, validate
 from depthbench.model.layers import MLP, Attention
-from depthbench.model.residual import depth_mix, hc, mhc, moda
+from depthbench.model.residual import depth_mix, hc, mhc, moda, streams
 from depthbench.model.residual.base import Site
 from depthbench.model.residual.sinkhorn import sinkhorn
 from depthbench.model.spec import ModelSpec
@@ -176,6 +176,35 @@ def test_sinkhorn_matches_plain_log_domain_iteration():
         ref = jax.value_and_grad(lambda r, w=w: jnp.sum(w * plain(r, 5)))(r)
         np.testing.assert_allclose(ours[0], ref[0], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(ours[1], ref[1], rtol=1e-4, atol=1e-5)
+
+
+def test_stream_mix_and_write_match_autodiff_of_einsums():
+    """streams.mix_streams / add_weighted (hand-written VJPs, sums over the
+    stream axes as chains) against autodiff of the plain einsums, values and
+    every gradient; m 1 (a read) and m 4 (a write), bf16 state included."""
+    rng = np.random.default_rng(5)
+    n, b, t, d = 4, 2, 3, 8
+    for m, dtype in ((1, jnp.float32), (4, jnp.float32), (4, jnp.bfloat16)):
+        c, w = normal(rng, (n, b, t, m)), normal(rng, (m, b, t))
+        h, y = normal(rng, (n, b, t, d)).astype(dtype), normal(rng, (b, t, d))
+        ct = normal(rng, (m, b, t, d))
+
+        def ours(c, h, w, y, ct=ct):
+            return jnp.sum(ct * streams.add_weighted(streams.mix_streams(c, h), w, y))
+
+        def ref(c, h, w, y, ct=ct):
+            mixed = jnp.einsum("sbtu,sbtd->ubtd", c, h.astype(jnp.float32))
+            return jnp.sum(ct * (mixed + w[..., None] * y[None]))
+
+        got = jax.value_and_grad(ours, argnums=(0, 1, 2, 3))(c, h, w, y)
+        want = jax.value_and_grad(ref, argnums=(0, 1, 2, 3))(c, h, w, y)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+        for g_ours, g_ref in zip(got[1], want[1], strict=True):
+            assert g_ours.dtype == g_ref.dtype
+            np.testing.assert_allclose(np.asarray(g_ours, np.float32),
+                                       np.asarray(g_ref, np.float32), rtol=1e-5, atol=1e-5)
+    x = normal(rng, (n, b, t, d))
+    np.testing.assert_allclose(streams.stream_sum(x), jnp.sum(x, axis=0), rtol=1e-6, atol=1e-6)
 
 
 # ------------------------------------------------------------ init == pre_ln

@@ -35,7 +35,13 @@ from depthbench.model.residual import fused
 from depthbench.model.residual.base import family_param, gate, with_axes
 from depthbench.model.residual.fields import check_number
 from depthbench.model.residual.sinkhorn import sinkhorn, sinkhorn_flops
-from depthbench.model.residual.streams import NBTD, StreamFamily, add_weighted, mix_streams
+from depthbench.model.residual.streams import (
+    NBTD,
+    StreamFamily,
+    add_weighted,
+    mix_streams,
+    stream_sum,
+)
 
 
 def mhc_bias_init(ident, n: int, bias: float):
@@ -119,7 +125,9 @@ class MHC(StreamFamily):
         n = self.n
         h32 = h_nbtd.astype(jnp.float32)
         # rms over the n*d concatenation = sqrt(mean over streams and features).
-        inv_r_bt = jax.lax.rsqrt(jnp.mean(jnp.square(h32), axis=(0, 3)) + self.spec.norm_eps)
+        # (over the streams as a chain: see stream_sum)
+        ms_bt = stream_sum(jnp.mean(jnp.square(h32), axis=-1)) / n
+        inv_r_bt = jax.lax.rsqrt(ms_bt + self.spec.norm_eps)
         u = jnp.einsum("sbtd,sdm->btm", h32, p["phi"][sub].astype(jnp.float32))
         u = u * inv_r_bt[..., None]
         pre = jax.nn.sigmoid(p["a_pre"][sub] * u[..., :n] + p["b_pre"][sub])

@@ -16,7 +16,9 @@ Sums over streams run in fp32.  The families define the routing (``read``,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -38,10 +40,7 @@ def stream_sum(x_s: jax.Array) -> jax.Array:
 
 
 def _sum_terms(terms: list[jax.Array]) -> jax.Array:
-    out = terms[0]
-    for x in terms[1:]:
-        out = out + x
-    return out
+    return functools.reduce(operator.add, terms)
 
 
 def _dot_d(a_btd: jax.Array, b_btd: jax.Array) -> jax.Array:

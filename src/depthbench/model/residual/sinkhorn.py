@@ -17,7 +17,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from depthbench.model.residual.base import keep_for_backward
+from depthbench.model.residual.base import axis_max, axis_sum, keep_for_backward
 
 
 def sinkhorn(logits: jax.Array, iters: int, temperature: float = 1.0) -> jax.Array:
@@ -49,33 +49,10 @@ def sinkhorn_flops(n: int, iters: int) -> int:
     return 2 * 3 * n * n * int(iters)
 
 
-# The normalisations reduce over an axis of n (mhc's streams, 4): written as n
-# elementwise terms rather than a reduction, each iteration is one fused
-# loop, where XLA:CPU would hand every small reduction to a library call
-# (mhc at d 64, L 32 on a 2-core CPU: 0.45 -> 0.39 s a step without them).
-SHORT_AXIS = 8
-
-
-def _short_axis_reduce(x: jax.Array, axis: int, op, full) -> jax.Array:
-    """Reduction of ``x`` over ``axis`` (keepdims): a chain of the binary ``op``
-    over the axis's slices when it is at most ``SHORT_AXIS`` long, else ``full``."""
-    n = x.shape[axis]
-    if n > SHORT_AXIS:
-        return full(x, axis=axis, keepdims=True)
-    return functools.reduce(op, [jax.lax.slice_in_dim(x, i, i + 1, axis=axis) for i in range(n)])
-
-
-def _axis_sum(x: jax.Array, axis: int) -> jax.Array:
-    return _short_axis_reduce(x, axis, jnp.add, jnp.sum)
-
-
-def _axis_max(x: jax.Array, axis: int) -> jax.Array:
-    return _short_axis_reduce(x, axis, jnp.maximum, jnp.max)
-
-
 def _logsumexp(x: jax.Array, axis: int) -> jax.Array:
-    mu = _axis_max(x, axis)
-    return mu + jnp.log(_axis_sum(jnp.exp(x - mu), axis))
+    # (sums and maxima over the n-long axis as chains: base.axis_sum)
+    mu = axis_max(x, axis)
+    return mu + jnp.log(axis_sum(jnp.exp(x - mu), axis))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
@@ -92,7 +69,7 @@ def _log_normalise_fwd(lp, axis):
 
 
 def _log_normalise_bwd(axis, out, g):
-    return (g - jnp.exp(out) * _axis_sum(g, axis),)
+    return (g - jnp.exp(out) * axis_sum(g, axis),)
 
 
 _log_normalise.defvjp(_log_normalise_fwd, _log_normalise_bwd)
@@ -111,7 +88,7 @@ def _softmax_fwd(x, axis):
 
 
 def _softmax_bwd(axis, p, g):
-    return (p * (g - _axis_sum(g * p, axis)),)
+    return (p * (g - axis_sum(g * p, axis)),)
 
 
 _softmax.defvjp(_softmax_fwd, _softmax_bwd)

@@ -21,7 +21,7 @@ import pytest
 from depthbench import runs
 from depthbench import sweep as sweeplib
 from depthbench.cli import main as cli_main
-from depthbench.config import ConfigError
+from depthbench.config import ConfigError, base_config
 from depthbench.formatting import fmt_lr
 
 SPEC = """
@@ -534,3 +534,29 @@ def test_bad_variants_are_one_line_errors(tmp_path):
     spec.write_text(VARIANT_SPEC)
     with pytest.raises(ConfigError, match="model.residual.readout: the sweep sets it"):
         sweeplib.expand(spec, ["--config.model.residual.readout=sum_then_norm"])
+
+
+def test_identity_holds_only_the_chosen_familys_residual_fields():
+    """A run's identity is the shared fields plus its own family's: another
+    family's fields (all of which run directories written before per-family
+    configs hold) may differ or be absent without refusing the run."""
+    saved = base_config().to_dict()  # every family's residual fields, as main wrote them
+    saved["model"]["family"] = "hc"
+    now = base_config().to_dict()
+    now["model"]["family"] = "hc"
+    foreign = [k for k in saved["model"]["residual"] if k not in
+               runs.registry.get("hc").config_fields()]
+    assert foreign, "the schema holds other families' fields"
+    for key in foreign:
+        saved["model"]["residual"][key] = "a value no family takes"
+    assert runs.config_changes(saved, now) == []
+    now["model"]["residual"] = {k: v for k, v in now["model"]["residual"].items()
+                                if k not in foreign}
+    assert runs.config_changes(saved, now) == []
+    now["model"]["residual"]["hc_n"] = 8
+    assert runs.config_changes(saved, now) == [("model.residual.hc_n", 4, 8)]
+    assert runs.identity(now)["model.residual.hc_n"] == 8
+    assert not any(k in runs.identity(now) for k in
+                   (f"model.residual.{f}" for f in foreign))
+    now["model"]["family"] = "pre_ln"
+    assert runs.config_changes(saved, now)[0] == ("model.family", "hc", "pre_ln")

@@ -27,6 +27,7 @@ from etils import epath
 
 from depthbench.config import base_config, flatten
 from depthbench.errors import ConfigError
+from depthbench.model.residual import registry
 
 CONFIG_FILE = "config.json"
 RESULT_FILE = "result.json"
@@ -95,24 +96,37 @@ def is_runtime_field(dotted: str) -> bool:
     return any(dotted == f or (f.endswith(".") and dotted.startswith(f)) for f in RUNTIME_FIELDS)
 
 
-def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
-    """(field, old, new) for every field outside RUNTIME_FIELDS whose value differs;
-    what a run resolved (``resolved.*`` in config.json) is not compared.
-
-    A field missing from ``old`` (added to the schema after ``old`` was saved)
-    counts as its default, so old run directories stay resumable."""
+def identity(saved: dict) -> dict[str, Any]:
+    """The fields that define the run a config describes, flattened: every field
+    outside RUNTIME_FIELDS and ``resolved.*``, of ``model.residual`` only the
+    chosen family's own.  A field missing from ``saved`` (added to the schema
+    after it was written) takes its default, so old run directories keep their
+    identity; another family's residual fields (which run directories written
+    before per-family configs hold) are no part of it, so changing one
+    family's default never touches another family's runs."""
+    flat = flatten(saved)
     defaults = flatten(base_config().to_dict())
-    a, b = flatten(old), flatten(new)
-    changes = []
-    for key in sorted(set(a) | set(b)):
-        if is_runtime_field(key) or key.startswith("resolved."):
+    family = flat.get("model.family", defaults.get("model.family"))
+    own = registry.get(family).config_fields() if family in registry.names() else {}
+    prefix = "model.residual."
+    out: dict[str, Any] = {}
+    for key in set(flat) | set(defaults):
+        if is_runtime_field(key) or key.startswith("resolved.") or key.startswith(prefix):
             continue
-        va, vb = a.get(key, defaults.get(key)), b.get(key, defaults.get(key))
-        va = tuple(va) if isinstance(va, list) else va
-        vb = tuple(vb) if isinstance(vb, list) else vb
-        if va != vb:
-            changes.append((key, va, vb))
-    return changes
+        value = flat.get(key, defaults.get(key))
+        out[key] = tuple(value) if isinstance(value, list) else value
+    for name, default in own.items():
+        value = flat.get(prefix + name, default)
+        out[prefix + name] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """(field, old, new) for every field of the runs' :func:`identity` whose
+    value differs, sorted by field (``model.family`` before its fields)."""
+    a, b = identity(old), identity(new)
+    return [(key, a.get(key), b.get(key)) for key in sorted(set(a) | set(b))
+            if a.get(key) != b.get(key)]
 
 
 def saved_config(saved: dict) -> ml_collections.ConfigDict:

@@ -280,14 +280,6 @@ def test_families_fit_100_columns_and_json_keeps_descriptions(capsys):
     assert any(len(r["description"]) > 45 for r in json.loads(out))
 
 
-def test_quickstart_time_agrees_with_the_readme():
-    readme = (REPO / "README.md").read_text()
-    doc = (REPO / "src" / "depthbench" / "configs" / "quickstart.py").read_text().split('"""')[1]
-    measured = re.search(r"(\d+) min (\d+) s on 2 CPU\s+cores", readme)
-    minutes = round(int(measured.group(1)) + int(measured.group(2)) / 60)
-    assert f"about {minutes} minutes" in doc
-
-
 def test_readme_quickstart_table_is_the_reports_table():
     """The README shows report.md's table: rebuilt from the README's own numbers by
     the report's code, it must come out line for line (columns, bold, best lr)."""

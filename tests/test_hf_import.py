@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from depthbench import hf_import
 from depthbench.cli import main as cli_main
 from depthbench.config import ConfigError
+from depthbench.importers import hf as hf_import
 
 torch = pytest.importorskip("torch", reason="torch not installed (pip install -e '.[test-hf]')")
 transformers = pytest.importorskip(

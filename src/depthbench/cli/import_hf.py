@@ -1,5 +1,5 @@
 """``depthbench import-hf PATH --out RUN_DIR``: a local Hugging Face Llama
-checkpoint as a pre_ln run directory (see :mod:`depthbench.hf_import`).
+checkpoint as a pre_ln run directory (see :mod:`depthbench.importers.hf`).
 
 Exit status: 0 imported, 2 bad input (one line: unsupported config, missing
 file, a non-empty --out).
@@ -23,7 +23,7 @@ companions are copied into RUN_DIR.
 
 
 def _run(args: argparse.Namespace) -> int:
-    from depthbench.hf_import import import_hf  # late: keeps `depthbench --help` fast
+    from depthbench.importers.hf import import_hf  # late: keeps `depthbench --help` fast
 
     written = import_hf(args.path, args.out, progress=not args.no_progress)
     shape, hf = written["resolved"]["shape"], written["resolved"]["hf"]

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.olmo_reference import original  # sets TRITON_INTERPRET before triton loads
-from tests.olmo_reference.step_dir import randomize, save_step_dir
+from . import original  # sets TRITON_INTERPRET before triton loads
+from .step_dir import randomize, save_step_dir
 
 
 def difference(design: str, work: Path, *, depth: int = 3, seed: int = 1) -> tuple[float, dict]:

@@ -38,7 +38,14 @@ def require_torch():
 
 
 def _one_line(e: BaseException) -> str:
-    return (" ".join(str(e).split())[:200]) or type(e).__name__
+    """``Type: first line`` of an error; for torch's CheckpointException (which
+    wraps each rank's failure with its traceback) that of the first failure."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        e = getattr(first, "exc", first)
+    text = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {text[:160]}" if text else type(e).__name__
 
 
 def _reader_class():
@@ -82,7 +89,7 @@ class DistCheckpoint:
             storage = dict(metadata.storage_data or {})
         except Exception as e:  # a pickle of anything: any failure means damaged
             raise ConfigError(f"{WHAT}: {meta_path} is damaged or not a torch checkpoint index "
-                              f"({type(e).__name__}: {_one_line(e)})") from None
+                              f"({_one_line(e)})") from None
         self.tensors: dict[str, tuple[tuple[int, ...], object]] = {}
         for fqn, entry in entries.items():
             if fqn.startswith(MODEL_PREFIX) and isinstance(entry, TensorStorageMetadata):
@@ -114,6 +121,7 @@ class DistCheckpoint:
     def read(self, key: str) -> np.ndarray:
         """Model tensor ``key`` (without the ``model.`` prefix) as fp32 numpy."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
         torch = self._torch
         shape, dtype = self.tensors[key]
@@ -123,9 +131,8 @@ class DistCheckpoint:
             with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
                 warnings.simplefilter("ignore")
                 dcp.load(state, storage_reader=self._reader)
-        except Exception as e:
+        except (Exception, CheckpointException) as e:  # the latter is a BaseException
             raise ConfigError(f"{WHAT}: {self.directory}: tensor model.{key} cannot be read, "
-                              f"the checkpoint is damaged ({type(e).__name__}: "
-                              f"{_one_line(e)})") from None
+                              f"the checkpoint is damaged ({_one_line(e)})") from None
         out = state[MODEL_PREFIX + key]
         return out.detach().to(torch.float32).numpy()

@@ -119,7 +119,9 @@ class DistCheckpoint:
                                   f"{sizes[rel]} bytes, .metadata needs {end} ({index.fqn})")
 
     def read(self, key: str) -> np.ndarray:
-        """Model tensor ``key`` (without the ``model.`` prefix) as fp32 numpy."""
+        """Model tensor ``key`` (without the ``model.`` prefix) as numpy in its
+        stored dtype (bf16 as ``ml_dtypes.bfloat16``, a view: no fp32 copy here;
+        the caller's assignment into its fp32 arrays converts)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
 
@@ -134,5 +136,9 @@ class DistCheckpoint:
         except (Exception, CheckpointException) as e:  # the latter is a BaseException
             raise ConfigError(f"{WHAT}: {self.directory}: tensor model.{key} cannot be read, "
                               f"the checkpoint is damaged ({_one_line(e)})") from None
-        out = state[MODEL_PREFIX + key]
-        return out.detach().to(torch.float32).numpy()
+        out = state[MODEL_PREFIX + key].detach()
+        if out.dtype == torch.bfloat16:
+            import ml_dtypes
+
+            return out.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return out.numpy()

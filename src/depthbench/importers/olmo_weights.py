@@ -90,10 +90,12 @@ def placements(m: OlmoModel) -> tuple[dict[str, tuple[tuple[int, ...], list[Plac
         _family_block(m, i, put, const)
     put("embeddings.weight", (V, d), "embed")
     scale = float(m.layout.get("head_scale", 1.0))
-    if m.layout.get("tied"):
-        put("embeddings.weight", (V, d), "head", (), lambda w: w.T * np.float32(scale))
-    else:
-        put("lm_head.w_out.weight", (V, d), "head", (), lambda w: w.T * np.float32(scale))
+
+    def head(w):  # a view unless depth-width muP's output factor is folded in
+        return w.T if scale == 1.0 else w.T.astype(np.float32) * np.float32(scale)
+
+    put("embeddings.weight" if m.layout.get("tied") else "lm_head.w_out.weight", (V, d), "head",
+        (), head)
     put("lm_head.norm.weight", (d,), "final_norm/scale")
     if m.family.startswith("attnres"):
         put("res_proj.weight", (1, d), "residual/query", (), lambda w: w[0])
@@ -256,9 +258,9 @@ def convert(read: Callable[[str], np.ndarray], present: dict[str, tuple[int, ...
     for p in consts:
         place(p, np.full(_leaf(tree, p.leaf)[p.index].shape, p.value, np.float32))
     for key in tqdm(list(keys), desc="converting", unit="tensor", disable=not progress):
-        x = read(key)
+        x = read(key)  # stored dtype; the assignment into the fp32 leaf converts
         for p in keys[key][1]:
-            place(p, (p.convert(x) if p.convert else x).astype(np.float32, copy=False))
+            place(p, p.convert(x) if p.convert else x)
         del x
 
     def check(node, path=()):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from depthbench.cli.import_hf import register_import
+
 EPILOG = """\
 examples:
   depthbench import-olmo ckpt/preln-400M-L24/step7600 --out runs/preln-L24
@@ -44,12 +46,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "import-olmo", help="import a checkpoint the original DepthBench released (OLMo-core)",
-        description=__doc__.split("\n\n")[0], epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step_dir", metavar="STEP_DIR", help="local step directory")
-    parser.add_argument("--out", required=True, metavar="RUN_DIR",
-                        help="new (or empty) run directory to write")
-    parser.add_argument("--no-progress", action="store_true", help="no progress output")
-    parser.set_defaults(func=_run)
+    register_import(subparsers, "import-olmo",
+                    summary="import a checkpoint the original DepthBench released (OLMo-core)",
+                    doc=__doc__, epilog=EPILOG,
+                    source=("step_dir", "STEP_DIR", "local step directory"), run=_run)

@@ -49,14 +49,9 @@ _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
 
 
 def read_hf_config(src: Path) -> dict:
-    path = src / "config.json"
-    if not path.is_file():
-        raise ConfigError(f"import-hf: {path} does not exist (expected a local Hugging Face "
-                          "checkpoint directory with config.json and *.safetensors)")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"import-hf: {path} is not valid JSON ({e})") from None
+    return run_writer.read_source_config(
+        src, "import-hf", "a local Hugging Face checkpoint directory with config.json and "
+        "*.safetensors")
 
 
 def _rope_theta(hf: dict, where: Path) -> float:

@@ -22,7 +22,6 @@ other type or option is one line naming it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -53,17 +52,13 @@ class OlmoModel:
 
 def read_config(step_dir: Path) -> dict:
     """``step_dir/config.json`` as a dict (ConfigError if missing or not JSON)."""
-    path = step_dir / "config.json"
-    if not path.is_file():
-        raise ConfigError(f"{WHAT}: {path} does not exist (expected an OLMo-core step directory "
-                          "with config.json and model_and_optim/)")
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{WHAT}: {path} is not valid JSON ({e})") from None
-    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
-        raise ConfigError(f"{WHAT}: {path} has no 'model' section (an OLMo-core experiment "
-                          "config saves the TransformerConfig there)")
+    from depthbench.importers.run_writer import read_source_config
+
+    saved = read_source_config(step_dir, WHAT, "an OLMo-core step directory with config.json "
+                               "and model_and_optim/")
+    if not isinstance(saved.get("model"), dict):
+        raise ConfigError(f"{WHAT}: {step_dir / 'config.json'} has no 'model' section (an "
+                          "OLMo-core experiment config saves the TransformerConfig there)")
     return saved
 
 

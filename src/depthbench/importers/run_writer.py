@@ -18,6 +18,7 @@ holds two copies of the model.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -29,6 +30,22 @@ from depthbench.errors import ConfigError
 # Tokenizer files an imported run carries (a Hugging Face tokenizer directory's).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "generation_config.json")
+
+
+def read_source_config(src: Path, command: str, expected: str) -> dict:
+    """``src/config.json`` of the checkpoint being imported, as a dict; ConfigError
+    (one line) if it is missing (``expected`` says what ``src`` should be), not
+    JSON, or not a JSON object."""
+    path = src / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{command}: {path} does not exist (expected {expected})")
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{command}: {path} is not valid JSON ({e})") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{command}: {path} is not a JSON object")
+    return saved
 
 
 def check_out(out: str | Path, command: str) -> Path:

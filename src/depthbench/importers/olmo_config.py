@@ -312,7 +312,7 @@ def _hyper(block: _Fields, name: str) -> tuple[str, dict, dict]:
     if kind == "liger_mhc":
         departures.append(
             "Liger mHC: linear-domain Sinkhorn with sinkhorn_eps "
-            f"{hc.num('liger_sinkhorn_eps', 1e-6):g} (row softmax, then {'row/column'} "
+            f"{hc.num('liger_sinkhorn_eps', 1e-6):g} (a row softmax, then row/column "
             "normalisations), rms eps "
             f"{hc.num('liger_rms_eps', 1e-6):g}, pre_eps {hc.num('liger_pre_eps', 0.0):g}, "
             f"post_mult {hc.num('liger_post_mult', 2.0):g}: imported as depthbench's "

@@ -44,8 +44,8 @@ class Placement:
     value: float | None = None  # a constant (no checkpoint key)
 
 
-def _hc_connectors(streams: int):
-    return (("attention_hyper_connection", 0), ("feed_forward_hyper_connection", 1))
+# Each block's two connectors and their index on depthbench's connector axis.
+_CONNECTORS = (("attention_hyper_connection", 0), ("feed_forward_hyper_connection", 1))
 
 
 def placements(m: OlmoModel) -> tuple[dict[str, tuple[tuple[int, ...], list[Placement]]],
@@ -129,7 +129,7 @@ def _family_block(m: OlmoModel, i: int, put, const) -> None:
     b = f"blocks.{i}."
     if m.family == "hc":
         n = m.layout["streams"]
-        for conn, sub in _hc_connectors(n):
+        for conn, sub in _CONNECTORS:
             c = f"{b}{conn}."
             put(c + "static_alpha", (n, n + 1), "blocks/residual/A0", (i, sub))
             put(c + "dynamic_alpha_proj", (d, n + 1), "blocks/residual/W_a", (i, sub))
@@ -140,7 +140,7 @@ def _family_block(m: OlmoModel, i: int, put, const) -> None:
     elif m.family == "mhc":
         n = m.layout["streams"]
         width = n * n + 2 * n
-        for conn, sub in _hc_connectors(n):
+        for conn, sub in _CONNECTORS:
             c = f"{b}{conn}."
             if m.layout["hc_kind"] == "liger_mhc":
                 _liger_connector(c, i, sub, n, d, width, put)

@@ -1,16 +1,20 @@
 """import-hf: a local Hugging Face Llama checkpoint becomes a pre_ln run whose
-logits equal transformers' own LlamaForCausalLM (fp32, relative 1e-4)."""
+logits equal transformers' own LlamaForCausalLM (fp32, relative 1e-4); a damaged
+checkpoint, a bad --out or a missing safetensors package is one line, exit 2,
+nothing written."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 
 import numpy as np
 import pytest
 
-from depthbench import hf_import
 from depthbench.cli import main as cli_main
 from depthbench.config import ConfigError
+from depthbench.importers import hf as hf_import
 
 torch = pytest.importorskip("torch", reason="torch not installed (pip install -e '.[test-hf]')")
 transformers = pytest.importorskip(
@@ -111,3 +115,71 @@ def test_bad_inputs_refused(tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**cfg, "attention_bias": True}))
     with pytest.raises(ConfigError, match="attention_bias"):
         hf_import.import_hf(tmp_path / "hf", tmp_path / "y")
+
+
+def _snapshot(root):
+    return {str(p.relative_to(root)): ("dir" if p.is_dir() else p.read_bytes())
+            for p in sorted(root.rglob("*"))}
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _garbage(path):
+    path.write_bytes(np.random.default_rng(0).bytes(path.stat().st_size))
+
+
+# (case, damage to a copy of the checkpoint directory, text the one line must contain)
+HF_BAD = [
+    ("truncated_safetensors", lambda d: _truncate(d / "model.safetensors"),
+     "is not a readable safetensors file"),
+    ("garbage_safetensors", lambda d: _garbage(d / "model.safetensors"),
+     "is not a readable safetensors file"),
+    ("empty_safetensors", lambda d: (d / "model.safetensors").write_bytes(b""),
+     "is not a readable safetensors file"),
+    ("header_only", lambda d: (d / "model.safetensors").write_bytes(
+        (100).to_bytes(8, "little") + b"{"), "is not a readable safetensors file"),
+    ("missing_config", lambda d: (d / "config.json").unlink(), "config.json does not exist"),
+    ("config_not_json", lambda d: (d / "config.json").write_text("{"), "is not valid JSON"),
+    ("no_safetensors", lambda d: (d / "model.safetensors").unlink(), "holds no *.safetensors"),
+]
+
+
+@pytest.fixture(scope="module")
+def saved_llama(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hf") / "llama"
+    save_random_llama(path)
+    return path
+
+
+@pytest.mark.parametrize("case,damage,needle", HF_BAD, ids=[c[0] for c in HF_BAD])
+def test_damaged_checkpoint_is_one_line(tmp_path, saved_llama, capsys, case, damage, needle):
+    src = tmp_path / "hf"
+    shutil.copytree(saved_llama, src)
+    damage(src)
+    before = _snapshot(tmp_path)
+    capsys.readouterr()
+    rc = cli_main(["import-hf", str(src), "--out", str(tmp_path / "run"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("depthbench: error: import-hf") and needle in err
+    assert "Traceback" not in err and _snapshot(tmp_path) == before
+
+
+def test_bad_out_and_missing_safetensors_are_one_line(tmp_path, saved_llama, capsys,
+                                                      monkeypatch):
+    (tmp_path / "file.txt").write_text("mine")
+    before = _snapshot(tmp_path)
+    cases = [(tmp_path / "file.txt", "is a file"),
+             (tmp_path / "file.txt" / "run", "is a file, not a directory")]
+    for out, needle in cases:
+        rc = cli_main(["import-hf", str(saved_llama), "--out", str(out), "--no-progress"])
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # an install without the eval extra
+    rc = cli_main(["import-hf", str(saved_llama), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "pip install 'depthbench[eval]'" in err and "Traceback" not in err
+    assert _snapshot(tmp_path) == before

@@ -1,5 +1,5 @@
 """``depthbench import-hf PATH --out RUN_DIR``: a local Hugging Face Llama
-checkpoint as a pre_ln run directory (see :mod:`depthbench.hf_import`).
+checkpoint as a pre_ln run directory (see :mod:`depthbench.importers.hf`).
 
 Exit status: 0 imported, 2 bad input (one line: unsupported config, missing
 file, a non-empty --out).
@@ -23,7 +23,7 @@ companions are copied into RUN_DIR.
 
 
 def _run(args: argparse.Namespace) -> int:
-    from depthbench.hf_import import import_hf  # late: keeps `depthbench --help` fast
+    from depthbench.importers.hf import import_hf  # late: keeps `depthbench --help` fast
 
     written = import_hf(args.path, args.out, progress=not args.no_progress)
     shape, hf = written["resolved"]["shape"], written["resolved"]["hf"]
@@ -35,13 +35,23 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers) -> None:
+def register_import(subparsers, name: str, *, summary: str, doc: str, epilog: str,
+                    source: tuple[str, str, str], run) -> None:
+    """An import command: ``NAME SOURCE --out RUN_DIR [--no-progress]`` (``source``:
+    its argument's dest, metavar and help); import-hf and import-olmo share it."""
     parser = subparsers.add_parser(
-        "import-hf", help="import a local Hugging Face Llama checkpoint as a pre_ln run",
-        description=__doc__.split("\n\n")[0], epilog=EPILOG,
+        name, help=summary, description=doc.split("\n\n")[0], epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("path", metavar="PATH", help="local checkpoint directory")
+    dest, metavar, help_text = source
+    parser.add_argument(dest, metavar=metavar, help=help_text)
     parser.add_argument("--out", required=True, metavar="RUN_DIR",
                         help="new (or empty) run directory to write")
     parser.add_argument("--no-progress", action="store_true", help="no progress output")
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=run)
+
+
+def register(subparsers) -> None:
+    register_import(subparsers, "import-hf",
+                    summary="import a local Hugging Face Llama checkpoint as a pre_ln run",
+                    doc=__doc__, epilog=EPILOG,
+                    source=("path", "PATH", "local checkpoint directory"), run=_run)

@@ -14,8 +14,9 @@ renames and transposes weights (torch ``Linear`` stores ``[out, in]``)::
     norm.weight                       -> final_norm/scale
     lm_head.weight [V, d]             -> head         [d, V]  (embed.T when tied)
 
-and writes a run directory in the trainer's format: ``config.json`` (the
-resolved config, with ``resolved.hf`` saying where it came from) and an Orbax
+and writes a run directory in the trainer's format
+(:mod:`~depthbench.importers.run_writer`): ``config.json`` (the resolved
+config, with ``resolved.hf`` saying where it came from) and an Orbax
 checkpoint at step 0 holding a full ``TrainState`` (fresh optimizer state),
 plus the tokenizer files copied along (``tokenizer.json`` ...).
 
@@ -26,23 +27,21 @@ logits; a fine-tune would untie them).  Anything the backbone does not
 compute (rope scaling, attention/MLP biases, another activation, a
 ``head_dim`` other than ``hidden_size / num_attention_heads``) is refused
 with one line.  Only local paths; safetensors are read without torch
-(bfloat16, which numpy lacks, through ``ml_dtypes`` from the file's header).
+(bfloat16, which numpy lacks, through ``ml_dtypes`` from the file's header);
+a file that is not one (truncated, garbage) is one line naming it.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from depthbench.config import base_config, validate
 from depthbench.errors import ConfigError
+from depthbench.importers import run_writer
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "tokenizer.model", "generation_config.json")
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
 
 
@@ -50,14 +49,9 @@ _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
 
 
 def read_hf_config(src: Path) -> dict:
-    path = src / "config.json"
-    if not path.is_file():
-        raise ConfigError(f"import-hf: {path} does not exist (expected a local Hugging Face "
-                          "checkpoint directory with config.json and *.safetensors)")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"import-hf: {path} is not valid JSON ({e})") from None
+    return run_writer.read_source_config(
+        src, "import-hf", "a local Hugging Face checkpoint directory with config.json and "
+        "*.safetensors")
 
 
 def _rope_theta(hf: dict, where: Path) -> float:
@@ -106,21 +100,6 @@ def model_fields(hf: dict, where: Path) -> dict[str, Any]:
             "norm_eps": float(hf.get("rms_norm_eps", 1e-6)), "rope_theta": _rope_theta(hf, where)}
 
 
-def run_config(fields: dict[str, Any], max_len: int):
-    """A validated depthbench config for the imported model (pre_ln, explicit shape, fp32)."""
-    c = base_config()
-    c.name = "import-hf"
-    m = c.model
-    m.family, m.suite, m.budget = "pre_ln", "", 0.0
-    for key, value in fields.items():
-        m[key] = value
-    m.param_dtype = m.compute_dtype = "float32"
-    m.remat_policy = "none"
-    c.train.seq_len = int(max_len)
-    c.train.steps = 1  # nothing was trained here; validation needs > 0 (a fine-tune sets its own)
-    return validate(c)
-
-
 # ------------------------------------------------------------- safetensors
 
 
@@ -154,25 +133,41 @@ def _read_bf16(path: Path, name: str) -> np.ndarray:
     return np.asarray(raw).view(ml_dtypes.bfloat16).reshape(info["shape"])
 
 
+def _safetensors():
+    """``safetensors.safe_open`` and its error type; one line naming the extra without it."""
+    try:
+        from safetensors import SafetensorError, safe_open
+    except ImportError:
+        raise ConfigError("import-hf needs the 'safetensors' package: "
+                          "pip install 'depthbench[eval]'") from None
+    return safe_open, SafetensorError
+
+
 def read_tensors(src: Path, *, progress: bool = False) -> dict[str, np.ndarray]:
-    """Every tensor of the checkpoint as fp32 numpy (no torch)."""
-    from safetensors import safe_open
+    """Every tensor of the checkpoint as fp32 numpy (no torch).  A file that is
+    not a readable safetensors file (truncated, garbage) is a ConfigError."""
     from tqdm import tqdm
 
+    safe_open, safetensor_error = _safetensors()
     out = {}
     files = _safetensor_files(src)
     for path in tqdm(files, desc="reading safetensors", unit="file",
                      disable=not progress or len(files) < 2):
-        with safe_open(str(path), framework="numpy") as f:
-            for name in f.keys():
-                dtype = f.get_slice(name).get_dtype()
-                if dtype in _DTYPES:
-                    out[name] = f.get_tensor(name).astype(np.float32)
-                elif dtype == "BF16":
-                    out[name] = _read_bf16(path, name).astype(np.float32)
-                else:
-                    raise ConfigError(f"import-hf: {path}: tensor {name} has dtype {dtype}; "
-                                      "allowed: F32, F16, BF16, F64")
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                for name in f.keys():
+                    dtype = f.get_slice(name).get_dtype()
+                    if dtype in _DTYPES:
+                        out[name] = f.get_tensor(name).astype(np.float32)
+                    elif dtype == "BF16":
+                        out[name] = _read_bf16(path, name).astype(np.float32)
+                    else:
+                        raise ConfigError(f"import-hf: {path}: tensor {name} has dtype {dtype}; "
+                                          "allowed: F32, F16, BF16, F64")
+        except (safetensor_error, OSError, ValueError, KeyError) as e:
+            why = " ".join(str(e).split())[:160] or type(e).__name__
+            raise ConfigError(f"import-hf: {path} is not a readable safetensors file "
+                              f"({why})") from None
     return out
 
 
@@ -229,80 +224,30 @@ def convert(tensors: dict[str, np.ndarray], fields: dict[str, Any], tied: bool, 
 # -------------------------------------------------------------- the import
 
 
-def _tokenizer_info(out: Path, hf: dict, vocab_size: int) -> dict:
-    """``resolved.tokenizer`` for an imported run (the trainer's field names)."""
-    def first(x):
-        return x[0] if isinstance(x, list) and x else x
-
-    path = out / "tokenizer.json"
-    if not path.is_file():
-        path = out / "tokenizer.model"
-    eos, bos, pad = (first(hf.get(k)) for k in ("eos_token_id", "bos_token_id", "pad_token_id"))
-    return {"corpus": "", "corpus_fingerprint": "", "kind": "hf",
-            "tokenizer_path": str(path) if path.is_file() else "",
-            "train_tokens_path": "", "val_tokens_path": "", "vocab_size": vocab_size,
-            "bos_id": -1 if bos is None else int(bos), "eos_id": -1 if eos is None else int(eos),
-            "pad_id": -1 if pad is None else int(pad), "train_tokens": 0, "val_tokens": 0,
-            "train_documents": 0, "val_documents": 0, "train_bytes": 0, "val_bytes": 0,
-            "bytes_per_token": 0.0, "token_dtype": "uint32"}
-
-
 def import_hf(src: str | Path, out: str | Path, *, progress: bool = True) -> dict:
     """Convert the checkpoint at ``src`` into the run directory ``out``; return
     the config dict written to ``out/config.json``."""
-    import jax
-
-    from depthbench import parallel, runs
-    from depthbench.train import state as state_lib
-    from depthbench.train.checkpoint import Checkpoints
-
     if "://" in str(src) or not Path(src).expanduser().is_dir():
         raise ConfigError(f"import-hf: {str(src)!r} is not a local directory (the hub is never "
                           "contacted; download the checkpoint first)")
-    src, out = Path(src).expanduser().resolve(), Path(out).expanduser().resolve()
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"import-hf: --out {str(out)!r} exists and is not empty; "
-                          "use a new directory")
+    src = Path(src).expanduser().resolve()
+    out = run_writer.check_out(out, "import-hf")
+    _safetensors()  # before any work: the one line naming the extra
     hf = read_hf_config(src)
     fields = model_fields(hf, src / "config.json")
-    config = run_config(fields, int(hf.get("max_position_embeddings") or 2048))
+    config = run_writer.run_config("import-hf", "pre_ln", fields, {},
+                                   int(hf.get("max_position_embeddings") or 2048))
     tied = bool(hf.get("tie_word_embeddings", False))
     params_np = convert(read_tensors(src, progress=progress), fields, tied, src)
 
-    setup = state_lib.setup(config, parallel.mesh_from_config(config))
-    shapes = jax.tree.map(lambda a: a.shape, setup.abstract_state.params)
-    got = jax.tree.map(lambda a: a.shape, params_np)
-    if shapes != got:  # a programming error, not bad input
-        raise AssertionError(f"converted tree {got} != model tree {shapes}")
-    with setup.context():
-        params = jax.device_put(params_np, setup.param_shardings)
-        opt_state = jax.jit(setup.tx.init, out_shardings=setup.state_shardings.opt_state)(params)
-    rng = jax.device_put(state_lib._key_data(int(config.train.seed)),
-                         setup.state_shardings.rng)
-    state = state_lib.TrainState(step=jax.device_put(np.int32(0), setup.state_shardings.step),
-                                 params=params, opt_state=opt_state, rng=rng)
+    def first(x):
+        return x[0] if isinstance(x, list) and x else x
 
-    out.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, out / name)
-            copied.append(name)
-    n_params = state_lib.param_count(params)
-    resolved = {"shape": setup.spec.shape.as_dict(), "params": n_params,
-                "tokenizer": _tokenizer_info(out, hf, fields["vocab_size"]),
-                "mesh": parallel.describe(setup.mesh),
-                "hf": {"source": str(src), "architectures": hf.get("architectures"),
-                       "tie_word_embeddings": tied, "torch_dtype": hf.get("torch_dtype",
-                                                                          hf.get("dtype")),
-                       "max_position_embeddings": hf.get("max_position_embeddings"),
-                       "copied": copied}}
-    written = {**config.to_dict(), "resolved": resolved}
-    ckpt = Checkpoints(out / runs.CHECKPOINT_DIR, keep=1, async_save=False)
-    try:
-        ckpt.save(0, state, None, {"train_seconds": 0.0, "timed_tokens": 0,
-                                   "wall_seconds": 0.0, "imported_from": str(src)})
-    finally:
-        ckpt.close()
-    runs.atomic_write_json(out / runs.CONFIG_FILE, written)
-    return written
+    eos, bos, pad = (first(hf.get(k)) for k in ("eos_token_id", "bos_token_id", "pad_token_id"))
+    record = {"source": str(src), "architectures": hf.get("architectures"),
+              "tie_word_embeddings": tied, "torch_dtype": hf.get("torch_dtype", hf.get("dtype")),
+              "max_position_embeddings": hf.get("max_position_embeddings")}
+    files = {name: src / name for name in run_writer.TOKENIZER_FILES if (src / name).is_file()}
+    return run_writer.write_run(out, config, params_np, source=("hf", record), files=files,
+                                tokenizer={"eos": eos, "bos": bos, "pad": pad},
+                                optimizer_state=True)

@@ -1,0 +1,52 @@
+"""``depthbench import-olmo STEP_DIR --out RUN_DIR``: a checkpoint the original
+DepthBench released (OLMo-core distributed checkpoint) as a run directory of the
+family it trained (see :mod:`depthbench.importers.olmo`).
+
+Exit status: 0 imported, 2 bad input (one line: a design or option depthbench
+cannot map, a missing or damaged file, a non-empty --out, torch missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from depthbench.cli.import_hf import register_import
+
+EPILOG = """\
+examples:
+  depthbench import-olmo ckpt/preln-400M-L24/step7600 --out runs/preln-L24
+  depthbench analyze runs/preln-L24
+  depthbench eval runs/preln-L24
+
+STEP_DIR is a local step directory of an original DepthBench run (config.json,
+model_and_optim/.metadata and *.distcp; the hub is never contacted), or a
+repository root holding the final checkpoint.  The tokenizer files of
+STEP_DIR/tokenizer/ or STEP_DIR/../tokenizer/ are copied into RUN_DIR.
+Optimizer state is not read; the weights are stored in fp32.  Needs torch:
+pip install 'depthbench[olmo]'.  Where the original made a choice depthbench
+has no field for yet, the import says so (resolved.olmo.departures in
+RUN_DIR/config.json).
+"""
+
+
+def _run(args: argparse.Namespace) -> int:
+    from depthbench.importers.olmo import import_olmo  # late: keeps `depthbench --help` fast
+
+    written = import_olmo(args.step_dir, args.out, progress=not args.no_progress)
+    resolved = written["resolved"]
+    shape, olmo = resolved["shape"], resolved["olmo"]
+    print(f"imported {args.step_dir} -> {args.out}: {written['model']['family']} (original "
+          f"block {olmo['block']!r}, step {olmo['step']}), depth {shape['depth']}, d_model "
+          f"{shape['d_model']}, heads {shape['n_heads']}/{shape['n_kv_heads']} kv, "
+          f"{resolved['params']:,} parameters; copied "
+          f"{', '.join(olmo['copied']) or 'no tokenizer files'}")
+    for note in olmo["departures"]:
+        print(f"  differs from the original: {note}")
+    return 0
+
+
+def register(subparsers) -> None:
+    register_import(subparsers, "import-olmo",
+                    summary="import a checkpoint the original DepthBench released (OLMo-core)",
+                    doc=__doc__, epilog=EPILOG,
+                    source=("step_dir", "STEP_DIR", "local step directory"), run=_run)

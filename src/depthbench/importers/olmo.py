@@ -1,0 +1,100 @@
+"""Import a checkpoint the original DepthBench released as a depthbench run.
+
+A released step directory (``step7600/`` of a hub repository, or a
+repository root holding the final checkpoint) has::
+
+    config.json                  the OLMo-core experiment config (model, tokenizer ids)
+    model_and_optim/.metadata    torch distributed checkpoint index
+    model_and_optim/*.distcp     model.* and optim.* tensors
+    ../tokenizer/ or tokenizer/  the Hugging Face tokenizer files
+
+:mod:`olmo_config` reads the model's design and shape, :mod:`distcp` the
+tensors (one at a time; optimizer state never read), :mod:`olmo_weights`
+places them, and :mod:`run_writer` writes the run: its parameters only
+(item ``params``), fp32, at step 0; ``resolved.olmo`` records the source,
+its training step, block type and every departure from the original that
+depthbench cannot express yet.  Nothing is written until everything has
+been read and checked.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from depthbench.errors import ConfigError
+from depthbench.importers import run_writer
+from depthbench.importers.distcp import DistCheckpoint, require_torch
+from depthbench.importers.olmo_config import WHAT, read_config, read_model
+from depthbench.importers.olmo_weights import convert
+
+CHECKPOINT_DIR = "model_and_optim"
+
+
+def _param_shapes(config) -> dict:
+    """The model's parameter tree as nested dicts of shapes (no arrays made)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import linen as nn
+
+    from depthbench.model.spec import ModelSpec
+    from depthbench.model.transformer import Transformer
+
+    model = Transformer(ModelSpec.from_config(config))
+    boxed = jax.eval_shape(lambda k: model.init(k, jnp.zeros((1, 8), jnp.int32)),
+                           jax.random.key(0))["params"]
+
+    def shapes(node):
+        return {k: shapes(v) for k, v in node.items()} if isinstance(node, dict) else tuple(
+            node.shape)
+
+    return shapes(nn.unbox(boxed))
+
+
+def tokenizer_files(step: Path) -> dict[str, Path]:
+    """The tokenizer files beside the checkpoint: ``step/tokenizer/`` (a root
+    layout) or ``step/../tokenizer/`` (step directories of one run)."""
+    for folder in (step / "tokenizer", step.parent / "tokenizer"):
+        if folder.is_dir():
+            return {name: folder / name for name in run_writer.TOKENIZER_FILES
+                    if (folder / name).is_file()}
+    return {}
+
+
+def _seq_len(saved: dict) -> int:
+    for section, key in (("dataset", "sequence_length"), ("train_module", "max_sequence_length")):
+        value = (saved.get(section) or {}).get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
+
+
+def import_olmo(step_dir: str | Path, out: str | Path, *, progress: bool = True) -> dict:
+    """Convert the step directory ``step_dir`` into the run directory ``out``;
+    return the config dict written to ``out/config.json``."""
+    if "://" in str(step_dir) or not Path(step_dir).expanduser().is_dir():
+        raise ConfigError(f"{WHAT}: {str(step_dir)!r} is not a local directory (the hub is never "
+                          "contacted; download the step directory first)")
+    step = Path(step_dir).expanduser().resolve()
+    out = run_writer.check_out(out, WHAT)
+    require_torch()
+    saved = read_config(step)
+    model = read_model(saved)
+    ckpt = DistCheckpoint(step / CHECKPOINT_DIR)
+    config = run_writer.run_config(WHAT, model.family, model.model_fields, model.residual,
+                                   _seq_len(saved))
+    present = {key: shape for key, (shape, _) in ckpt.tensors.items()}
+    params_np = convert(ckpt.read, present, model, _param_shapes(config), block=model.block,
+                        progress=progress)
+    tok = ((saved.get("dataset") or {}).get("tokenizer") or {})
+    match = re.fullmatch(r"step(\d+)", step.name)
+    record = {"source": str(step), "step": int(match.group(1)) if match else None,
+              "block": model.block, "dtypes": sorted({str(dt).removeprefix("torch.")
+                                                      for _, dt in ckpt.tensors.values()}),
+              "hyper_connections": (saved["model"].get("block") or {}).get("hyper_connections"),
+              "departures": list(model.departures)}
+    return run_writer.write_run(
+        out, config, params_np, source=("olmo", record), files=tokenizer_files(step),
+        tokenizer={"eos": tok.get("eos_token_id"), "bos": tok.get("bos_token_id"),
+                   "pad": tok.get("pad_token_id")},
+        optimizer_state=False)

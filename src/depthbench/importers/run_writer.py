@@ -1,0 +1,197 @@
+"""The run directory an importer writes, in the trainer's format.
+
+``config.json`` (the resolved config; ``resolved.<source>`` says where the
+weights came from), an Orbax checkpoint at step 0 under ``checkpoints/``
+(sealed with its integrity record like every trainer checkpoint) and the
+tokenizer files copied along.  The checkpoint holds either a full
+:class:`~depthbench.train.state.TrainState` with a fresh optimizer state
+(``import-hf``: an imported model can be fine-tuned) or only the parameters
+(item ``params``: what ``load_run`` needs, a third of the memory for Adam).
+
+Everything is built in a hidden sibling directory and renamed onto ``--out``
+only once complete, so a failure (bad input found late, a full disk,
+Ctrl-C) leaves ``--out`` as it was.  The parameters arrive as a nested dict
+of host (numpy) arrays and are moved to the devices one leaf at a time, each
+host copy dropped as soon as its device copy exists, so the import never
+holds two copies of the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from depthbench.config import base_config, validate
+from depthbench.errors import ConfigError
+
+# Tokenizer files an imported run carries (a Hugging Face tokenizer directory's).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.model", "generation_config.json")
+
+
+def read_source_config(src: Path, command: str, expected: str) -> dict:
+    """``src/config.json`` of the checkpoint being imported, as a dict; ConfigError
+    (one line) if it is missing (``expected`` says what ``src`` should be), not
+    JSON, or not a JSON object."""
+    path = src / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{command}: {path} does not exist (expected {expected})")
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{command}: {path} is not valid JSON ({e})") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{command}: {path} is not a JSON object")
+    return saved
+
+
+def check_out(out: str | Path, command: str) -> Path:
+    """``--out`` resolved; ConfigError unless it is absent or an empty directory."""
+    path = Path(out).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{command}: --out {str(path)!r} is a file; give a new (or empty) "
+                          "directory")
+    if path.is_dir() and any(path.iterdir()):
+        raise ConfigError(f"{command}: --out {str(path)!r} exists and is not empty; "
+                          "use a new directory")
+    if not path.parent.is_dir():
+        parent = path.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise ConfigError(f"{command}: --out {str(path)!r}: {str(parent)!r} is a file, "
+                              "not a directory")
+    return path
+
+
+def run_config(name: str, family: str, model_fields: dict[str, Any], residual: dict[str, Any],
+               max_len: int):
+    """A validated config for an imported model: ``family`` with an explicit
+    shape and numerics (``model_fields``: depth, d_model, d_ff, n_heads,
+    n_kv_heads, vocab_size, norm_eps, rope_theta), its residual fields, fp32
+    weights and compute."""
+    c = base_config()
+    c.name = name
+    m = c.model
+    m.family, m.suite, m.budget = family, "", 0.0
+    for key, value in model_fields.items():
+        m[key] = value
+    for key, value in residual.items():
+        m.residual[key] = value
+    m.param_dtype = m.compute_dtype = "float32"
+    m.remat_policy = "none"
+    c.train.seq_len = int(max_len)
+    c.train.steps = 1  # nothing was trained here; validation needs > 0 (a fine-tune sets its own)
+    return validate(c)
+
+
+def tokenizer_info(path: str, vocab_size: int, *, eos: int | None, bos: int | None,
+                   pad: int | None) -> dict:
+    """``resolved.tokenizer`` of an imported run (the trainer's field names);
+    ``path`` is the tokenizer file in the run ("" when none was copied)."""
+    return {"corpus": "", "corpus_fingerprint": "", "kind": "hf", "tokenizer_path": path,
+            "train_tokens_path": "", "val_tokens_path": "", "vocab_size": int(vocab_size),
+            "bos_id": -1 if bos is None else int(bos), "eos_id": -1 if eos is None else int(eos),
+            "pad_id": -1 if pad is None else int(pad), "train_tokens": 0, "val_tokens": 0,
+            "train_documents": 0, "val_documents": 0, "train_bytes": 0, "val_bytes": 0,
+            "bytes_per_token": 0.0, "token_dtype": "uint32"}
+
+
+def _to_devices(params_np: dict, shardings: Any) -> dict:
+    """The nested dict ``params_np`` as device arrays in ``shardings``; each host
+    leaf is removed from ``params_np`` as soon as it is placed (it ends empty)."""
+    import jax
+
+    out = {}
+    for key in list(params_np):
+        value = params_np.pop(key)
+        if isinstance(value, dict):
+            out[key] = _to_devices(value, shardings[key])
+        else:
+            out[key] = jax.device_put(value, shardings[key])
+        del value
+    return out
+
+
+def _save_step0(directory: Path, item: str, tree: Any, meta: dict) -> None:
+    """One synchronous Orbax checkpoint at step 0 (item ``item`` and ``meta``),
+    sealed with its integrity record."""
+    import orbax.checkpoint as ocp
+
+    from depthbench.train.checkpoint import write_integrity
+
+    options = ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
+                                           enable_async_checkpointing=False)
+    manager = ocp.CheckpointManager(directory, options=options)
+    try:
+        manager.save(0, args=ocp.args.Composite(**{item: ocp.args.StandardSave(tree),
+                                                   "meta": ocp.args.JsonSave(meta)}), force=True)
+        manager.wait_until_finished()
+    finally:
+        manager.close()
+    write_integrity(directory / "0")
+
+
+def write_run(out: Path, config, params_np: dict, *, source: tuple[str, dict],
+              files: dict[str, Path], tokenizer: dict[str, int | None],
+              optimizer_state: bool) -> dict:
+    """Write the run directory ``out`` (checked by :func:`check_out`) and return
+    the dict written to its ``config.json``.
+
+    ``params_np``: the model's parameter tree as host arrays (consumed: it is
+    empty afterwards).  ``source``: ``(key, record)`` stored as
+    ``resolved.<key>``.  ``files``: name in the run -> file to copy (the
+    tokenizer's).  ``tokenizer``: ``eos``/``bos``/``pad`` ids (None: none).
+    ``optimizer_state``: save a full TrainState with a fresh optimizer state
+    rather than the parameters alone."""
+    import jax
+    import numpy as np
+
+    from depthbench import parallel, runs
+    from depthbench.train import state as state_lib
+
+    setup = state_lib.setup(config, parallel.mesh_from_config(config))
+    want = jax.tree.map(lambda a: tuple(a.shape), setup.abstract_state.params)
+    got = jax.tree.map(lambda a: tuple(np.shape(a)), params_np)
+    if want != got:  # a programming error in a converter, not bad input
+        raise AssertionError(f"converted tree {got} != model tree {want}")
+    work = out.parent / f".{out.name}.importing-{os.getpid()}"
+    try:
+        work.mkdir(parents=True)
+        for name, src in files.items():
+            shutil.copy2(src, work / name)
+        params = _to_devices(params_np, setup.param_shardings)
+        n_params = state_lib.param_count(params)
+        meta = {"train_seconds": 0.0, "timed_tokens": 0, "wall_seconds": 0.0,
+                "imported_from": str(source[1].get("source", ""))}
+        if optimizer_state:
+            with setup.context():
+                opt_state = jax.jit(setup.tx.init,
+                                    out_shardings=setup.state_shardings.opt_state)(params)
+            rng = jax.device_put(state_lib._key_data(int(config.train.seed)),
+                                 setup.state_shardings.rng)
+            step = jax.device_put(np.int32(0), setup.state_shardings.step)
+            tree = state_lib.TrainState(step=step, params=params, opt_state=opt_state, rng=rng)
+            _save_step0(work / runs.CHECKPOINT_DIR, "state", tree, meta)
+        else:
+            _save_step0(work / runs.CHECKPOINT_DIR, "params", params, meta)
+        del params
+        vocab = int(config.model.vocab_size)
+        tokenizer_file = next((str(out / name) for name in ("tokenizer.json", "tokenizer.model")
+                               if name in files), "")
+        resolved = {"shape": setup.spec.shape.as_dict(), "params": n_params,
+                    "tokenizer": tokenizer_info(tokenizer_file, vocab, **tokenizer),
+                    "mesh": parallel.describe(setup.mesh),
+                    source[0]: {**source[1], "copied": sorted(files)}}
+        written = {**config.to_dict(), "resolved": resolved}
+        runs.atomic_write_json(work / runs.CONFIG_FILE, written)
+        if out.is_dir():
+            out.rmdir()  # empty (check_out), replaced by the finished directory
+        os.replace(work, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return written

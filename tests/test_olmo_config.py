@@ -1,0 +1,111 @@
+"""import-olmo's reading of the original's config.json (no torch needed): every
+block type the original trained maps to its depthbench family and fields, the
+legacy layouts (HC and AttnRes on a default block) too, and what depthbench
+cannot map is one ConfigError line naming it.  Unit tests."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from depthbench.errors import ConfigError
+from depthbench.importers.olmo_config import read_model
+
+NORM = {"name": "rms", "eps": 1e-06, "bias": False, "dtype": "bfloat16"}
+MODEL = {  # TransformerConfig.llama_like(...).as_config_dict() of a 400M-L24-like shape
+    "d_model": 64, "vocab_size": 97, "n_layers": 4, "name": "default", "dtype": "bfloat16",
+    "block": {
+        "sequence_mixer": {"name": "default", "n_heads": 4, "n_kv_heads": 4, "bias": False,
+                           "rope": {"name": "default", "theta": 10000, "full_precision": True}},
+        "feed_forward": {"hidden_size": 160, "name": "default", "bias": False,
+                         "activation": "silu"},
+        "layer_norm": NORM, "name": "default"},
+    "lm_head": {"name": "default", "layer_norm": NORM, "bias": False},
+}
+
+
+def model(**block):
+    m = copy.deepcopy(MODEL)
+    m["block"].update(block)
+    return {"model": m, "train_module": {"optim": {"eps": 1e-8}}}
+
+
+CASES = [
+    (model(), "pre_ln", {}),
+    (model(name="peri_norm"), "sandwich_ln", {}),
+    (model(name="default_scaled"), "lns", {"lns_power": 0.5}),
+    (model(name="deepnorm", layer_norm={**NORM, "name": "default"}), "deepnorm", {}),
+    (model(name="keel"), "keel", {}),
+    (model(name="post_norm"), "post_ln", {}),
+    (model(name="completep", residual_scaling_base_depth=24), "completep",
+     {"completep_alpha": 1.0, "completep_base_depth": 24}),
+    (model(name="depth_mup", residual_scaling_base_depth=24), "completep",
+     {"completep_alpha": 0.5, "completep_base_depth": 24}),
+    (model(name="hc", hyper_connections={"kind": "hc", "num_residual_streams": 4,
+                                         "tanh": None, "collapse": "auto"}), "hc",
+     {"hc_n": 4, "hc_tanh": True, "readout": "norm_then_sum"}),
+    (model(hyper_connections={"kind": "hc", "num_residual_streams": 4, "tanh": True}), "hc",
+     {"hc_n": 4, "hc_tanh": True}),  # early: a default block carrying HC
+    (model(name="mhc", hyper_connections={"kind": "mhc", "tanh": False, "sinkhorn_iters": 20,
+                                          "sinkhorn_tau": 1.0, "collapse": "auto"}), "mhc",
+     {"hc_n": 4, "sinkhorn_iters": 20, "readout": "norm_then_sum"}),
+    (model(name="mhc", hyper_connections={"kind": "liger_mhc", "collapse": "auto"}), "mhc",
+     {"readout": "sum_then_norm", "sinkhorn_temperature": 1.0}),
+    (model(name="attnres", attnres_block_size=1), "attnres_full", {}),
+    (model(attnres_block_size=1), "attnres_full", {}),  # early: AttnRes on a default block
+    (model(name="attnres", attnres_block_size=6), "attnres_block", {"attnres_block_size": 6}),
+    (model(name="moda", moda={"extra_ffn_kv_proj": True, "extra_attn_kv_proj": False}), "moda",
+     {"moda_kv_heads": 0, "moda_norm": "pre", "moda_depth_query": "rotated"}),
+    (model(name="post_norm_moda", moda={}), "moda", {"moda_norm": "post"}),
+]
+
+
+@pytest.mark.parametrize("saved,family,fields", CASES,
+                         ids=[f"{c[1]}-{i}" for i, c in enumerate(CASES)])
+def test_every_trained_design_maps(saved, family, fields):
+    m = read_model(saved)
+    assert m.family == family
+    assert {k: m.residual[k] for k in fields} == fields
+    assert m.model_fields == {"depth": 4, "d_model": 64, "d_ff": 160, "n_heads": 4,
+                              "n_kv_heads": 4, "vocab_size": 97, "norm_eps": 1e-6,
+                              "rope_theta": 10000.0}
+
+
+def test_departures_are_recorded():
+    early_hc = read_model(model(name="hc", hyper_connections={"kind": "hc"}))
+    assert early_hc.layout["hc_write"] == "residual"
+    assert any("write rule" in d for d in early_hc.departures)
+    liger = read_model(model(name="mhc", hyper_connections={"kind": "liger_mhc"}))
+    assert any("linear-domain Sinkhorn" in d for d in liger.departures)
+    attnres = read_model(model(name="attnres"))
+    assert any("eps 1e-5" in d for d in attnres.departures)
+    assert read_model(model()).departures == ()
+
+
+def test_depth_width_head_factor_from_the_embedding_eps_override():
+    saved = model(name="completep", residual_scaling_base_depth=24)
+    saved["train_module"]["optim"]["group_overrides"] = [
+        {"params": ["embeddings.weight"], "opts": {"eps": 1e-8 / 0.5}}]  # d / d_base = 0.5
+    assert read_model(saved).layout["head_scale"] == pytest.approx(2.0)
+
+
+REFUSED = [
+    (model(name="normalized"), "model.block.name 'normalized' is not a design"),
+    (model(name="mhc", hyper_connections={"kind": "mhc_static"}), "'mhc_static' is not one of"),
+    (model(name="deepnorm"), "deepnorm needs 'default'"),
+    (model(name="moda", moda={"extra_ffn_kv_proj": False}), "configure_moda"),
+    (model(sequence_mixer={**MODEL["block"]["sequence_mixer"], "qk_norm": {"name": "rms"}}),
+     "qk_norm"),
+    (model(name="keel", hyper_connections={"kind": "hc"}), "HC routing on a 'keel' block"),
+    (model(name="completep"), "residual_scaling_base_depth must be an integer"),
+    (model(feed_forward={"hidden_size": 160, "activation": "gelu"}), "'gelu' is not one of"),
+]
+
+
+@pytest.mark.parametrize("saved,needle", REFUSED, ids=[r[1][:24] for r in REFUSED])
+def test_what_cannot_be_mapped_is_one_line(saved, needle):
+    with pytest.raises(ConfigError) as e:
+        read_model(saved)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value).startswith("import-olmo: config.json: ")

@@ -252,7 +252,9 @@ def import_hf(src: str | Path, out: str | Path, *, progress: bool = True) -> dic
     the config dict written to ``out/config.json``."""
     import jax
 
-    from depthbench import parallel, runs
+    from depthbench import parallel
+    from depthbench.rundir.io import atomic_write_json
+    from depthbench.rundir.names import CHECKPOINT_DIR, CONFIG_FILE
     from depthbench.train import state as state_lib
     from depthbench.train.checkpoint import Checkpoints
 
@@ -298,11 +300,11 @@ def import_hf(src: str | Path, out: str | Path, *, progress: bool = True) -> dic
                        "max_position_embeddings": hf.get("max_position_embeddings"),
                        "copied": copied}}
     written = {**config.to_dict(), "resolved": resolved}
-    ckpt = Checkpoints(out / runs.CHECKPOINT_DIR, keep=1, async_save=False)
+    ckpt = Checkpoints(out / CHECKPOINT_DIR, keep=1, async_save=False)
     try:
         ckpt.save(0, state, None, {"train_seconds": 0.0, "timed_tokens": 0,
                                    "wall_seconds": 0.0, "imported_from": str(src)})
     finally:
         ckpt.close()
-    runs.atomic_write_json(out / runs.CONFIG_FILE, written)
+    atomic_write_json(out / CONFIG_FILE, written)
     return written

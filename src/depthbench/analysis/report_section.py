@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from etils import epath
 
-from depthbench.analysis.store import ANALYSIS_DIR, ANALYSIS_FILE
+from depthbench.rundir.names import ANALYSIS_DIR, ANALYSIS_FILE
 
 HEADERS = ("family", "L", "aspect ratio", "late skip", "late swap", "effective depth",
            "mean D(l, l+1)", "lens KL at L/2", "dead segment", "stream mixing rank")

@@ -254,7 +254,9 @@ def _damage_lines(damage: list[io.DamagedFile], ckpts: _Checkpoints, run_dir: Pa
         notes.append(f"- `{CHECKPOINT_DIR}/`: {ckpts.warning(run_dir)}")
     if not notes:
         return []
-    return ["## Damaged files", "", "Logs are shown up to their damaged line.", "", *notes, ""]
+    logs = any(str(d.path).endswith(".jsonl") for d in damage)
+    intro = ["Logs are shown up to their damaged line.", ""] if logs else []
+    return ["## Damaged files", "", *intro, *notes, ""]
 
 
 def _evaluation_lines(rows: list[dict]) -> list[str]:

@@ -17,7 +17,9 @@ aside.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -155,7 +157,26 @@ def read_params(run_dir: Path, abstract_params: Any, step: int | None = None, *,
     return found.value, found.step
 
 
+@contextlib.contextmanager
+def _quiet_orbax():
+    """Orbax's notes go through absl's logger (``WARNING:absl:...`` lines); while
+    a reader restores, it says what matters itself: the warning naming a skipped
+    step, or one error line."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _params_of(step_dir: Path, abstract_params: Any) -> Any:
+    with _quiet_orbax():
+        return _read_params(step_dir, abstract_params)
+
+
+def _read_params(step_dir: Path, abstract_params: Any) -> Any:
     import orbax.checkpoint as ocp
 
     if (step_dir / "params").is_dir():

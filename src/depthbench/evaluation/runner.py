@@ -17,13 +17,12 @@ data files), as lm-eval's own flag does.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from depthbench.errors import ConfigError
-from depthbench.rundir.io import atomic_write_json, json_safe
+from depthbench.rundir.io import atomic_write_json, json_safe, read_json
 from depthbench.rundir.names import EVAL_DIR
 
 COMMONSENSE = ("openbookqa", "winogrande", "arc_challenge", "arc_easy", "hellaswag",
@@ -152,4 +151,4 @@ def evaluate(run_dir: str | Path, *, suite: str | None = None, tasks: list[str] 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{label}.json"
     atomic_write_json(path, json_safe(result))
-    return json.loads(path.read_text()), path
+    return read_json(path), path

@@ -47,7 +47,7 @@ from depthbench import faults
 from depthbench.errors import ConfigError
 from depthbench.rundir.integrity import write_integrity
 from depthbench.rundir.names import DAMAGED_SUFFIX, INTEGRITY_FILE
-from depthbench.rundir.restore import newest_intact, steps_on_disk
+from depthbench.rundir.restore import newest_intact
 from depthbench.train.state import TrainState
 
 
@@ -83,15 +83,6 @@ class Checkpoints:
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         logging.getLogger("absl").addFilter(_QUIET)
         self._saved: int | None = None  # the last step saved by this process (maybe in flight)
-
-    def latest_step(self) -> int | None:
-        return self.manager.latest_step()
-
-    def all_steps(self) -> list[int]:
-        return list(self.manager.all_steps())
-
-    def steps_on_disk(self) -> list[int]:
-        return steps_on_disk(self.directory)
 
     def save(self, step: int, state: TrainState, data_arg: Any, meta: dict) -> None:
         """Save ``state`` (``data_arg``: the data module's save arg for the iterator;

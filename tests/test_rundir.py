@@ -99,7 +99,7 @@ def test_a_damaged_log_is_set_aside_and_its_rows_before_the_damage_kept(tmp_path
     log.close()
     assert read_jsonl(path) == ROWS[:2]
     assert (tmp_path / "metrics.jsonl.damaged").read_text() == damaged
-    assert said == [f"warning: {path}: line 3 is not JSON (Expecting value); moved to "
+    assert said == [f"depthbench: warning: {path}: line 3 is not JSON (Expecting value); moved to "
                     f"{tmp_path / 'metrics.jsonl.damaged'}, keeping the 2 row(s) before it"]
     path.write_text("[]\n")
     JsonlLog(path, 3).close()

@@ -198,7 +198,7 @@ class JsonlLog:
         except DamagedFile as e:
             moved, damaged, rows = set_aside(self.path), True, e.rows
             if warn is not None:
-                warn(f"warning: {e}; moved to {moved}, keeping the {len(rows)} row(s) "
+                warn(f"depthbench: warning: {e}; moved to {moved}, keeping the {len(rows)} row(s) "
                      "before it")
         kept = [r for r in rows if r.get("step", 0) <= start_step]
         if damaged or kept != rows:

@@ -161,7 +161,7 @@ class Checkpoints:
             return None
         self._set_aside([s for s, _ in found.skipped])
         if found.skipped and warn is not None:
-            warn(f"warning: skipped damaged checkpoint(s) in {self.directory} "
+            warn(f"depthbench: warning: skipped damaged checkpoint(s) in {self.directory} "
                  f"({found.skipped_text()}); moved to {self._damaged_dir()}; resuming from "
                  f"step {found.step}")
         return found.value

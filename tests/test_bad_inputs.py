@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from depthbench import config as config_lib
-from depthbench import runs
 from depthbench.cli import main as cli_main
+from depthbench.rundir.names import LOCK_FILE
 
 BASE = str(config_lib.base_spec_path())
 
@@ -117,7 +117,7 @@ def disk(tmp_path_factory) -> Path:
         root,
         "run_locked",
         good,
-        **{runs.LOCK_FILE: json.dumps({"host": socket.gethostname(), "pid": os.getppid()})},
+        **{LOCK_FILE: json.dumps({"host": socket.gethostname(), "pid": os.getppid()})},
     )  # a live process
     _run_dir(root, "not_a_sweep", None, **{"notes.txt": "hello"})
     return root

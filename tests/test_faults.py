@@ -28,9 +28,10 @@ from toy_corpus import write_progressions
 
 from depthbench import config as config_lib
 from depthbench.cli import main as cli_main
-from depthbench.train import checkpoint as ckpt_lib
+from depthbench.rundir.integrity import check_integrity, file_digest
+from depthbench.rundir.io import read_jsonl
+from depthbench.rundir.restore import steps_on_disk
 from depthbench.train import loop
-from depthbench.train.metrics import read_jsonl
 
 STEPS, EVERY = 32, 8
 BASE = str(config_lib.base_spec_path())
@@ -74,7 +75,7 @@ def _losses(workdir):
 
 
 def _steps(workdir) -> list[int]:
-    return ckpt_lib.Checkpoints.steps_on_disk_of(Path(workdir) / "checkpoints")
+    return steps_on_disk(Path(workdir) / "checkpoints")
 
 
 def _assert_same_as(reference, workdir, result):
@@ -134,8 +135,8 @@ def test_every_checkpoint_is_sealed_with_sizes_and_hashes(reference):
         record = json.loads((step_dir / "integrity.json").read_text())["files"]
         data_file = _largest_data_file(step_dir)
         size, digest = record[data_file.relative_to(step_dir).as_posix()]
-        assert size == data_file.stat().st_size and digest == ckpt_lib.file_digest(data_file)
-        assert ckpt_lib.check_integrity(step_dir) is None
+        assert size == data_file.stat().st_size and digest == file_digest(data_file)
+        assert check_integrity(step_dir) is None
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
@@ -145,7 +146,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(reference, overrid
     latest = workdir / "checkpoints" / str(STEPS)
     DAMAGE[damage](_largest_data_file(latest))
     if damage != "truncated, no record":
-        assert ckpt_lib.check_integrity(latest) is not None
+        assert check_integrity(latest) is not None
     capsys.readouterr()
     result = loop.run(_config(overrides), workdir, progress=False)
     err = capsys.readouterr().err
@@ -155,11 +156,11 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(reference, overrid
     assert result["status"] == "finished"
     _assert_same_as(reference, workdir, result)
     # The step was trained and saved again, and sealed.
-    assert ckpt_lib.check_integrity(latest) is None and (latest / "integrity.json").exists()
+    assert check_integrity(latest) is None and (latest / "integrity.json").exists()
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, str]]:
-    return {p.relative_to(root).as_posix(): (p.stat().st_size, ckpt_lib.file_digest(p))
+    return {p.relative_to(root).as_posix(): (p.stat().st_size, file_digest(p))
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
@@ -223,7 +224,7 @@ def test_sigterm_during_a_checkpoint_write(reference, overrides, tmp_path):
     assert _steps(workdir) == [EVERY, 2 * EVERY]
     for step in _steps(workdir):
         step_dir = workdir / "checkpoints" / str(step)
-        assert (step_dir / "integrity.json").exists() and ckpt_lib.check_integrity(step_dir) is None
+        assert (step_dir / "integrity.json").exists() and check_integrity(step_dir) is None
     _assert_same_as(reference, workdir, loop.run(_config(overrides), workdir, progress=False))
 
 
@@ -235,7 +236,7 @@ def test_kill_9_during_a_checkpoint_write(reference, overrides, tmp_path):
     proc = _drive(tmp_path, 2 * EVERY, "SIGKILL", _argv(overrides, workdir))
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     assert EVERY in _steps(workdir)
-    assert ckpt_lib.check_integrity(workdir / "checkpoints" / str(EVERY)) is None
+    assert check_integrity(workdir / "checkpoints" / str(EVERY)) is None
     assert not (workdir / "result.json").exists()
     _assert_same_as(reference, workdir, loop.run(_config(overrides), workdir, progress=False))
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from fast_xla import subprocess_flags
 
-from depthbench.train.metrics import read_jsonl
+from depthbench.rundir.io import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch" / "local_multiprocess.sh"

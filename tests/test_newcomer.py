@@ -25,8 +25,9 @@ from depthbench import run_report
 from depthbench.cli import main as cli_main
 from depthbench.cli import sweep as sweep_cli
 from depthbench.config import ConfigError
+from depthbench.rundir.io import read_jsonl
 from depthbench.train import loop
-from depthbench.train.metrics import MetricsWriter, read_jsonl
+from depthbench.train.metrics import MetricsWriter
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, EVERY = 8, 4

@@ -36,9 +36,9 @@ from depthbench import parallel
 from depthbench.cli import main as cli_main
 from depthbench.errors import EXIT_DIVERGED
 from depthbench.model.residual import registry
+from depthbench.rundir.io import read_jsonl
 from depthbench.train import state as state_lib
 from depthbench.train import step as step_lib
-from depthbench.train.metrics import read_jsonl
 
 FAMILIES = registry.names()
 STEPS = 12

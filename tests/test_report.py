@@ -216,3 +216,96 @@ def test_report_cli(synthetic_dir, tmp_path, capsys):
     assert cli_main(["report", str(tmp_path / "nothing")]) == 2
     assert capsys.readouterr().err == (f"depthbench: error: report: directory "
                                        f"'{tmp_path / 'nothing'}' does not exist\n")
+
+
+# ------------------------------------------------------------ damaged runs
+
+GARBAGE = {  # file -> what a damage leaves in it
+    "result.json": "{\"final_val_loss\": 3.3, \"steps\"",
+    "config.json": "\x00\x01 not json",
+    "sweep_run.json": "[1, 2, 3]\n",
+    "metrics.jsonl": None,  # a line in the middle overwritten, see below
+}
+
+
+def _damage(run_dir: Path, name: str) -> str:
+    """Damage ``name`` in ``run_dir``; return what the report must say about it."""
+    if name == "metrics.jsonl":
+        lines = (run_dir / name).read_text().splitlines(keepends=True)
+        lines[3] = "#### not a row ####\n"
+        (run_dir / name).write_text("".join(lines))
+        return "metrics.jsonl line 4 is not JSON"
+    (run_dir / name).write_text(GARBAGE[name])
+    return {"result.json": "result.json is not JSON", "config.json": "config.json is not JSON",
+            "sweep_run.json": "sweep_run.json holds a JSON list, not an object"}[name]
+
+
+@pytest.mark.parametrize("name", list(GARBAGE))
+def test_report_marks_a_run_with_a_damaged_record(synthetic_dir, capsys, name):
+    """The best pre_ln run at L4 (3.30 in results.csv) is damaged: the report names
+    the run and the file, marks its row, and shows the next best run of L4 instead."""
+    damaged = "pre_ln-L4-lr1e-03"
+    said = _damage(synthetic_dir / damaged, name)
+    csv_before = (synthetic_dir / "results.csv").read_text()
+    capsys.readouterr()
+    assert cli_main(["report", str(synthetic_dir), "--no-plots"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"depthbench: warning: run '{damaged}': {said}")
+    assert err[0].endswith("; its row is marked damaged")
+    md = (synthetic_dir / "report.md").read_text()
+    # The loss table: L4 is pre_ln's other run (3.35, still pre_ln's best shape).
+    assert "| pre_ln | 3.4000 | **3.3500** | 3.6000 | 30.0 | 3.3500 | 3e-03 |" in md
+    assert "3.3000" not in md.split("## All runs")[0]
+    assert f"| {damaged} | pre_ln | 4 | 30.0 | 1e-03 | - | - | - | - | damaged (see below) |" in md
+    assert f"- `{damaged}`: {said}" in md.split("## Damaged runs")[1]
+    assert "12 runs" not in md and "13 runs: 8 done, 3 diverged, 1 pending, 1 damaged." in md
+    assert (synthetic_dir / "results.csv").read_text() == csv_before  # its values are kept
+
+
+def test_report_names_a_damaged_manifest(synthetic_dir, capsys):
+    (synthetic_dir / "sweep.json").write_text("{ torn")
+    assert cli_main(["report", str(synthetic_dir), "--no-plots"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"depthbench: warning: {synthetic_dir / 'sweep.json'}: is not JSON "
+                   "(Expecting property name enclosed in double quotes: line 1 column 3) "
+                   "(the sweep's manifest; `depthbench sweep` writes it again)"]
+
+
+def _one_run(tmp_path: Path) -> Path:
+    """A finished run directory as the trainer leaves it (no checkpoints)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {"model": {"family": "hc"}, "train": {"steps": 20},
+              "resolved": {"shape": {"depth": 4, "d_model": 64}}}
+    (run / "config.json").write_text(json.dumps(config))
+    rows = [{"step": s, "loss": 4.0 - s / 10, "lr": 1e-3, "grad_norm": 1.0} for s in range(1, 21)]
+    rows[-1]["val_loss"] = 2.1
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_run_report_with_a_garbage_result_is_not_called_unfinished(tmp_path, capsys):
+    run = _one_run(tmp_path)
+    (run / "result.json").write_text("garbage")
+    assert cli_main(["report", str(run), "--no-plots"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (f"depthbench: warning: {run / 'result.json'}: is not JSON "
+                            "(Expecting value: line 1 column 1)\n")
+    assert "not finished" not in captured.out
+    assert captured.out.startswith("outcome unknown: result.json is not JSON")
+    text = (run / "report.md").read_text()
+    assert "## Damaged files" in text and "- `result.json` is not JSON" in text
+
+
+def test_run_report_draws_a_damaged_log_up_to_the_damage(tmp_path, capsys):
+    run = _one_run(tmp_path)
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines[10] = '{"step": 11, "loss": 3.\n'  # a whole line that does not parse: not a torn tail
+    (run / "metrics.jsonl").write_text("".join(lines))
+    assert cli_main(["report", str(run), "--no-plots"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"depthbench: warning: {run / 'metrics.jsonl'}: line 11 is not JSON")
+    text = (run / "report.md").read_text()
+    assert "not finished: step 10 of 20 logged" in text  # the rows before the damage
+    assert "Logs are shown up to their damaged line." in text
+    assert "- `metrics.jsonl` line 11 is not JSON" in text

@@ -18,11 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from depthbench import runs
 from depthbench import sweep as sweeplib
 from depthbench.cli import main as cli_main
 from depthbench.config import ConfigError, base_config
 from depthbench.formatting import fmt_lr
+from depthbench.model.residual import registry
+from depthbench.rundir import identity
+from depthbench.rundir.lock import RunLock
+from depthbench.rundir.names import LOCK_FILE, RUN_RECORD
 
 SPEC = """
 from depthbench.config import base_config
@@ -246,7 +249,7 @@ def test_interrupted_run_resumes_in_its_directory(sweep, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         sweeplib.run_sweep(sweep, tmp_path, runner=runner, progress=False)
     run_dir = tmp_path / "pre_ln-L2-lr2.5e-03"
-    assert not (run_dir / runs.LOCK_FILE).exists()  # released on the way out
+    assert not (run_dir / LOCK_FILE).exists()  # released on the way out
     rows = read_csv(tmp_path / "results.csv")
     assert rows["pre_ln-L2-lr1e-03"]["status"] == "done"
     assert rows["pre_ln-L2-lr2.5e-03"]["status"] == "pending"
@@ -295,11 +298,11 @@ def test_runs_recorded_by_older_or_other_checkouts_still_get_rows(sweep, tmp_pat
     run of a family this checkout does not know is counted with the backbone."""
     sweeplib.run_sweep(sweep, tmp_path, runner=FakeRunner(), progress=False)
     for name, family in (("old-L2", "hc"), ("gone-L2", "no_such_family")):
-        record = json.loads((tmp_path / "hc-L2-lr1e-03" / sweeplib.RUN_RECORD).read_text())
+        record = json.loads((tmp_path / "hc-L2-lr1e-03" / RUN_RECORD).read_text())
         record["name"], record["config"]["model"]["family"] = name, family
         del record["config"]["model"]["impl"], record["config"]["model"]["residual"]["hc_n"]
         (tmp_path / name).mkdir()
-        (tmp_path / name / sweeplib.RUN_RECORD).write_text(json.dumps(record))
+        (tmp_path / name / RUN_RECORD).write_text(json.dumps(record))
     (old,) = [r for r in sweeplib.other_runs(sweep, tmp_path) if r.name == "old-L2"]
     assert old.config.model.impl == "xla" and old.config.model.residual.hc_n == 4
     rows = {r["name"]: r for r in sweeplib.write_results(sweep, tmp_path)}
@@ -320,34 +323,34 @@ def _dead_pid() -> int:
 
 def _write_lock(run_dir: Path, host: str, pid: int, age: float = 0.0) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / runs.LOCK_FILE
+    path = run_dir / LOCK_FILE
     path.write_text(json.dumps({"host": host, "pid": pid, "started": time.time() - age}))
     os.utime(path, (time.time() - age, time.time() - age))
 
 
 def test_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path):
-    first = runs.RunLock(tmp_path)
+    first = RunLock(tmp_path)
     assert first.acquire()
-    assert not runs.RunLock(tmp_path).acquire()  # held by a live pid on this host
+    assert not RunLock(tmp_path).acquire()  # held by a live pid on this host
     first.release()
-    assert not (tmp_path / runs.LOCK_FILE).exists()
+    assert not (tmp_path / LOCK_FILE).exists()
     # The owner died on this host: stale at once.
     _write_lock(tmp_path, socket.gethostname(), _dead_pid())
-    with runs.RunLock(tmp_path) as lock:
+    with RunLock(tmp_path) as lock:
         assert lock.acquire()
-        assert json.loads((tmp_path / runs.LOCK_FILE).read_text())["pid"] == os.getpid()
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
     # An owner on another host: held while its heartbeat is fresh, stale after stale_after.
     _write_lock(tmp_path, "elsewhere", 1, age=5.0)
-    assert not runs.RunLock(tmp_path, stale_after=60).acquire()
-    assert runs.RunLock(tmp_path, stale_after=2).acquire()
+    assert not RunLock(tmp_path, stale_after=60).acquire()
+    assert RunLock(tmp_path, stale_after=2).acquire()
 
 
 def test_lock_heartbeat_keeps_it_fresh(tmp_path):
-    lock = runs.RunLock(tmp_path, stale_after=0.4)
+    lock = RunLock(tmp_path, stale_after=0.4)
     assert lock.acquire()
     try:
         time.sleep(0.6)
-        record = runs.RunLock(tmp_path, stale_after=0.4).holder()
+        record = RunLock(tmp_path, stale_after=0.4).holder()
         assert record["age"] < 0.4  # touched by the heartbeat, so not stale
     finally:
         lock.release()
@@ -361,7 +364,7 @@ def test_runs_locked_by_another_process_are_skipped_and_reported(sweep, tmp_path
     assert "hc-L2-lr1e-03" not in runner.calls and len(runner.calls) == 7
     assert out.held_elsewhere == ["hc-L2-lr1e-03"]
     assert read_csv(tmp_path / "results.csv")["hc-L2-lr1e-03"]["status"] == "running"
-    (held / runs.LOCK_FILE).unlink()  # the other process ended without finishing it
+    (held / LOCK_FILE).unlink()  # the other process ended without finishing it
     again = FakeRunner()
     sweeplib.run_sweep(sweep, tmp_path, runner=again, progress=False)
     assert again.calls == ["hc-L2-lr1e-03"]
@@ -545,18 +548,18 @@ def test_identity_holds_only_the_chosen_familys_residual_fields():
     now = base_config().to_dict()
     now["model"]["family"] = "hc"
     foreign = [k for k in saved["model"]["residual"] if k not in
-               runs.registry.get("hc").config_fields()]
+               registry.get("hc").config_fields()]
     assert foreign, "the schema holds other families' fields"
     for key in foreign:
         saved["model"]["residual"][key] = "a value no family takes"
-    assert runs.config_changes(saved, now) == []
+    assert identity.config_changes(saved, now) == []
     now["model"]["residual"] = {k: v for k, v in now["model"]["residual"].items()
                                 if k not in foreign}
-    assert runs.config_changes(saved, now) == []
+    assert identity.config_changes(saved, now) == []
     now["model"]["residual"]["hc_n"] = 8
-    assert runs.config_changes(saved, now) == [("model.residual.hc_n", 4, 8)]
-    assert runs.identity(now)["model.residual.hc_n"] == 8
-    assert not any(k in runs.identity(now) for k in
+    assert identity.config_changes(saved, now) == [("model.residual.hc_n", 4, 8)]
+    assert identity.identity(now)["model.residual.hc_n"] == 8
+    assert not any(k in identity.identity(now) for k in
                    (f"model.residual.{f}" for f in foreign))
     now["model"]["family"] = "pre_ln"
-    assert runs.config_changes(saved, now)[0] == ("model.family", "hc", "pre_ln")
+    assert identity.config_changes(saved, now)[0] == ("model.family", "hc", "pre_ln")

@@ -26,13 +26,14 @@ from fast_xla import subprocess_flags
 from toy_corpus import write_progressions
 
 from depthbench import config as config_lib
-from depthbench import data, runs
+from depthbench import data
 from depthbench.cli import main as cli_main
 from depthbench.config import ConfigError
 from depthbench.errors import EXIT_DIVERGED
+from depthbench.rundir.io import read_jsonl
+from depthbench.rundir.names import LOCK_FILE
 from depthbench.train import loop
 from depthbench.train import state as state_lib
-from depthbench.train.metrics import read_jsonl
 
 VOCAB = 64
 STEPS = 128  # long enough for a SIGTERM to land mid-run under the suite's load (~1 s)
@@ -152,7 +153,7 @@ def test_a_different_config_is_bad_input(finished, overrides):
 def test_a_run_being_trained_elsewhere_is_refused(finished, overrides, tmp_path):
     workdir = tmp_path / "locked"
     workdir.mkdir()
-    (workdir / runs.LOCK_FILE).write_text(json.dumps(
+    (workdir / LOCK_FILE).write_text(json.dumps(
         {"host": socket.gethostname(), "pid": os.getppid()}))  # a live process, not this one
     with pytest.raises(ConfigError, match=r"^--workdir: .* is being trained by process"):
         loop.run(_config(overrides), workdir, progress=False)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from depthbench import config as config_lib
+from depthbench.rundir.io import read_jsonl
 from depthbench.shapes import suite
 from depthbench.train import loop
-from depthbench.train.metrics import read_jsonl
 
 MICRO = Path(__file__).resolve().parents[1] / "experiments" / "micro.py"
 

@@ -77,16 +77,18 @@ def _data_line(config) -> str:
 
 
 def _workdir_line(config, workdir: Path) -> str:
-    from depthbench import runs
+    from depthbench.rundir import identity, restore
+    from depthbench.rundir.names import CHECKPOINT_DIR
 
-    done = runs.check_run_dir(config, workdir)  # raises if it holds another config
+    done = identity.check_run_dir(config, workdir)  # raises if it holds another config
     if done is not None:
         return f"{workdir}: holds this run, finished (not retrained)"
-    ckpts = workdir / runs.CHECKPOINT_DIR
-    steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) \
-        if ckpts.is_dir() else []
-    if steps:
-        return f"{workdir}: holds this run; resumes from step {steps[-1]}"
+    # What the trainer would resume from (checked, not read; none intact: its error).
+    found = restore.newest_intact(workdir / CHECKPOINT_DIR,
+                                  hint="move that directory away to start the run over")
+    if found is not None:
+        skipped = f" (skipping damaged {found.skipped_text()})" if found.skipped else ""
+        return f"{workdir}: holds this run; resumes from step {found.step}{skipped}"
     return f"{workdir}: new run" if not workdir.exists() else f"{workdir}: starts here"
 
 

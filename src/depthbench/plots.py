@@ -9,7 +9,6 @@ nothing to draw.
 from __future__ import annotations
 
 import io
-import json
 import math
 from collections.abc import Sequence
 
@@ -17,6 +16,9 @@ from etils import epath
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+
+from depthbench.rundir.io import DamagedFile, read_jsonl
+from depthbench.rundir.names import METRICS_FILE
 
 _DPI = 120
 REFERENCE_ALPHA = 0.65  # published curves are drawn lighter than measured ones
@@ -114,30 +116,19 @@ def loss_vs_aspect(summary: dict, references: dict, path: str | epath.Path) -> b
 # ---------------------------------------------------------- training curves
 
 
-def read_metrics(path: epath.Path) -> list[dict]:
-    """metrics.jsonl -> records (unparseable lines, e.g. a torn last line, skipped)."""
-    try:
-        text = path.read_text()
-    except (FileNotFoundError, OSError):
-        return []
-    records = []
-    for line in text.splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
 def load_curves(workdir: epath.Path, summary: dict) -> list[dict]:
-    """Training and validation curves of the best run of every (family, shape)."""
+    """Training and validation curves of the best run of every (family, shape)
+    (a run whose metrics.jsonl is damaged has none: the report names it)."""
     curves = []
     for suite, family_rows in summary.items():
         for fr in family_rows:
             for cell in fr.cells:
                 if cell.name is None:
                     continue
-                records = read_metrics(epath.Path(workdir) / cell.name / "metrics.jsonl")
+                try:
+                    records = read_jsonl(epath.Path(workdir) / cell.name / METRICS_FILE)
+                except DamagedFile:
+                    continue
                 train = [r for r in records if _num(r.get("loss")) and "step" in r]
                 val = [r for r in records if _num(r.get("val_loss")) and "step" in r]
                 if not train and not val:
@@ -236,5 +227,4 @@ def costs_vs_aspect(cost_rows: Sequence[dict], path: str | epath.Path) -> bool:
     return True
 
 
-__all__ = ["costs_vs_aspect", "load_curves", "loss_vs_aspect", "read_metrics",
-           "training_curves"]
+__all__ = ["costs_vs_aspect", "load_curves", "loss_vs_aspect", "training_curves"]

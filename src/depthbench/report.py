@@ -9,6 +9,12 @@ The tables come from ``results.csv`` (kept by ``depthbench sweep``), with
 rows refreshed from run directories that finished after it was written;
 ``write_report`` renders them as report.md, rewrites results.csv, and draws
 the plots of :mod:`depthbench.plots`.
+
+A run whose records are damaged (:mod:`depthbench.rundir.damage`: a
+``result.json``, ``config.json``, ``sweep_run.json`` or JSON-lines log that
+cannot be read) is never shown from results.csv as if it were whole: its row
+is marked damaged (no loss in the tables, the file named in the runs table,
+a "Damaged runs" section) and named in one warning (:attr:`Report.warnings`).
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ from typing import Any
 from etils import epath
 
 from depthbench import reference, shapes, variants
-from depthbench import runs as runlib
 from depthbench import sweep as sweeplib
 from depthbench.errors import ConfigError
 from depthbench.formatting import fmt_count, fmt_lr
+from depthbench.rundir import damage
+from depthbench.rundir.io import DamagedFile, as_path, atomic_write, finite, read_json
+from depthbench.rundir.names import MANIFEST, REPORT_FILE, RESULT_FILE, RESULTS_CSV
 
 _INT_COLUMNS = ("depth", "d_model", "params", "seq_len", "steps", "tokens", "diverged_at_step")
 _FLOAT_COLUMNS = ("aspect_ratio", "lr", "final_val_loss", "tokens_per_sec", "mfu",
@@ -54,9 +62,11 @@ def parse_csv(text: str) -> list[dict]:
 
 def load_rows(workdir: str | epath.Path) -> list[dict]:
     """The sweep's rows: results.csv, refreshed from run directories that have
-    finished since it was written (e.g. by another sweep process)."""
-    workdir = runlib.as_path(workdir)
-    path = workdir / sweeplib.RESULTS_CSV
+    finished since it was written (e.g. by another sweep process).  A run
+    with damaged records keeps its results.csv values but carries
+    ``row["damage"]`` (which files, what is wrong), so no table shows them."""
+    workdir = as_path(workdir)
+    path = workdir / RESULTS_CSV
     if not path.exists():
         raise ConfigError(f"report: {str(path)!r} does not exist; run `depthbench sweep "
                           f"--workdir {workdir}` first")
@@ -71,12 +81,20 @@ def load_rows(workdir: str | epath.Path) -> list[dict]:
         raise ConfigError(f"report: {str(path)!r} lacks columns {', '.join(sorted(missing))}")
     out = []
     for row in rows:
-        if row["status"] not in sweeplib.FINISHED:
+        found = damage.damaged_records(workdir / row["name"])
+        if found:
+            row = {**row, "damage": damage.describe(found)}
+        elif row["status"] not in sweeplib.FINISHED:
             run = run_of(workdir / row["name"])
-            if run is not None and (workdir / row["name"] / runlib.RESULT_FILE).exists():
+            if run is not None and (workdir / row["name"] / RESULT_FILE).exists():
                 row = sweeplib.read_row(run, workdir / row["name"])
         out.append(row)
     return out
+
+
+def shown_status(row: dict) -> str:
+    """A row's status as the report shows it: "damaged" when its records are."""
+    return "damaged" if row.get("damage") else row["status"]
 
 
 def run_of(run_dir: epath.Path) -> sweeplib.Run | None:
@@ -96,7 +114,7 @@ class Cell:
     loss: float | None  # None: no finished, finite run
     lr: float | None
     name: str | None
-    state: str  # "ok" | "diverged" (every lr) | "pending" | "failed"
+    state: str  # "ok" | "diverged" (every lr) | "pending" | "failed" | "damaged"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,17 +150,19 @@ def summarize(rows: Sequence[dict]) -> dict[str, list[FamilyRow]]:
             for depth in depths:
                 runs = by_depth.get(depth, [])
                 good = [r for r in runs
-                        if r["status"] == "done" and runlib.finite(r["final_val_loss"])]
+                        if shown_status(r) == "done" and finite(r["final_val_loss"])]
                 if good:
                     best = min(good, key=lambda r: r["final_val_loss"])
                     cells.append(Cell(depth, ars[suite][depth], best["final_val_loss"],
                                       best["lr"], best["name"], "ok"))
                     continue
-                if runs and all(r["status"] == "diverged" or (
-                        r["status"] == "done" and not runlib.finite(r["final_val_loss"]))
+                if runs and all(shown_status(r) == "diverged" or (
+                        shown_status(r) == "done" and not finite(r["final_val_loss"]))
                                 for r in runs):
                     state = "diverged"
-                elif any(r["status"] == "failed" for r in runs):
+                elif any(shown_status(r) == "damaged" for r in runs):
+                    state = "damaged"
+                elif any(shown_status(r) == "failed" for r in runs):
                     state = "failed"
                 else:
                     state = "pending"
@@ -169,7 +189,8 @@ def _shape_header(cell: Cell) -> str:
 
 def _cell_text(cell: Cell, best: Cell | None, what: str, bold: bool = True) -> str:
     if cell.loss is None:
-        return {"diverged": "diverged", "failed": "failed"}.get(cell.state, "-")
+        return {"diverged": "diverged", "failed": "failed", "damaged": "damaged"}.get(
+            cell.state, "-")
     text = f"{cell.loss:.4f}" if what == "loss" else fmt_lr(cell.lr)
     return f"**{text}**" if bold and best is not None and cell.depth == best.depth else text
 
@@ -235,12 +256,16 @@ def runs_table(rows: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
                "status"]
     body = []
     for r in rows:
+        if r.get("damage"):  # nothing of a damaged run is shown as measured
+            body.append([r["name"], r["family"], str(r["depth"]), f"{r['aspect_ratio']:.1f}",
+                         fmt_lr(r["lr"]), "-", "-", "-", "-", "damaged (see below)"])
+            continue
         body.append([
             r["name"], r["family"], str(r["depth"]), f"{r['aspect_ratio']:.1f}",
             fmt_lr(r["lr"]), _fmt_count(r.get("params")),
-            f"{r['final_val_loss']:.4f}" if runlib.finite(r.get("final_val_loss")) else "-",
-            f"{r['tokens_per_sec']:,.0f}" if runlib.finite(r.get("tokens_per_sec")) else "-",
-            f"{100 * r['mfu']:.1f}%" if runlib.finite(r.get("mfu")) else "-",
+            f"{r['final_val_loss']:.4f}" if finite(r.get("final_val_loss")) else "-",
+            f"{r['tokens_per_sec']:,.0f}" if finite(r.get("tokens_per_sec")) else "-",
+            f"{100 * r['mfu']:.1f}%" if finite(r.get("mfu")) else "-",
             r["status"] + (f" @{r['diverged_at_step']}" if r.get("diverged_at_step") else ""),
         ])
     return headers, body
@@ -266,7 +291,7 @@ def cost_rows(workdir: epath.Path, rows: Sequence[dict]) -> list[dict]:
         key = (r.get("suite") or "", r["family"], r["depth"])
         if key in seen:
             continue
-        run = run_of(workdir / r["name"])
+        run = None if r.get("damage") else run_of(workdir / r["name"])
         try:
             if run is not None:
                 spec = ModelSpec.from_config(run.config)
@@ -288,7 +313,7 @@ def cost_rows(workdir: epath.Path, rows: Sequence[dict]) -> list[dict]:
 def markdown(workdir: str, rows: Sequence[dict], summary: dict[str, list[FamilyRow]],
              costs_rows: Sequence[dict], plots: dict[str, str | None],
              sections: Sequence[str] = ()) -> str:
-    counts = {s: sum(r["status"] == s for r in rows) for s in sweeplib.STATUSES}
+    counts = {s: sum(shown_status(r) == s for r in rows) for s in sweeplib.STATUSES}
     status = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     out = [f"# depthbench sweep report: `{workdir}`", "",
            f"{len(rows)} runs: {status}.  Metric: validation loss at the end of training "
@@ -338,6 +363,12 @@ def markdown(workdir: str, rows: Sequence[dict], summary: dict[str, list[FamilyR
     out += report_section.markdown_lines(workdir, rows, _md_table)
     out += list(sections)  # e.g. the downstream evaluation section
     out += ["## All runs", "", _md_table(*runs_table(rows), align="ll"), ""]
+    damaged = [r for r in rows if r.get("damage")]
+    if damaged:
+        out += ["## Damaged runs", "",
+                "Their records cannot be read, so none of their values is shown above "
+                "(results.csv keeps what it held).", ""]
+        out += [f"- `{r['name']}`: {r['damage']}" for r in damaged] + [""]
     return "\n".join(out)
 
 
@@ -349,17 +380,29 @@ class Report:
     rows: list[dict]
     summary: dict[str, list[FamilyRow]]
     files: dict[str, str]  # what -> path
+    warnings: list[str] = dataclasses.field(default_factory=list)  # one line each
+
+
+def _warnings(workdir: epath.Path, rows: Sequence[dict]) -> list[str]:
+    """One line per damaged run, and one for a damaged sweep.json."""
+    out = [f"run {r['name']!r}: {r['damage']}; its row is marked damaged"
+           for r in rows if r.get("damage")]
+    try:
+        read_json(workdir / MANIFEST)
+    except DamagedFile as e:
+        out.append(f"{e} (the sweep's manifest; `depthbench sweep` writes it again)")
+    return out
 
 
 def write_report(workdir: str | epath.Path, *, plots: bool = True) -> Report:
     """report.md, results.csv and the PNG plots into ``workdir``."""
     from depthbench import plots as plotlib
 
-    workdir = runlib.as_path(workdir)
+    workdir = as_path(workdir)
     rows = load_rows(workdir)
     summary = summarize(rows)
     costs_rows = cost_rows(workdir, rows)
-    files = {"results": str(workdir / sweeplib.RESULTS_CSV)}
+    files = {"results": str(workdir / RESULTS_CSV)}
     drawn: dict[str, str | None] = {}
     if plots:
         refs = {suite: reference.points(suite) for suite in summary}
@@ -389,11 +432,11 @@ def write_report(workdir: str | epath.Path, *, plots: bool = True) -> Report:
     downstream, downstream_files = report_section.section(workdir, summary, _md_table,
                                                                   draw=plots)
     files.update(downstream_files)
-    runlib.atomic_write(workdir / sweeplib.RESULTS_CSV, sweeplib.rows_to_csv(rows))
+    atomic_write(workdir / RESULTS_CSV, sweeplib.rows_to_csv(rows))
     text = markdown(str(workdir), rows, summary, costs_rows, drawn, downstream)
-    runlib.atomic_write(workdir / "report.md", text)
-    files["report"] = str(workdir / "report.md")
-    return Report(rows, summary, files)
+    atomic_write(workdir / REPORT_FILE, text)
+    files["report"] = str(workdir / REPORT_FILE)
+    return Report(rows, summary, files, _warnings(workdir, rows))
 
 
 def summary_json(report: Report) -> dict:

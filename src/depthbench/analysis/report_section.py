@@ -4,12 +4,12 @@ or the sweep's ``analyze`` switch)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 from etils import epath
 
-from depthbench.analysis.store import ANALYSIS_DIR, ANALYSIS_FILE
+from depthbench.rundir.io import DamagedFile, read_json
+from depthbench.rundir.names import ANALYSIS_DIR, ANALYSIS_FILE
 
 HEADERS = ("family", "L", "aspect ratio", "late skip", "late swap", "effective depth",
            "mean D(l, l+1)", "lens KL at L/2", "dead segment", "stream mixing rank")
@@ -17,9 +17,9 @@ HEADERS = ("family", "L", "aspect ratio", "late skip", "late swap", "effective d
 
 def _read(path: epath.Path) -> dict | None:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError, FileNotFoundError):
-        return None
+        return read_json(path)
+    except DamagedFile:
+        return None  # a damaged analysis is not shown
 
 
 def _pct(x) -> str:

@@ -9,10 +9,12 @@ are restored straight into the shardings of a mesh built from the run's
 an FSDP mesh over all of them), so a model that needed a mesh to train is
 sharded here as well.
 
-A checkpoint may hold the full train state (item ``state``, a
-:class:`~depthbench.train.state.TrainState`; only its parameters are read,
-the optimizer state is skipped) or only the parameters (item ``params``,
-which is what a converted checkpoint needs).
+Parameters are restored through :func:`depthbench.rundir.restore.read_params`,
+the integrity-checked restore every reader uses: a damaged latest checkpoint
+is skipped with a warning naming it (the newest intact one is read), and a
+run whose every checkpoint is damaged is one ConfigError line.  A checkpoint
+may hold the full train state (only its parameters are read) or only the
+parameters (what a converted checkpoint holds).
 
 Every model call is jitted once per (batch, length, capture) and takes the
 scan's ``active`` [L] (False skips a block: identity) and ``order`` [L]
@@ -41,10 +43,8 @@ from depthbench.config import ConfigError
 from depthbench.model.residual.base import ResidualFamily
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer, family_of
-
-CONFIG_FILE = "config.json"
-CHECKPOINT_DIR = "checkpoints"
-
+from depthbench.rundir import restore
+from depthbench.rundir.names import CONFIG_FILE, TOKENIZER_FILE
 
 
 def _read_config(run_dir: Path) -> tuple[ml_collections.ConfigDict, dict]:
@@ -140,47 +140,7 @@ class Run:
             return fn(jax.random.key(seed))
 
     def _restore(self, step: int | None):
-        import orbax.checkpoint as ocp
-
-        directory = self.run_dir / CHECKPOINT_DIR
-        if not directory.is_dir():
-            raise ConfigError(f"RUN_DIR: {str(self.run_dir)!r} has no {CHECKPOINT_DIR}/ (was the "
-                              "run started?)")
-        manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
-            create=False, read_only=True))
-        try:
-            steps = sorted(manager.all_steps())
-            if not steps:
-                raise ConfigError(f"RUN_DIR: {directory} holds no finished checkpoint")
-            if step is None:
-                step = steps[-1]
-            elif step not in steps:
-                raise ConfigError(f"--step: {step} is not one of the checkpointed steps {steps}")
-        finally:
-            manager.close()
-        item = directory / str(step) / "params"
-        if not item.is_dir():
-            item = directory / str(step) / "state"
-        if not item.is_dir():
-            raise ConfigError(f"RUN_DIR: {directory / str(step)} holds neither a 'params' nor a "
-                              "'state' item")
-        return self._restore_params(item), int(step)
-
-    def _restore_params(self, item: Path):
-        """The parameters of a ``params`` item, or those of a saved TrainState
-        (``state`` item) with every other leaf an Orbax placeholder, so the
-        optimizer state is never read."""
-        import orbax.checkpoint as ocp
-
-        with ocp.StandardCheckpointer() as ckptr:
-            if item.name == "params":
-                return ckptr.restore(item, self.abstract_params)
-        wanted = {"params": self.abstract_params}
-        args = ocp.args.PyTreeRestore(
-            item=wanted, restore_args=ocp.checkpoint_utils.construct_restore_args(wanted),
-            partial_restore=True)
-        with ocp.PyTreeCheckpointer() as ckptr:
-            return ckptr.restore(item, args=args)["params"]
+        return restore.read_params(self.run_dir, self.abstract_params, step)
 
     # ------------------------------------------------------------ tokenizer
     @cached_property
@@ -189,7 +149,7 @@ class Run:
         info = self.resolved.get("tokenizer") or {}
         path = str(info.get("tokenizer_path") or "")
         # An imported run carries its tokenizer.json (relocatable with the directory).
-        local = None if self.run_dir is None else self.run_dir / "tokenizer.json"
+        local = None if self.run_dir is None else self.run_dir / TOKENIZER_FILE
         if local is not None and local.is_file() and (not path or path.endswith(".json")):
             path = str(local)
         if not path:

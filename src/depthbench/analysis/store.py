@@ -3,36 +3,22 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
-from depthbench.config import ConfigError
-
-ANALYSIS_DIR = "analysis"
-ANALYSIS_FILE = "analysis.json"
+from depthbench.rundir.io import DamagedFile, atomic_write_json, json_safe, read_json
+from depthbench.rundir.names import ANALYSIS_DIR, ANALYSIS_FILE
 
 
 def analysis_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / ANALYSIS_DIR / ANALYSIS_FILE
 
 
-def write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, allow_nan=False) + "\n")
-    os.replace(tmp, path)
-
-
 def read_analysis(run_dir: str | Path) -> dict | None:
     """``RUN_DIR/analysis/analysis.json``, or None when the run was not analysed."""
-    path = analysis_path(run_dir)
-    if not path.is_file():
-        return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: unreadable ({e}); run `depthbench analyze` again") from e
+        return read_json(analysis_path(run_dir))
+    except DamagedFile as e:
+        raise DamagedFile(e.path, f"{e.reason}; run `depthbench analyze` again") from None
 
 
 def analyze_run_dir(run_dir: str | Path, metrics=None, *, windows: int = 16, seq_len: int = 128,
@@ -50,19 +36,9 @@ def analyze_run_dir(run_dir: str | Path, metrics=None, *, windows: int = 16, seq
     result = analyze(run, held_out_windows(run, windows, seq_len), metrics, progress=progress,
                      **kw)
     out = analysis_path(run.run_dir)
-    write_json(out, _finite(result))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out, json_safe(result))
     written = [out]
     if plots:
         written += plot_run(result, out.parent)
     return result, written
-
-
-def _finite(obj):
-    """JSON-safe: non-finite floats become None."""
-    if isinstance(obj, float):
-        return obj if obj == obj and abs(obj) != float("inf") else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj

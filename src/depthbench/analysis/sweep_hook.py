@@ -8,6 +8,7 @@ import time
 import traceback
 
 from depthbench.analysis.store import analysis_path
+from depthbench.rundir.names import FAILURE_FILE
 
 
 def after_run(config, run_dir, log, progress: bool = False) -> str | None:
@@ -30,9 +31,9 @@ def after_run(config, run_dir, log, progress: bool = False) -> str | None:
                         progress=progress)
     except Exception as e:  # noqa: BLE001 - recorded; the trained run stays valid
         out.parent.mkdir(parents=True, exist_ok=True)
-        (out.parent / "failure.txt").write_text(traceback.format_exc())
+        (out.parent / FAILURE_FILE).write_text(traceback.format_exc())
         log(f"{run_dir}: analysis FAILED: {type(e).__name__}: {e} "
-            f"(traceback in {out.parent / 'failure.txt'})")
+            f"(traceback in {out.parent / FAILURE_FILE})")
         return None
     log(f"{run_dir}: analysed in {time.time() - start:.0f} s -> {out}")
     return str(out)

@@ -2,7 +2,10 @@
 model registered (for lm-eval releases that do not read the ``lm_eval.models``
 entry point, 0.4.13 included).
 
-Everything after ``lm-eval`` goes to lm-eval unchanged; its exit status is returned.
+Everything after ``lm-eval`` goes to lm-eval unchanged; its exit status is
+returned.  With ``--model depthbench`` the run (``--model_args run=DIR[,step=N]``)
+is loaded first, through the integrity-checked restore: a missing or damaged
+run is one ``depthbench: error:`` line and exit status 2 before lm-eval starts.
 """
 
 from __future__ import annotations
@@ -32,8 +35,19 @@ def passthrough(lm_eval_args: list[str]) -> int:
         sys.stderr.write("depthbench: error: lm-eval is not installed; "
                          "pip install 'depthbench[eval]'\n")
         return EXIT_BAD_INPUT
-    import depthbench.evaluation.lm_backend  # noqa: F401  (registers --model depthbench)
+    from depthbench.errors import ConfigError
+    from depthbench.evaluation import lm_backend  # registers --model depthbench
 
+    try:
+        args = _depthbench_model_args(lm_eval_args)
+        if args is not None:
+            if not args.get("run"):
+                raise ConfigError("--model_args: run=RUN_DIR is required for the depthbench "
+                                  "model")
+            lm_backend.preload(args["run"], args.get("step"))
+    except ConfigError as e:
+        sys.stderr.write(f"depthbench: error: {e}\n")
+        return EXIT_BAD_INPUT
     saved = sys.argv
     sys.argv = ["lm-eval", *lm_eval_args]
     try:
@@ -43,6 +57,24 @@ def passthrough(lm_eval_args: list[str]) -> int:
     finally:
         sys.argv = saved
     return 0
+
+
+def _depthbench_model_args(lm_eval_args: list[str]) -> dict[str, str] | None:
+    """``--model_args`` as a dict when ``--model depthbench`` is asked for, else None
+    (lm-eval's forms: ``-a k=v,k2=v2`` or ``-a k=v k2=v2``)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--model", "-M")
+    parser.add_argument("--model_args", "-a", nargs="+", default=[])
+    known, _ = parser.parse_known_args(lm_eval_args)
+    if known.model != "depthbench":
+        return None
+    out = {}
+    for arg in known.model_args:
+        for item in arg.split(","):
+            key, _, value = item.partition("=")
+            if key.strip():
+                out[key.strip()] = value.strip()
+    return out
 
 
 def register(subparsers) -> None:

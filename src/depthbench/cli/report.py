@@ -5,7 +5,10 @@ directories), DIR/loss_vs_aspect.png, DIR/training_curves.png and
 DIR/costs_vs_aspect.png, and prints the loss table.  For a run directory
 (`depthbench train --workdir DIR`), writes DIR/report.md, DIR/loss_curves.png
 and DIR/layer_stats.png (see depthbench.run_report) and prints the summary.
-Exit status: 0 ok, 2 no such directory, or neither a sweep nor a run in it.
+A damaged record (a result.json, config.json, sweep_run.json or log that
+cannot be read; damaged checkpoints) is named on stderr, one
+`depthbench: warning:` line each, and marked in the report.  Exit status:
+0 ok, 2 no such directory, or neither a sweep nor a run in it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from depthbench import report as reportlib
 from depthbench.errors import ConfigError
 from depthbench.formatting import table
+from depthbench.rundir.names import CONFIG_FILE, MANIFEST, RESULTS_CSV
 
 EPILOG = """\
 examples:
@@ -41,9 +45,11 @@ def _run_dir_report(args: argparse.Namespace, run_dir: Path) -> int:
     from depthbench import run_report
 
     rep = run_report.build(run_dir, plots=not args.no_plots)
+    _warn(rep.warnings)
     if args.json:
         last = {stat: by_step[max(by_step)] for stat, by_step in rep.layer_stats.items()}
-        json.dump({"files": rep.files, "layer_stats_last": last}, sys.stdout, indent=1)
+        json.dump({"files": rep.files, "layer_stats_last": last, "warnings": rep.warnings},
+                  sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
     summary = rep.text.split("```text\n", 1)[1].split("\n```", 1)[0]
@@ -51,6 +57,11 @@ def _run_dir_report(args: argparse.Namespace, run_dir: Path) -> int:
     for what, path in rep.files.items():
         print(f"{what:>12}: {path}")
     return 0
+
+
+def _warn(warnings: list[str]) -> None:
+    for line in warnings:
+        sys.stderr.write(f"depthbench: warning: {line}\n")
 
 
 def _locate(workdir: str) -> Path | None:
@@ -65,9 +76,10 @@ def _locate(workdir: str) -> Path | None:
         raise ConfigError(f"report: directory {workdir!r} does not exist")
     if run_report.is_run_dir(path):
         return path
-    if not (path / "results.csv").exists() and not (path / "sweep.json").exists():
+    if not (path / RESULTS_CSV).exists() and not (path / MANIFEST).exists():
         raise ConfigError(
-            f"report: {workdir!r} holds neither a sweep (results.csv) nor a run (config.json); "
+            f"report: {workdir!r} holds neither a sweep ({RESULTS_CSV}) nor a run "
+            f"({CONFIG_FILE}); "
             f"write one with `depthbench sweep --config SPEC --workdir {workdir}` or "
             f"`depthbench train --config SPEC --workdir {workdir}`")
     return None
@@ -78,6 +90,7 @@ def _run(args: argparse.Namespace) -> int:
     if run_dir is not None:
         return _run_dir_report(args, run_dir)
     rep = reportlib.write_report(args.workdir, plots=not args.no_plots)
+    _warn(rep.warnings)
     if args.json:
         json.dump(reportlib.summary_json(rep), sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")

@@ -13,10 +13,11 @@ import os
 import signal
 import sys
 
-from depthbench import runs as runlib
 from depthbench import sweep as sweeplib
 from depthbench.errors import ConfigError
 from depthbench.formatting import fmt_count, fmt_lr, table
+from depthbench.rundir.io import as_path
+from depthbench.rundir.names import RESULTS_CSV
 
 EPILOG = """\
 examples:
@@ -125,7 +126,7 @@ def _run(args: argparse.Namespace) -> int:
         for run in runs:
             print(run.name)
         return 0
-    workdir = runlib.as_path(args.workdir)
+    workdir = as_path(args.workdir)
     if args.dry_run:
         problems = dryrun.data_problems([r.config for r in runs])
         rows = [sweeplib.read_row(r, workdir / r.name) for r in runs]
@@ -152,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     elif mine:
         _print_runs(mine, runs)
-        print(_summary(mine) + f"; results: {workdir / sweeplib.RESULTS_CSV}")
+        print(_summary(mine) + f"; results: {workdir / RESULTS_CSV}")
     if outcome.held_elsewhere:
         print(f"{len(outcome.held_elsewhere)} runs are being trained by another sweep process: "
               f"{', '.join(outcome.held_elsewhere[:5])}", file=sys.stderr)

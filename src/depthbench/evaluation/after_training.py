@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 
 from depthbench.errors import ConfigError
+from depthbench.rundir.names import EVAL_DIR
 
 
 def requested(config) -> list[str]:
@@ -48,7 +49,7 @@ def maybe_evaluate(config, run_dir: str | Path, result: dict, *, progress: bool 
         return {}
     e, written = config.eval, {}
     for suite in suites:
-        if (Path(run_dir) / runner.EVAL_DIR / f"{suite}.json").exists():
+        if (Path(run_dir) / EVAL_DIR / f"{suite}.json").exists():
             continue
         try:
             _, path = runner.evaluate(run_dir, suite=suite, data_dir=str(e.data_dir) or None,

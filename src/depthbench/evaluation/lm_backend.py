@@ -28,6 +28,7 @@ runs train on documents joined by EOS, without BOS).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 # lm-eval loads its built-in model names only into an empty registry: load them
@@ -38,6 +39,41 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from depthbench.evaluation.scoring import Scorer
+
+# Runs loaded before lm-eval started (``depthbench lm-eval`` loads the run first,
+# so that a bad or damaged run is one line before lm-eval prints anything).
+_PRELOADED: dict[tuple[str, int | None], Any] = {}
+
+
+def _step(step: Any) -> int | None:
+    from depthbench.errors import ConfigError
+
+    if step in (None, ""):
+        return None
+    try:
+        return int(step)
+    except ValueError:
+        raise ConfigError(f"--model_args: step={step!r} is not a checkpoint step (an "
+                          "integer)") from None
+
+
+def preload(run: str, step: Any = None) -> None:
+    """Load ``run`` now (``load_run``: the integrity-checked restore) for the
+    DepthbenchLM that lm-eval constructs later with the same ``run`` and ``step``."""
+    from depthbench.analysis.run import load_run
+
+    key = (str(Path(run).expanduser().resolve()), _step(step))
+    _PRELOADED[key] = load_run(run, step=key[1])
+
+
+def _open(run: Any, step: Any):
+    """The Run of ``run`` (a Run, or a directory: preloaded, or loaded now)."""
+    from depthbench.analysis.run import Run, load_run
+
+    if isinstance(run, Run):
+        return run
+    key = (str(Path(run).expanduser().resolve()), _step(step))
+    return _PRELOADED.pop(key, None) or load_run(run, step=key[1])
 
 
 def _int_or_default(value: Any, default: int) -> int:
@@ -54,13 +90,11 @@ class DepthbenchLM(TemplateLM):
                  max_gen_toks: Any = 256, step: Any = None, add_bos_token: Any = False,
                  progress: bool = True, **unused: Any):
         super().__init__()
-        from depthbench.analysis.run import Run, load_run
         from depthbench.errors import ConfigError
 
         if run is None:
             raise ConfigError("--model_args: run=RUN_DIR is required for the depthbench model")
-        self.run = run if isinstance(run, Run) else load_run(
-            run, step=None if step in (None, "") else int(step))
+        self.run = _open(run, step)
         self.tokenizer = self.run.tokenizer
         self.scorer = Scorer(self.run, batch_size=_int_or_default(batch_size, 8),
                              max_length=None if max_length in (None, "") else int(max_length))

@@ -16,11 +16,13 @@ line per family).  With no evaluated run it adds nothing.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 
 from etils import epath
+
+from depthbench.rundir.io import DamagedFile, read_json
+from depthbench.rundir.names import EVAL_DIR
 
 PLOT = "downstream_vs_aspect.png"
 NLL_ROWS = ("all", "coding", "stem", "math")
@@ -45,14 +47,14 @@ def collect(workdir: epath.Path, summary: dict) -> dict:
             for cell in fr.cells:
                 if not cell.name:
                     continue
-                eval_dir = epath.Path(workdir) / cell.name / "eval"
+                eval_dir = epath.Path(workdir) / cell.name / EVAL_DIR
                 if not eval_dir.exists():
                     continue
                 for path in sorted(eval_dir.glob("*.json")):
                     try:
-                        result = json.loads(path.read_text())
-                    except (OSError, ValueError):
-                        continue
+                        result = read_json(path)
+                    except DamagedFile:
+                        continue  # a damaged eval record is not shown
                     metrics = metrics_of(result)
                     if metrics:
                         out.setdefault(path.stem, {}).setdefault(suite, {}).setdefault(

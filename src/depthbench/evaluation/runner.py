@@ -17,13 +17,13 @@ data files), as lm-eval's own flag does.
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from pathlib import Path
 from typing import Any
 
 from depthbench.errors import ConfigError
+from depthbench.rundir.io import atomic_write_json, json_safe, read_json
+from depthbench.rundir.names import EVAL_DIR
 
 COMMONSENSE = ("openbookqa", "winogrande", "arc_challenge", "arc_easy", "hellaswag",
                "social_iqa", "piqa")
@@ -35,22 +35,6 @@ BBH_REASONING = tuple(f"bbh_zeroshot_{t}" for t in (
 LM_EVAL_SUITES = {"commonsense": COMMONSENSE, "bbh-reasoning": BBH_REASONING}
 NLL_SUITE = "nll-code-stem-math"
 SUITES = (NLL_SUITE, *LM_EVAL_SUITES)
-EVAL_DIR = "eval"
-
-
-def _clean(obj: Any) -> Any:
-    """JSON-safe: NaN/inf -> None, tuples -> lists, anything else -> str."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if obj is None or isinstance(obj, (str, int, bool)):
-        return obj
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if hasattr(obj, "item"):
-        return _clean(obj.item())
-    return str(obj)
 
 
 def run_meta(run) -> dict[str, Any]:
@@ -132,7 +116,6 @@ def evaluate(run_dir: str | Path, *, suite: str | None = None, tasks: list[str] 
     """Evaluate ``run_dir``; return (the result dict, the JSON path written)."""
     from depthbench.analysis.run import load_run
     from depthbench.evaluation.scoring import Scorer
-    from depthbench.runs import atomic_write_json
 
     if (suite is None) == (not tasks):
         raise ConfigError(f"eval: give exactly one of --suite ({', '.join(SUITES)}) or --tasks")
@@ -167,5 +150,5 @@ def evaluate(run_dir: str | Path, *, suite: str | None = None, tasks: list[str] 
     out_dir = run.run_dir / EVAL_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{label}.json"
-    atomic_write_json(path, _clean(result))
-    return json.loads(path.read_text()), path
+    atomic_write_json(path, json_safe(result))
+    return read_json(path), path

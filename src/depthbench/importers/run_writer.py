@@ -121,7 +121,7 @@ def _save_step0(directory: Path, item: str, tree: Any, meta: dict) -> None:
     sealed with its integrity record."""
     import orbax.checkpoint as ocp
 
-    from depthbench.train.checkpoint import write_integrity
+    from depthbench.rundir.integrity import write_integrity
 
     options = ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
                                            enable_async_checkpointing=False)
@@ -150,7 +150,9 @@ def write_run(out: Path, config, params_np: dict, *, source: tuple[str, dict],
     import jax
     import numpy as np
 
-    from depthbench import parallel, runs
+    from depthbench import parallel
+    from depthbench.rundir.io import atomic_write_json
+    from depthbench.rundir.names import CHECKPOINT_DIR, CONFIG_FILE
     from depthbench.train import state as state_lib
 
     setup = state_lib.setup(config, parallel.mesh_from_config(config))
@@ -175,9 +177,9 @@ def write_run(out: Path, config, params_np: dict, *, source: tuple[str, dict],
                                  setup.state_shardings.rng)
             step = jax.device_put(np.int32(0), setup.state_shardings.step)
             tree = state_lib.TrainState(step=step, params=params, opt_state=opt_state, rng=rng)
-            _save_step0(work / runs.CHECKPOINT_DIR, "state", tree, meta)
+            _save_step0(work / CHECKPOINT_DIR, "state", tree, meta)
         else:
-            _save_step0(work / runs.CHECKPOINT_DIR, "params", params, meta)
+            _save_step0(work / CHECKPOINT_DIR, "params", params, meta)
         del params
         vocab = int(config.model.vocab_size)
         tokenizer_file = next((str(out / name) for name in ("tokenizer.json", "tokenizer.model")
@@ -187,7 +189,7 @@ def write_run(out: Path, config, params_np: dict, *, source: tuple[str, dict],
                     "mesh": parallel.describe(setup.mesh),
                     source[0]: {**source[1], "copied": sorted(files)}}
         written = {**config.to_dict(), "resolved": resolved}
-        runs.atomic_write_json(work / runs.CONFIG_FILE, written)
+        atomic_write_json(work / CONFIG_FILE, written)
         if out.is_dir():
             out.rmdir()  # empty (check_out), replaced by the finished directory
         os.replace(work, out)

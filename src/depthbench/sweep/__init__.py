@@ -10,20 +10,16 @@ A sweep directory holds one subdirectory per run, named from its overrides
   results.csv, the manifest and the per-run record;
 * :mod:`~depthbench.sweep.execute`: claiming, training and recording runs.
 
-The run directory itself (its lock, atomic writes, config comparison) is
-:mod:`depthbench.runs`, shared with the trainer.
+The run directory itself (its file names, lock, atomic writes, identity)
+is :mod:`depthbench.rundir`, shared with the trainer and every reader.
 """
 
 from depthbench.sweep.execute import SweepOutcome, default_runner, run_sweep
 from depthbench.sweep.expand import Run, Sweep, expand, parse_shard
 from depthbench.sweep.naming import run_name
 from depthbench.sweep.results import (
-    FAILURE_FILE,
     FINISHED,
-    MANIFEST,
     RESULT_COLUMNS,
-    RESULTS_CSV,
-    RUN_RECORD,
     STATUSES,
     check_recorded,
     other_runs,
@@ -34,8 +30,7 @@ from depthbench.sweep.results import (
 )
 
 __all__ = [
-    "FAILURE_FILE", "FINISHED", "MANIFEST", "RESULTS_CSV", "RESULT_COLUMNS", "RUN_RECORD",
-    "STATUSES", "Run", "Sweep", "SweepOutcome", "check_recorded", "default_runner", "expand",
-    "other_runs", "parse_shard", "read_row", "recorded_run", "rows_to_csv", "run_name",
-    "run_sweep", "write_results",
+    "FINISHED", "RESULT_COLUMNS", "STATUSES", "Run", "Sweep", "SweepOutcome", "check_recorded",
+    "default_runner", "expand", "other_runs", "parse_shard", "read_row", "recorded_run",
+    "rows_to_csv", "run_name", "run_sweep", "write_results",
 ]

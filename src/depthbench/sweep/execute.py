@@ -20,12 +20,13 @@ import jax
 import ml_collections
 from etils import epath
 
-from depthbench import runs as runlib
 from depthbench.errors import ConfigError
 from depthbench.parallel import distributed_reason, env_process_index
+from depthbench.rundir.io import as_path, atomic_write, is_local
+from depthbench.rundir.lock import RunLock
+from depthbench.rundir.names import FAILURE_FILE
 from depthbench.sweep.expand import Run, Sweep
 from depthbench.sweep.results import (
-    FAILURE_FILE,
     FINISHED,
     check_recorded,
     read_row,
@@ -97,77 +98,110 @@ def run_sweep(sweep: Sweep, workdir: str | os.PathLike, *, runs: Sequence[Run] |
     the end.  ``lock=False`` is for a multi-host job in which every process
     trains the same run together.  results.csv is rewritten after every run.
     """
-    runner = runner or default_runner
-    workdir = runlib.as_path(workdir)
+    workdir = as_path(workdir)
     runs = list(sweep.runs if runs is None else runs)
-    if lock and not runlib.is_local(workdir):
-        lock = False
+    outcome = SweepOutcome(selected=[r.name for r in runs])
+    sweeper = _Sweeper(sweep, workdir, runner or default_runner,
+                       lock=_use_locks(workdir, lock, log), progress=progress,
+                       stale_after=stale_after, outcome=outcome)
+    sweeper.prepare(runs)
+    try:
+        deferred = sweeper.train_in_order(runs, retry=False)
+        if deferred and not sweeper.outcome.preempted:
+            sweeper.train_in_order(deferred, retry=True)
+    finally:
+        sweeper.bar.close()
+        sweeper.refresh()
+    return outcome
+
+
+def _use_locks(workdir: epath.Path, lock: bool, log: Callable[[str], None] | None) -> bool:
+    """Whether runs are claimed with a lock: not in a bucket, not by a multi-host job."""
+    if lock and not is_local(workdir):
         _say(log, f"note: no run locks on {workdir} (object store); give each sweep process "
                   "its own --shard or use --run")
+        return False
     why = distributed_reason()
     if lock and why is not None:
         # Every process of a multi-host job trains the same run: one lock would
         # let one process in and leave the others waiting at the collectives.
-        lock = False
         _say(log, f"note: multi-host job ({why}): no run locks; every process trains the "
                   "same runs together (the launchers give each job one --run)")
-    lead = _lead_process(after_run=False)
-    if lead:
-        workdir.mkdir(parents=True, exist_ok=True)
-        write_manifest(sweep, workdir)
-    for run in runs:
-        check_recorded(run, workdir / run.name)
-    outcome = SweepOutcome(selected=[r.name for r in runs])
-    cache: dict[str, dict] = {}
-    ran_trainer = False
-    status = "pending"
+        return False
+    return lock
 
-    def refresh() -> None:
-        if _lead_process(ran_trainer):
-            outcome.rows = write_results(sweep, workdir, stale_after=stale_after, cache=cache)
 
-    if lead:
-        refresh()
-    bar = _progress_bar(len(runs), progress)
-    try:
-        deferred: list[Run] = []
-        for attempt in (0, 1):
-            queue, deferred = (runs, []) if attempt == 0 else (deferred, [])
-            for run in queue:
-                run_dir = workdir / run.name
-                status = read_row(run, run_dir, stale_after=stale_after)["status"]
-                if status in FINISHED:
-                    outcome.skipped.append(run.name)
-                    if status == "diverged":
-                        outcome.diverged.append(run.name)
-                    bar.update(1)
-                    continue
-                run_dir.mkdir(parents=True, exist_ok=True)
-                claim = runlib.RunLock(run_dir, stale_after=stale_after) if lock else None
-                if claim is not None and not claim.acquire():
-                    if attempt == 0:
-                        deferred.append(run)
-                    else:
-                        outcome.held_elsewhere.append(run.name)
-                        bar.update(1)
-                    continue
-                try:
-                    bar.set_postfix_str(run.name)
-                    status = _train_one(run, run_dir, runner, progress, outcome, bar, lead)
-                    ran_trainer = True
-                finally:
-                    if claim is not None:
-                        claim.release()
-                bar.update(1)
-                refresh()
-                if status == "preempted":
-                    break
-            if not deferred or outcome.preempted:
+class _Sweeper:
+    """One sweep process's pass over its runs: skip, claim, train, record."""
+
+    def __init__(self, sweep: Sweep, workdir: epath.Path, runner: Runner, *, lock: bool,
+                 progress: bool, stale_after: float, outcome: SweepOutcome):
+        self.sweep, self.workdir, self.runner = sweep, workdir, runner
+        self.lock, self.progress, self.stale_after = lock, progress, stale_after
+        self.outcome = outcome
+        self.lead = _lead_process(after_run=False)
+        self.cache: dict[str, dict] = {}  # rows of finished runs, read once
+        self.ran_trainer = False
+        self.bar = _NoBar()
+
+    def prepare(self, runs: Sequence[Run]) -> None:
+        """The manifest, the runs' recorded configs checked, results.csv, the bar."""
+        if self.lead:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            write_manifest(self.sweep, self.workdir)
+        for run in runs:
+            check_recorded(run, self.workdir / run.name)
+        if self.lead:
+            self.refresh()
+        self.bar = _progress_bar(len(runs), self.progress)
+
+    def refresh(self) -> None:
+        """Rewrite results.csv (the process that writes shared files only)."""
+        if _lead_process(self.ran_trainer):
+            self.outcome.rows = write_results(self.sweep, self.workdir,
+                                              stale_after=self.stale_after, cache=self.cache)
+
+    def train_in_order(self, queue: Sequence[Run], *, retry: bool) -> list[Run]:
+        """Each run of ``queue`` in turn; the runs another process holds (to retry
+        at the end; on the retry they are counted as held elsewhere)."""
+        deferred = []
+        for run in queue:
+            status = self.visit(run, retry=retry)
+            if status == "held":
+                deferred.append(run)
+            if status == "preempted":
                 break
-    finally:
-        bar.close()
-        refresh()
-    return outcome
+        return deferred
+
+    def visit(self, run: Run, *, retry: bool) -> str:
+        """Skip, defer or train one run; its status ("held": another process has it)."""
+        run_dir = self.workdir / run.name
+        status = read_row(run, run_dir, stale_after=self.stale_after)["status"]
+        if status in FINISHED:
+            self.outcome.skipped.append(run.name)
+            if status == "diverged":
+                self.outcome.diverged.append(run.name)
+            self.bar.update(1)
+            return status
+        run_dir.mkdir(parents=True, exist_ok=True)
+        claim = RunLock(run_dir, stale_after=self.stale_after) if self.lock else None
+        if claim is not None and not claim.acquire():
+            if not retry:
+                return "held"
+            self.outcome.held_elsewhere.append(run.name)
+            self.bar.update(1)
+            return "held elsewhere"
+        try:
+            self.bar.set_postfix_str(run.name)
+            status = _train_one(run, run_dir, self.runner, self.progress, self.outcome,
+                                self.bar, self.lead)
+            self.ran_trainer = True
+        finally:
+            if claim is not None:
+                claim.release()
+        self.bar.update(1)
+        self.refresh()
+        return status
 
 
 def _train_one(run: Run, run_dir: epath.Path, runner: Runner, progress: bool,
@@ -183,7 +217,7 @@ def _train_one(run: Run, run_dir: epath.Path, runner: Runner, progress: bool,
     except Exception as e:  # recorded, and the sweep goes on
         tb = traceback.format_exc()
         if _lead_process(after_run=True):
-            runlib.atomic_write(run_dir / FAILURE_FILE, tb)
+            atomic_write(run_dir / FAILURE_FILE, tb)
         outcome.failed.append(run.name)
         bar.write(f"{run.name}: FAILED after {time.time() - start:.0f} s: "
                   f"{type(e).__name__}: {e} (traceback in {run_dir / FAILURE_FILE})")

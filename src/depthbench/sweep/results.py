@@ -5,6 +5,7 @@ The state of a run is read from its directory, never from memory, so any
 number of sweep processes (``--shard i/N`` or not) can share one directory:
 
 * ``result.json`` present: done (or diverged, as it records) -- skipped;
+  present but not JSON: damaged (the trainer refuses it, naming the file);
 * the run lock held by a live process: running elsewhere -- skipped now,
   looked at again at the end;
 * ``failure.txt`` present: the trainer raised -- retried by the next sweep;
@@ -27,8 +28,11 @@ from typing import Any
 
 from etils import epath
 
-from depthbench import runs
 from depthbench.errors import ConfigError
+from depthbench.rundir import identity
+from depthbench.rundir.io import DamagedFile, atomic_write, atomic_write_json, is_local, read_json
+from depthbench.rundir.lock import RunLock
+from depthbench.rundir.names import FAILURE_FILE, MANIFEST, RESULT_FILE, RESULTS_CSV, RUN_RECORD
 from depthbench.sweep.expand import Run, Sweep
 
 RESULT_COLUMNS = (
@@ -36,19 +40,18 @@ RESULT_COLUMNS = (
     "steps", "tokens", "final_val_loss", "tokens_per_sec", "mfu", "diverged_at_step",
     "wall_seconds", "status",
 )
-STATUSES = ("done", "diverged", "failed", "pending", "running")
+STATUSES = ("done", "diverged", "failed", "pending", "running", "damaged")
 FINISHED = ("done", "diverged")
-
-FAILURE_FILE = "failure.txt"
-RUN_RECORD = "sweep_run.json"
-MANIFEST = "sweep.json"
-RESULTS_CSV = "results.csv"
 
 
 def read_row(run: Run, run_dir: epath.Path, *, stale_after: float = 600.0) -> dict:
     """The run's results.csv row as its directory says now."""
     row = run.static_row()
-    result = runs.read_json(run_dir / runs.RESULT_FILE)
+    try:
+        result = read_json(run_dir / RESULT_FILE)
+    except DamagedFile as e:
+        row["status"], row["damage"] = "damaged", f"{RESULT_FILE} {e.reason}"
+        return row
     if result is not None:
         for key in ("params", "steps", "tokens", "final_val_loss", "tokens_per_sec", "mfu",
                     "diverged_at_step", "wall_seconds"):
@@ -56,7 +59,7 @@ def read_row(run: Run, run_dir: epath.Path, *, stale_after: float = 600.0) -> di
                 row[key] = result[key]
         row["status"] = "diverged" if result.get("diverged") else "done"
         return row
-    if runs.is_local(run_dir) and runs.RunLock(run_dir, stale_after=stale_after).held_elsewhere():
+    if is_local(run_dir) and RunLock(run_dir, stale_after=stale_after).held_elsewhere():
         row["status"] = "running"
     elif (run_dir / FAILURE_FILE).exists():
         row["status"] = "failed"
@@ -64,24 +67,29 @@ def read_row(run: Run, run_dir: epath.Path, *, stale_after: float = 600.0) -> di
 
 
 def recorded_run(run_dir: epath.Path) -> Run | None:
-    """The Run a sweep recorded in ``run_dir`` (sweep_run.json), if any."""
-    record = runs.read_json(run_dir / RUN_RECORD)
+    """The Run a sweep recorded in ``run_dir`` (sweep_run.json), if any (a
+    damaged record raises :class:`~depthbench.rundir.io.DamagedFile`)."""
+    record = read_json(run_dir / RUN_RECORD)
     if record is None or "config" not in record:
         return None
     return Run(int(record.get("index", -1)), str(record.get("name", run_dir.name)),
                tuple(record.get("overrides", {}).items()),
-               runs.saved_config(record["config"]))
+               identity.saved_config(record["config"]))
 
 
 def other_runs(sweep: Sweep, workdir: epath.Path) -> list[Run]:
     """Runs in ``workdir`` that earlier sweeps (other specs) recorded: a
     directory is the union of the sweeps run into it, so a spec that adds an
-    aspect ratio or a family need not repeat the runs already there."""
+    aspect ratio or a family need not repeat the runs already there.  A run
+    whose record is damaged is left out (``depthbench report`` names it)."""
     mine = {r.name for r in sweep.runs}
     found = []
     for record in sorted(workdir.glob(f"*/{RUN_RECORD}")):
         if record.parent.name not in mine:
-            run = recorded_run(record.parent)
+            try:
+                run = recorded_run(record.parent)
+            except DamagedFile:
+                continue
             if run is not None:
                 found.append(dataclasses.replace(run, name=record.parent.name))
     return found
@@ -104,7 +112,7 @@ def write_results(sweep: Sweep, workdir: epath.Path, *, stale_after: float = 600
         if cache is not None and row["status"] in FINISHED:
             cache[run.name] = row
         rows.append(row)
-    runs.atomic_write(workdir / RESULTS_CSV, rows_to_csv(rows))
+    atomic_write(workdir / RESULTS_CSV, rows_to_csv(rows))
     return rows
 
 
@@ -135,16 +143,21 @@ def write_manifest(sweep: Sweep, workdir: epath.Path) -> None:
         "runs": [{"index": r.index, "name": r.name, "overrides": dict(r.overrides)}
                  for r in sweep.runs],
     }
-    runs.atomic_write_json(workdir / MANIFEST, manifest)
+    atomic_write_json(workdir / MANIFEST, manifest)
 
 
 def check_recorded(run: Run, run_dir: epath.Path) -> None:
-    """Refuse to resume or skip a run that was started with a different config."""
-    record = runs.read_json(run_dir / RUN_RECORD)
+    """Refuse to resume or skip a run that was started with a different config.
+    (A damaged record is no evidence either way: the trainer compares the
+    run's config.json, and the sweep writes the record again.)"""
+    try:
+        record = read_json(run_dir / RUN_RECORD)
+    except DamagedFile:
+        return
     if record is None or "config" not in record:
         return
     changes = [f"{key} {a!r} -> {b!r}"
-               for key, a, b in runs.config_changes(record["config"], run.config.to_dict())]
+               for key, a, b in identity.config_changes(record["config"], run.config.to_dict())]
     if changes:
         more = f" (+{len(changes) - 3} more)" if len(changes) > 3 else ""
         raise ConfigError(
@@ -157,4 +170,4 @@ def record_run(run: Run, run_dir: epath.Path) -> None:
     """sweep_run.json: the run's name, index, overrides and full config."""
     record = {"name": run.name, "index": run.index, "overrides": dict(run.overrides),
               "config": run.config.to_dict()}
-    runs.atomic_write_json(run_dir / RUN_RECORD, record)
+    atomic_write_json(run_dir / RUN_RECORD, record)

@@ -19,26 +19,22 @@ renames it when complete, so a save interrupted by ``kill -9`` (or by a full
 disk) leaves only a temporary directory, which Orbax ignores, and the
 previous checkpoint untouched.
 
-Integrity.  Once a save is finalized, process 0 writes
-``<step>/integrity.json``: the size and SHA-256 of every file of the step.
-:meth:`restore_latest` walks the steps newest first and skips a step whose
-files no longer match its record (bit rot, a partial copy, a truncated
-file) or whose reader fails (a step saved by a session killed before its
-record was written is trusted to the reader alone).  Skipped steps are moved
-to ``<workdir>/checkpoints.damaged/`` (kept for inspection; a later save
-of the same step must not collide with them) and named in a warning.  If
-checkpoints exist but none restores, :class:`DamagedCheckpoints` (a
-``ConfigError``: exit status 2, one line) stops the run: restarting from
-scratch silently would throw the run's progress away.
+Integrity.  Once a save is finalized, process 0 seals the step
+(:mod:`depthbench.rundir.integrity`).  :meth:`restore_latest` restores the
+newest intact step (:func:`depthbench.rundir.restore.newest_intact`, the
+walk every reader uses); damaged steps newer than it are moved to
+``<workdir>/checkpoints.damaged/`` (kept for inspection; a later save of the
+same step must not collide with them) and named in a warning.  If
+checkpoints exist but none restores,
+:class:`~depthbench.rundir.restore.DamagedCheckpoints` (a ``ConfigError``:
+exit status 2, one line) stops the run: restarting from scratch silently
+would throw the run's progress away.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
-import os
 import shutil
 import threading
 from collections.abc import Callable
@@ -49,10 +45,10 @@ import orbax.checkpoint as ocp
 
 from depthbench import faults
 from depthbench.errors import ConfigError
+from depthbench.rundir.integrity import write_integrity
+from depthbench.rundir.names import DAMAGED_SUFFIX, INTEGRITY_FILE
+from depthbench.rundir.restore import newest_intact
 from depthbench.train.state import TrainState
-
-INTEGRITY_FILE = "integrity.json"
-DAMAGED_SUFFIX = ".damaged"
 
 
 class _QuietStorageErrors(logging.Filter):
@@ -67,62 +63,6 @@ class _QuietStorageErrors(logging.Filter):
 
 
 _QUIET = _QuietStorageErrors()
-
-
-class DamagedCheckpoints(ConfigError):
-    """Checkpoints exist but none of them can be restored."""
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def integrity_record(step_dir: Path) -> dict:
-    """``{"files": {relative path: [size, sha256]}}`` of every file under ``step_dir``."""
-    files = {}
-    for p in sorted(step_dir.rglob("*")):
-        if p.is_file() and p.name != INTEGRITY_FILE:
-            files[p.relative_to(step_dir).as_posix()] = [p.stat().st_size, file_digest(p)]
-    return {"files": files}
-
-
-def write_integrity(step_dir: Path) -> None:
-    """Seal a finalized step (atomically: a torn record would condemn a good step)."""
-    record = integrity_record(step_dir)
-    tmp = step_dir / f".{INTEGRITY_FILE}.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(record, indent=0) + "\n")
-    os.replace(tmp, step_dir / INTEGRITY_FILE)
-
-
-def check_integrity(step_dir: Path) -> str | None:
-    """Why ``step_dir`` does not match its integrity record (None: it matches,
-    or it has no record to check against)."""
-    path = step_dir / INTEGRITY_FILE
-    if not path.exists():
-        return None
-    try:
-        files = json.loads(path.read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"{INTEGRITY_FILE} is unreadable ({e})"
-    for rel, (size, digest) in files.items():
-        p = step_dir / rel
-        if not p.is_file():
-            return f"{rel} is missing"
-        actual = p.stat().st_size
-        if actual != size:
-            return f"{rel} has {actual} bytes, not {size}"
-        if file_digest(p) != digest:
-            return f"{rel} does not match its recorded SHA-256"
-    return None
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return f"{type(e).__name__}: {text[:200]}"
 
 
 class Checkpoints:
@@ -143,22 +83,6 @@ class Checkpoints:
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         logging.getLogger("absl").addFilter(_QUIET)
         self._saved: int | None = None  # the last step saved by this process (maybe in flight)
-
-    def latest_step(self) -> int | None:
-        return self.manager.latest_step()
-
-    def all_steps(self) -> list[int]:
-        return list(self.manager.all_steps())
-
-    def steps_on_disk(self) -> list[int]:
-        return self.steps_on_disk_of(self.directory)
-
-    @staticmethod
-    def steps_on_disk_of(directory: Path) -> list[int]:
-        """Step directories present, whether or not Orbax can read them."""
-        if not directory.is_dir():
-            return []
-        return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
 
     def save(self, step: int, state: TrainState, data_arg: Any, meta: dict) -> None:
         """Save ``state`` (``data_arg``: the data module's save arg for the iterator;
@@ -222,36 +146,25 @@ class Checkpoints:
         """Restore the newest intact checkpoint; None when there is none at all.
 
         Damaged steps newer than the one restored are moved aside (process 0)
-        and reported through ``warn``.  Raises :class:`DamagedCheckpoints` when
-        step directories exist but none restores (nothing is moved then).
+        and reported through ``warn``.  Raises
+        :class:`~depthbench.rundir.restore.DamagedCheckpoints` when step
+        directories exist but none restores (nothing is moved then).
         """
-        on_disk = self.steps_on_disk()
-        if not on_disk:
+        try:
+            found = newest_intact(self.directory,
+                                  lambda step: self.restore(step, abstract_state, data_arg),
+                                  hint="move that directory away to start the run over")
+        except ConfigError:
+            self.close()
+            raise
+        if found is None:
             return None
-        skipped: list[tuple[int, str]] = []
-        for step in reversed(on_disk):
-            reason = check_integrity(self.directory / str(step))
-            if reason is None and step not in self.manager.all_steps():
-                reason = "Orbax does not list it as a finished checkpoint"
-            if reason is None:
-                try:
-                    restored = self.restore(step, abstract_state, data_arg)
-                except Exception as e:  # any reader failure means this step is unusable
-                    reason = f"the reader failed ({_one_line(e)})"
-                else:
-                    self._set_aside([s for s, _ in skipped])
-                    if skipped and warn is not None:
-                        what = "; ".join(f"step {s}: {r}" for s, r in skipped)
-                        warn(f"warning: skipped damaged checkpoint(s) in {self.directory} "
-                             f"({what}); moved to {self._damaged_dir()}; resuming from "
-                             f"step {step}")
-                    return restored
-            skipped.append((step, reason))
-        what = "; ".join(f"step {s}: {r}" for s, r in skipped)
-        self.close()
-        raise DamagedCheckpoints(
-            f"checkpoints: none of the {len(on_disk)} checkpoint(s) in {self.directory} is "
-            f"intact ({what}); move that directory away to start the run over")
+        self._set_aside([s for s, _ in found.skipped])
+        if found.skipped and warn is not None:
+            warn(f"depthbench: warning: skipped damaged checkpoint(s) in {self.directory} "
+                 f"({found.skipped_text()}); moved to {self._damaged_dir()}; resuming from "
+                 f"step {found.step}")
+        return found.value
 
     def _damaged_dir(self) -> Path:
         return self.directory.with_name(self.directory.name + DAMAGED_SUFFIX)

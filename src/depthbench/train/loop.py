@@ -5,6 +5,7 @@ The run directory holds everything needed to trust and compare the run::
     config.json      the config, plus what it resolved to ("resolved": shape,
                      tokenizer ids, parameter count, mesh)
     metrics.jsonl    one JSON object per logged step
+    layer_stats.jsonl  per-block statistics every train.layer_stats_every steps
     tb/              TensorBoard events (same scalars + per-block statistics)
     checkpoints/     Orbax checkpoints (state, data position, run clock)
     result.json      written atomically when the run ends (finished or diverged)
@@ -16,8 +17,8 @@ checkpoint at the next step boundary and return ``status="preempted"``
 (no ``result.json``).  A NaN/inf loss or gradient norm, or a loss above
 ``train.max_loss``, ends the run with ``diverged: true``.
 
-This module is the loop and its start-up; the run directory (lock, atomic
-writes, config comparison) is :mod:`depthbench.runs`, the clock and the
+This module is the loop and its start-up; the run directory (names, lock,
+atomic writes, identity, checkpoint restore) is :mod:`depthbench.rundir`, the clock and the
 result record :mod:`~depthbench.train.record`, signals
 :mod:`~depthbench.train.preemption`, the compile cache
 :mod:`~depthbench.train.compiled`.
@@ -33,9 +34,10 @@ import jax
 import numpy as np
 
 from depthbench import costs, data, parallel
-from depthbench import runs as runlib
 from depthbench.errors import ConfigError
 from depthbench.model.spec import ModelSpec
+from depthbench.rundir import identity, io, lock
+from depthbench.rundir.names import CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE, RESULT_FILE
 from depthbench.train import record
 from depthbench.train import state as state_lib
 from depthbench.train import summary as summary_lib
@@ -60,13 +62,13 @@ def run(config, workdir: str | Path, *, progress: bool = True) -> dict:
                           "path (shared by all hosts: NFS, Lustre, a gcsfuse mount of a bucket)")
     workdir = Path(workdir).expanduser().resolve()
     parallel.maybe_initialize_distributed(config.parallel.distributed)
-    done = runlib.check_run_dir(config, workdir)
+    done = identity.check_run_dir(config, workdir)
     if done is not None:
         return {**done, "already_done": True}
     preempt = Preemption()
     # Installed before start-up: a signal during data preparation or
     # compilation stops the run at its first step boundary.
-    with runlib.training_claim(workdir, enabled=jax.process_index() == 0), preempt.installed():
+    with lock.training_claim(workdir, enabled=jax.process_index() == 0), preempt.installed():
         session = _Session(config, workdir, progress, wall_start)
         try:
             session.train(preempt)
@@ -75,14 +77,16 @@ def run(config, workdir: str | Path, *, progress: bool = True) -> dict:
     return session.outcome()
 
 
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 def _restored_loss(meta: dict, workdir: Path, step: int) -> float | None:
     """The training loss of the step a checkpoint was taken at: recorded in its
     metadata, or (checkpoints written before it was) metrics.jsonl's row of that step."""
     if meta.get("last_loss") is not None:
         return float(meta["last_loss"])
-    from depthbench.train.metrics import METRICS_FILE, read_jsonl
-
-    rows = [r for r in read_jsonl(workdir / METRICS_FILE) if r.get("step") == step]
+    rows = [r for r in io.read_jsonl(workdir / METRICS_FILE) if r.get("step") == step]
     return rows[-1].get("loss") if rows and step > 0 else None
 
 
@@ -110,18 +114,18 @@ class _Session:
         self.tokens_per_step = int(t.batch_size) * int(t.seq_len)
         if self.main:
             workdir.mkdir(parents=True, exist_ok=True)
-            if not (workdir / runlib.CONFIG_FILE).exists():
+            if not (workdir / CONFIG_FILE).exists():
                 resolved = {"shape": spec.shape.as_dict(), "params": self.n_params,
                             "flops_per_token": self.flops_per_token,
                             "tokenizer": prepared.as_dict(), "mesh": parallel.describe(self.mesh)}
-                runlib.atomic_write_json(workdir / runlib.CONFIG_FILE,
-                                  {**config.to_dict(), "resolved": resolved})
+                io.atomic_write_json(workdir / CONFIG_FILE,
+                                     {**config.to_dict(), "resolved": resolved})
 
-        self.ckpt = Checkpoints(workdir / runlib.CHECKPOINT_DIR, int(t.keep_checkpoints),
+        self.ckpt = Checkpoints(workdir / CHECKPOINT_DIR, int(t.keep_checkpoints),
                                 main_process=self.main)
         self.it = data.train_iterator(config, prepared)
         restored = self.ckpt.restore_latest(s.abstract_state, data.checkpoint_restore_arg(self.it),
-                                            warn=lambda m: print(m, file=sys.stderr, flush=True))
+                                            warn=_warn)
         if restored is None:
             self.state, meta = state_lib.init_state(s, int(t.seed), init_fn), {}
         else:
@@ -129,7 +133,7 @@ class _Session:
         self.start = self.step = int(jax.device_get(self.state.step))
         self.val = [parallel.host_batch_to_global(b, self.mesh)
                     for b in data.val_batches(config, prepared)]
-        self.writer = MetricsWriter(workdir, self.start, enabled=self.main)
+        self.writer = MetricsWriter(workdir, self.start, enabled=self.main, warn=_warn)
         self.clock = record.Clock(float(meta.get("train_seconds", 0.0)),
                             int(meta.get("timed_tokens", 0)))
         self.wall_before = float(meta.get("wall_seconds", 0.0))
@@ -225,7 +229,7 @@ class _Session:
         self.t_read = now
         self.last_loss = loss
         self.bar.update(1)
-        bad = not (runlib.finite(loss) and runlib.finite(grad_norm)) or loss > float(t.max_loss)
+        bad = not (io.finite(loss) and io.finite(grad_norm)) or loss > float(t.max_loss)
         eval_now = self.due(int(t.eval_every), step) and not bad
         if bad or eval_now or step % int(t.log_every) == 0:
             rate = self.clock.interval_rate()
@@ -274,6 +278,6 @@ class _Session:
             flops_per_token=self.flops_per_token, device_kind=self.device_kind,
             n_devices=int(self.mesh.size))
         if self.main:
-            runlib.atomic_write_json(self.workdir / runlib.RESULT_FILE, result)
+            io.atomic_write_json(self.workdir / RESULT_FILE, result)
         return result
 

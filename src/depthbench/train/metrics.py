@@ -1,100 +1,69 @@
-"""What a run logs: ``metrics.jsonl`` and TensorBoard events (tensorboardX).
+"""What a run logs: ``metrics.jsonl``, ``layer_stats.jsonl`` and TensorBoard
+events (tensorboardX).
 
 ``metrics.jsonl`` holds one JSON object per logged step (step, loss, lr,
-grad_norm, tokens, tokens_per_sec, mfu and, at eval steps, val_loss); the
-TensorBoard events hold the same scalars under ``train/`` and ``eval/`` plus
-the per-block residual-stream statistics under ``layers/``.
+grad_norm, tokens, tokens_per_sec, mfu and, at eval steps, val_loss);
+``layer_stats.jsonl`` one per ``train.layer_stats_every`` steps (step, and
+per statistic a list over blocks or depth states: ``state_rms``,
+``update_rms``, ``update_ratio``, see ``train/step.py:layer_stats``).  The
+TensorBoard events hold the same scalars under ``train/`` and ``eval/`` and
+the per-block statistics under ``layers/<stat>/<index>``.
 
 A resumed run continues from its checkpoint step, so anything logged after
-that step by the interrupted session is dropped: the jsonl is rewritten
-without those lines (atomically), and TensorBoard is told to purge events
-from that step on.  The files then read as one uninterrupted run.
+that step by the interrupted session is dropped: each log is rewritten
+without those rows (:class:`~depthbench.rundir.io.JsonlLog`), and
+TensorBoard is told to purge events from that step on.  The files then read
+as one uninterrupted run.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from depthbench import faults
-
-METRICS_FILE = "metrics.jsonl"
-TB_DIR = "tb"
-
-
-def _clean(value: Any) -> Any:
-    """JSON-safe scalars: numpy -> python; NaN/inf -> None (JSON has neither)."""
-    if isinstance(value, (np.generic, np.ndarray)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line torn by a kill: nothing after it was written either
-    return rows
-
-
-def truncate_jsonl(path: str | Path, after_step: int) -> None:
-    """Keep only rows with ``step <= after_step`` (atomic rewrite)."""
-    path = Path(path)
-    if not path.exists():
-        return
-    rows = [r for r in read_jsonl(path) if r.get("step", 0) <= after_step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
+from depthbench.rundir.io import JsonlLog, json_safe
+from depthbench.rundir.names import LAYER_STATS_FILE, METRICS_FILE, TB_DIR
 
 
 class MetricsWriter:
-    """Appends to ``metrics.jsonl`` and writes TensorBoard scalars (process 0 only)."""
+    """Appends to the run's JSON-lines logs and writes TensorBoard scalars
+    (process 0 only; ``warn``: where a damaged log set aside is named)."""
 
-    def __init__(self, workdir: str | Path, start_step: int = 0, *, enabled: bool = True):
+    def __init__(self, workdir: str | Path, start_step: int = 0, *, enabled: bool = True,
+                 warn=None):
         self.enabled = enabled
         self.path = Path(workdir) / METRICS_FILE
         self._tb = None
         self._failed = False  # a write failed (disk full): closing may fail the same way
         if not enabled:
             return
-        truncate_jsonl(self.path, start_step)
-        self._file = self.path.open("a")
+        self._metrics = JsonlLog(self.path, start_step, warn=warn)
+        self._stats = JsonlLog(Path(workdir) / LAYER_STATS_FILE, start_step, warn=warn)
         from tensorboardX import SummaryWriter
 
         tb_dir = Path(workdir) / TB_DIR
         purge = start_step + 1 if tb_dir.exists() else None
         self._tb = SummaryWriter(str(tb_dir), purge_step=purge, flush_secs=30)
 
-    def log(self, step: int, scalars: dict[str, Any]) -> dict:
-        """One jsonl row (``step`` first) and the same scalars in TensorBoard."""
-        row = {"step": int(step), **{k: _clean(v) for k, v in scalars.items()}}
-        if not self.enabled:
-            return row
+    def _append(self, log: JsonlLog, row: dict) -> None:
         try:
-            self._file.write(json.dumps(row) + "\n")
-            self._file.flush()
+            log.append(row)
         except OSError as e:
-            # A row torn by a full disk is dropped on resume (read_jsonl stops there).
+            # A row torn by a full disk is dropped on resume (the torn-line rule).
             self._failed = True
-            raise faults.storage_error(e, f"metrics: could not write {self.path}",
+            raise faults.storage_error(e, f"metrics: could not write {log.path}",
                                        "earlier checkpoints are intact: free space and re-run "
                                        "the same command to resume") from e
+
+    def log(self, step: int, scalars: dict[str, Any]) -> dict:
+        """One jsonl row (``step`` first) and the same scalars in TensorBoard."""
+        row = {"step": int(step), **json_safe(scalars)}
+        if not self.enabled:
+            return row
+        self._append(self._metrics, row)
         for key, value in row.items():
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 group = "eval" if key.startswith("val_") else "train"
@@ -102,27 +71,28 @@ class MetricsWriter:
         return row
 
     def layer_stats(self, step: int, stats: dict[str, np.ndarray]) -> None:
-        """Per-depth curves: ``layers/<stat>/<index>`` (index = block or depth state)."""
+        """Per-depth curves: one layer_stats.jsonl row ``{"step", stat: [value per
+        index]}`` and TensorBoard's ``layers/<stat>/<index>`` (index = block or
+        depth state)."""
         if not self.enabled:
             return
-        for name, values in stats.items():
-            for i, v in enumerate(np.asarray(values, dtype=np.float64).ravel()):
+        values = {name: np.asarray(v, dtype=np.float64).ravel() for name, v in stats.items()}
+        self._append(self._stats, {"step": int(step), **json_safe(values)})
+        for name, vector in values.items():
+            for i, v in enumerate(vector):
                 self._tb.add_scalar(f"layers/{name}/{i:03d}", float(v), step)
-
-    def text(self, tag: str, text: str, step: int = 0) -> None:
-        if self.enabled:
-            self._tb.add_text(tag, text, step)
 
     def flush(self) -> None:
         if self.enabled:
-            self._file.flush()
+            self._metrics.flush()
             self._tb.flush()
 
     def close(self) -> None:
         if not self.enabled:
             return
         try:
-            self._file.close()
+            self._metrics.close()
+            self._stats.close()
             self._tb.close()
         except OSError:
             if not self._failed:

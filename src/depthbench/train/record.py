@@ -3,7 +3,8 @@ and the result it ends with (what ``config.json`` and ``result.json`` hold)."""
 
 from __future__ import annotations
 
-from depthbench.runs import CHECKPOINT_DIR, finite
+from depthbench.rundir.io import finite
+from depthbench.rundir.names import CHECKPOINT_DIR
 
 
 class Clock:

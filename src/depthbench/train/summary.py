@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from depthbench.rundir.names import CHECKPOINT_DIR, METRICS_FILE, RESULT_FILE, TB_DIR
+
 
 class _NoBar:
     """The progress bar's interface, printing only messages (no bar)."""
@@ -81,8 +83,8 @@ def summary(result: dict, workdir: str | Path) -> str:
          else f"{100 * r['mfu']:.1f}%"),
         ("wall time", duration(r["wall_seconds"])),
         ("diverged", f"yes, at step {r['diverged_at_step']}" if r.get("diverged") else "no"),
-        ("files", f"result.json, metrics.jsonl, checkpoints/, tb/  "
-                  f"(tensorboard --logdir {Path(workdir) / 'tb'})"),
+        ("files", f"{RESULT_FILE}, {METRICS_FILE}, {CHECKPOINT_DIR}/, {TB_DIR}/  "
+                  f"(tensorboard --logdir {Path(workdir) / TB_DIR})"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

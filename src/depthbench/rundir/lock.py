@@ -1,18 +1,14 @@
-"""A run directory: its file names, its lock, atomic writes, and whether a
-config describes the run it holds.  Shared by the trainer and the sweep.
+"""The run lock: one process trains a run directory at a time.
 
-A run directory holds ``config.json`` (the config the run started with),
-``result.json`` (written atomically when it ends), ``checkpoints/`` and a
-lock file naming the process that trains it.  Writers replace files whole
-(:func:`atomic_write`), so a reader never sees half a file, and two
-processes never train one directory at once (:class:`RunLock`).
+:class:`RunLock` is the claim itself (a lock file naming its owner, kept
+fresh by a heartbeat, taken over when stale); :func:`training_claim` is how
+the trainer holds it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import socket
 import sys
@@ -22,159 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import ml_collections
-from etils import epath
-
-from depthbench.config import base_config, flatten
 from depthbench.errors import ConfigError
-from depthbench.model.residual import registry
-
-CONFIG_FILE = "config.json"
-RESULT_FILE = "result.json"
-CHECKPOINT_DIR = "checkpoints"
-LOCK_FILE = "run.lock"
-
-# Fields that say how a run executes, not what it computes: a run may resume
-# with other values (another mesh after a preemption, another cache).  A
-# trailing "." names a whole section.
-RUNTIME_FIELDS = (
-    "parallel.",
-    "eval.",  # downstream evaluation after a sweep's run (depthbench.evaluation)
-    "data.cache_dir",
-    "data.prefetch",
-    "data.worker_count",
-    "train.keep_checkpoints",
-    "train.checkpoint_every",
-    "train.log_every",
-    "train.eval_every",
-    "train.layer_stats_every",
-    "analysis.",
-)
-
-
-# ------------------------------------------------------------------- files
-
-
-def as_path(path: str | os.PathLike) -> epath.Path:
-    """A local or remote (gs://...) path; run directories may live in a bucket."""
-    return epath.Path(path)
-
-
-def is_local(path: str | os.PathLike) -> bool:
-    return "://" not in str(path)
-
-
-def atomic_write(path: str | os.PathLike, text: str) -> None:
-    """Write a file so that readers see the old or the new content, never half."""
-    path = as_path(path)
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write(path, json.dumps(obj, indent=1, default=str) + "\n")
-
-
-def finite(x: float | None) -> bool:
-    """Whether a recorded value (a loss, a norm) is a number, not None / NaN / inf."""
-    return x is not None and math.isfinite(x)
-
-
-def read_json(path: str | os.PathLike) -> dict | None:
-    """The JSON object in ``path``; None if it is missing, unreadable or half-written."""
-    try:
-        return json.loads(as_path(path).read_text())
-    except (FileNotFoundError, json.JSONDecodeError, OSError):
-        return None
-
-
-# ------------------------------------------------------------- comparison
-
-
-def is_runtime_field(dotted: str) -> bool:
-    return any(dotted == f or (f.endswith(".") and dotted.startswith(f)) for f in RUNTIME_FIELDS)
-
-
-def identity(saved: dict) -> dict[str, Any]:
-    """The fields that define the run a config describes, flattened: every field
-    outside RUNTIME_FIELDS and ``resolved.*``, of ``model.residual`` only the
-    chosen family's own.  A field missing from ``saved`` (added to the schema
-    after it was written) takes its default, so old run directories keep their
-    identity; another family's residual fields (which run directories written
-    before per-family configs hold) are no part of it, so changing one
-    family's default never touches another family's runs."""
-    flat = flatten(saved)
-    defaults = flatten(base_config().to_dict())
-    family = flat.get("model.family", defaults.get("model.family"))
-    own = registry.get(family).config_fields() if family in registry.names() else {}
-    prefix = "model.residual."
-    out: dict[str, Any] = {}
-    for key in set(flat) | set(defaults):
-        if is_runtime_field(key) or key.startswith("resolved.") or key.startswith(prefix):
-            continue
-        value = flat.get(key, defaults.get(key))
-        out[key] = tuple(value) if isinstance(value, list) else value
-    for name, default in own.items():
-        value = flat.get(prefix + name, default)
-        out[prefix + name] = tuple(value) if isinstance(value, list) else value
-    return out
-
-
-def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
-    """(field, old, new) for every field of the runs' :func:`identity` whose
-    value differs, sorted by field (``model.family`` before its fields)."""
-    a, b = identity(old), identity(new)
-    return [(key, a.get(key), b.get(key)) for key in sorted(set(a) | set(b))
-            if a.get(key) != b.get(key)]
-
-
-def saved_config(saved: dict) -> ml_collections.ConfigDict:
-    """A config as a run saved it, fields added to the schema since then taking
-    their defaults (what :func:`config_changes` assumes too), so code reading
-    an old run's config finds every field."""
-
-    def merge(defaults: dict, given: dict) -> dict:
-        out = dict(defaults)
-        for key, value in given.items():
-            both = isinstance(value, dict) and isinstance(defaults.get(key), dict)
-            out[key] = merge(defaults[key], value) if both else value
-        return out
-
-    return ml_collections.ConfigDict(merge(base_config().to_dict(), saved))
-
-
-def check_run_dir(config, workdir: Path) -> dict | None:
-    """Raise ConfigError if ``workdir`` holds a different run; return its
-    ``result.json`` if the same run already ended there (None otherwise)."""
-    cfg_path = workdir / CONFIG_FILE
-    if workdir.exists() and not workdir.is_dir():
-        raise ConfigError(f"--workdir: {str(workdir)!r} exists and is not a directory")
-    if not cfg_path.exists():
-        if (workdir / RESULT_FILE).exists() or (workdir / CHECKPOINT_DIR).exists():
-            raise ConfigError(f"--workdir: {str(workdir)!r} holds a run without {CONFIG_FILE}; "
-                              "use an empty or new directory")
-        return None
-    try:
-        saved = json.loads(cfg_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--workdir: {cfg_path} is unreadable ({e}); use a new directory") from e
-    changes = config_changes(saved, config.to_dict())
-    if changes:
-        key, old, new = changes[0]
-        raise ConfigError(f"config.{key}: {str(workdir)!r} holds a run with {key}={old!r}, not "
-                          f"{new!r}; use the same config to resume it or a new --workdir")
-    result_path = workdir / RESULT_FILE
-    if result_path.exists():
-        try:
-            return json.loads(result_path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(f"--workdir: {result_path} is unreadable ({e}); delete it to "
-                              "finish the run again from its last checkpoint") from e
-    return None
-
-
-# -------------------------------------------------------------------- lock
+from depthbench.rundir.names import LOCK_FILE
 
 
 def pid_alive(pid: Any) -> bool:

@@ -1,0 +1,127 @@
+"""A run's identity: the fields of its config that say what it computes.
+
+A run directory may be resumed, and a finished run skipped, only by a config
+with the same identity.  The identity is every field of the config except
+
+* the runtime fields (:data:`RUNTIME_FIELDS`: how a run executes, not what
+  it computes -- another mesh after a preemption, another cache, how often
+  it logs), the one hand-kept list of them;
+* ``resolved.*`` (what the run resolved its config to, recorded beside it);
+* ``model.residual.*`` fields of families other than the run's own.
+
+A field missing from a saved config (added to the schema after it was
+written) takes its default, so old run directories keep their identity.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+from depthbench.config import base_config, flatten
+from depthbench.errors import ConfigError
+from depthbench.model.residual import registry
+from depthbench.rundir import io
+from depthbench.rundir.names import CHECKPOINT_DIR, CONFIG_FILE, RESULT_FILE
+
+# Fields that say how a run executes, not what it computes: a run may resume
+# with other values (another mesh after a preemption, another cache).  A
+# trailing "." names a whole section.
+RUNTIME_FIELDS = (
+    "parallel.",
+    "eval.",  # downstream evaluation after a sweep's run (depthbench.evaluation)
+    "data.cache_dir",
+    "data.prefetch",
+    "data.worker_count",
+    "train.keep_checkpoints",
+    "train.checkpoint_every",
+    "train.log_every",
+    "train.eval_every",
+    "train.layer_stats_every",
+    "analysis.",
+)
+
+_RESIDUAL = "model.residual."
+
+
+def is_runtime_field(dotted: str) -> bool:
+    return any(dotted == f or (f.endswith(".") and dotted.startswith(f)) for f in RUNTIME_FIELDS)
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def identity(saved: dict) -> dict[str, Any]:
+    """The fields that define the run a config describes, flattened: every field
+    outside RUNTIME_FIELDS and ``resolved.*``, of ``model.residual`` only the
+    chosen family's own.  A field missing from ``saved`` (added to the schema
+    after it was written) takes its default, so old run directories keep their
+    identity; another family's residual fields (which run directories written
+    before per-family configs hold) are no part of it, so changing one
+    family's default never touches another family's runs."""
+    flat = flatten(saved)
+    defaults = flatten(base_config().to_dict())
+    family = flat.get("model.family", defaults.get("model.family"))
+    own = registry.get(family).config_fields() if family in registry.names() else {}
+    out: dict[str, Any] = {}
+    for key in set(flat) | set(defaults):
+        if is_runtime_field(key) or key.startswith("resolved.") or key.startswith(_RESIDUAL):
+            continue
+        out[key] = _hashable(flat.get(key, defaults.get(key)))
+    for name, default in own.items():
+        out[_RESIDUAL + name] = _hashable(flat.get(_RESIDUAL + name, default))
+    return out
+
+
+def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """(field, old, new) for every field of the runs' :func:`identity` whose
+    value differs, sorted by field (``model.family`` before its fields)."""
+    a, b = identity(old), identity(new)
+    return [(key, a.get(key), b.get(key)) for key in sorted(set(a) | set(b))
+            if a.get(key) != b.get(key)]
+
+
+def saved_config(saved: dict) -> ml_collections.ConfigDict:
+    """A config as a run saved it, fields added to the schema since then taking
+    their defaults (what :func:`config_changes` assumes too), so code reading
+    an old run's config finds every field."""
+
+    def merge(defaults: dict, given: dict) -> dict:
+        out = dict(defaults)
+        for key, value in given.items():
+            both = isinstance(value, dict) and isinstance(defaults.get(key), dict)
+            out[key] = merge(defaults[key], value) if both else value
+        return out
+
+    return ml_collections.ConfigDict(merge(base_config().to_dict(), saved))
+
+
+def check_run_dir(config, workdir: Path) -> dict | None:
+    """Raise ConfigError if ``workdir`` holds a different run; return its
+    ``result.json`` if the same run already ended there (None otherwise)."""
+    cfg_path = workdir / CONFIG_FILE
+    if workdir.exists() and not workdir.is_dir():
+        raise ConfigError(f"--workdir: {str(workdir)!r} exists and is not a directory")
+    if not cfg_path.exists():
+        if (workdir / RESULT_FILE).exists() or (workdir / CHECKPOINT_DIR).exists():
+            raise ConfigError(f"--workdir: {str(workdir)!r} holds a run without {CONFIG_FILE}; "
+                              "use an empty or new directory")
+        return None
+    try:
+        saved = io.read_json(cfg_path)
+    except io.DamagedFile as e:
+        raise ConfigError(f"--workdir: {cfg_path} is unreadable ({e.reason}); use a new "
+                          "directory") from None
+    changes = config_changes(saved, config.to_dict())
+    if changes:
+        key, old, new = changes[0]
+        raise ConfigError(f"config.{key}: {str(workdir)!r} holds a run with {key}={old!r}, not "
+                          f"{new!r}; use the same config to resume it or a new --workdir")
+    try:
+        return io.read_json(workdir / RESULT_FILE)
+    except io.DamagedFile as e:
+        raise ConfigError(f"--workdir: {e.path} is unreadable ({e.reason}); delete it to "
+                          "finish the run again from its last checkpoint") from None

@@ -203,7 +203,8 @@ def report(results: Results, dry: bool, seconds: float, argv: list[str]) -> str:
     for name in results.parts:
         lines += [f"## {name}: {TITLES[name]}", ""]
         for table, rows in results.rows[name].items():
-            lines += [f"{table}:", "", common.table(rows), ""]
+            columns = list(dict.fromkeys(k for r in rows for k in r))  # a FAILED row adds one
+            lines += [f"{table}:", "", common.table(rows, columns), ""]
         lines += [*(n for n in results.notes[name]), "", f"**{results.status[name]}**", ""]
     return "\n".join(lines).rstrip() + "\n"
 

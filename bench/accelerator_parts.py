@@ -14,6 +14,8 @@ XLA's account of the compiled step (``common.compiled_memory_bytes``).
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import gc
 import importlib.metadata
@@ -51,6 +53,22 @@ class Part:
     def note(self, text: str) -> None:
         self.emit("note", {"text": text})
 
+    def guarded(self, table: str, ident: dict, measure: Callable[[], dict | list[dict]]) -> None:
+        """Row(s): ``ident`` and what ``measure()`` returns (a row or a list).
+        If it raises (a kernel that does not compile, memory that runs out),
+        the row says FAILED, a note gives the error, and the part goes on to
+        its next row: an accelerator's minutes are too few to lose the rest."""
+        try:
+            values = measure()
+        except Exception as err:
+            first = (str(err).strip().splitlines() or [""])[0][:300]
+            self.row(table, {**ident, "result": "FAILED"})
+            self.note(f"{' '.join(map(str, ident.values()))}: {type(err).__name__}: {first}")
+            gc.collect()
+            return
+        for row in values if isinstance(values, list) else [values]:
+            self.row(table, {**ident, **row})
+
     # ------------------------------------------------------------ shapes
     @property
     def seq(self) -> int:
@@ -85,6 +103,30 @@ class Part:
             f"--config.model.family={family}", f"--config.model.depth={depth}",
             f"--config.train.batch_size={batch}", f"--config.train.seq_len={self.seq}",
             *fields])
+
+
+COMPILE_THREADS = 4
+
+
+@contextlib.contextmanager
+def compile_ahead(keys, config_of):
+    """``{key: Future}`` of ``(DepthbenchStep, compile seconds)`` for each key,
+    compiled from the abstract state, ``COMPILE_THREADS`` at a time in threads
+    (XLA compiles without the GIL), in ``keys``' order: a part that only
+    compiles or runs fixed steps takes its rows as they come, and a 400M
+    model's compiles, the most of an accelerator's minutes, overlap.  A step's
+    failure is its future's exception.  On leaving, compiles not yet started
+    are dropped."""
+
+    def build(key):
+        step = common.DepthbenchStep(config_of(key), allocate=False)
+        return step, step.compile()
+
+    pool = concurrent.futures.ThreadPoolExecutor(COMPILE_THREADS)
+    try:
+        yield {key: pool.submit(build, key) for key in keys}
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _device():
@@ -148,21 +190,23 @@ def mfu(part: Part) -> None:
     from depthbench import costs
 
     limit = _bytes_limit()
+    attentions = list(_attention_impls())
     step = None
     for batch in (part.batch(2),) if part.dry else (16, 8, 4, 2):
-        for attention in _attention_impls():
+        for attention in list(attentions):
             cfg = part.config("pre_ln", part.depth(24), batch,
                               extra=[f"--config.model.attention_impl={attention}"])
-            try:
-                step = common.DepthbenchStep(cfg)
+            try:  # compiled from the abstract state: nothing allocated before it fits
+                step = common.DepthbenchStep(cfg, allocate=False)
                 compile_s = step.compile()
+                break
             except Exception as err:  # cuDNN refusing the shape, or no memory to compile in
                 part.note(f"batch {batch}, attention {attention}: {type(err).__name__}: "
-                          f"{str(err).splitlines()[0][:200]}")
+                          f"{(str(err).strip().splitlines() or [''])[0][:200]}")
                 step = None
+                if len(attentions) > 1:
+                    attentions.remove(attention)  # not tried again at smaller batches
                 gc.collect()
-                continue
-            break
         if step is None:
             continue
         mem = step.memory_bytes()
@@ -201,31 +245,46 @@ def families(part: Part) -> None:
     reps = part.reps(8)
     table = f"step and memory vs pre_ln, L {depth} (median of {reps} interleaved pairs)"
 
-    def build(family, impl):
-        step = common.DepthbenchStep(part.config(family, depth, batch, impl=impl))
-        compile_s = step.compile()
-        step()
-        return step, compile_s
+    # Every xla row before any pallas row: the kernels' compiles are the unknown.
+    rows = [(f, "xla") for f in ROUTING] + [(f, "pallas") for f in KERNEL_FAMILIES]
+    keys = [("pre_ln", "xla"), *rows]
+    with compile_ahead(keys, lambda key: part.config(key[0], depth, batch, impl=key[1])) as ready:
+        # All compiles end before any timing: a compiling thread would take the
+        # GIL from the timed steps' dispatch.  What each compile gave is noted
+        # as it comes, so a part stopped here still shows it.
+        names = {future: key for key, future in ready.items()}
+        for future in concurrent.futures.as_completed(names):
+            family, impl = names[future]
+            if future.exception() is None:
+                step, seconds = future.result()
+                part.note(f"compiled {family} {impl}: {seconds:.0f} s, "
+                          f"{step.memory_bytes() / GIB:.2f} GiB")
+        base, base_compile = ready[("pre_ln", "xla")].result()
+        base()
+        base_mem = base.memory_bytes()
+        part.row(table, {"family": "pre_ln", "impl": "xla", "compile (s)": base_compile,
+                         "step (ms)": float("nan"), "time / pre_ln": "1.00x",
+                         "memory (GiB)": base_mem / GIB, "memory / pre_ln": "1.00x"})
+        part.note(f"shape: {_shape(base)}")
 
-    base, base_compile = build("pre_ln", "xla")
-    base_mem = base.memory_bytes()
-    part.row(table, {"family": "pre_ln", "impl": "xla", "compile (s)": base_compile,
-                     "step (ms)": float("nan"), "time / pre_ln": "1.00x",
-                     "memory (GiB)": base_mem / GIB, "memory / pre_ln": "1.00x"})
-    part.note(f"shape: {_shape(base)}")
-    for family in ROUTING:
-        for impl in ("xla", "pallas") if family in KERNEL_FAMILIES else ("xla",):
-            step, compile_s = build(family, impl)
-            pairs = [common.interleaved({"pre_ln": base, family: step}, 1) for _ in range(reps)]
-            ratio = sorted(p[family] / p["pre_ln"] for p in pairs)[reps // 2]
+        def against_base(key) -> dict:
+            step, compile_s = ready[key].result()
+            step()
+            pairs = [common.interleaved({"pre_ln": base, key: step}, 1) for _ in range(reps)]
+            ratio = sorted(p[key] / p["pre_ln"] for p in pairs)[reps // 2]
             mem = step.memory_bytes()
-            part.row(table, {
-                "family": family, "impl": impl, "compile (s)": compile_s,
-                "step (ms)": 1e3 * sorted(p[family] for p in pairs)[reps // 2],
-                "time / pre_ln": f"{ratio:.2f}x", "memory (GiB)": mem / GIB,
-                "memory / pre_ln": f"{mem / base_mem:.2f}x"})
-            del step
+            step.release()
             gc.collect()
+            return {"compile (s)": compile_s,
+                    "step (ms)": 1e3 * sorted(p[key] for p in pairs)[reps // 2],
+                    "time / pre_ln": f"{ratio:.2f}x", "memory (GiB)": mem / GIB,
+                    "memory / pre_ln": f"{mem / base_mem:.2f}x"}
+
+        for key in rows:
+            part.guarded(table, {"family": key[0], "impl": key[1]},
+                         lambda k=key: against_base(k))
+    part.note(f"compiles ran {COMPILE_THREADS} at a time, all before the timing (their seconds "
+              "overlap); each step's state is created only when it is timed")
     if part.dry:
         part.note("pallas rows on a CPU: the Pallas interpreter, not a kernel timing")
     part.note("goals on an accelerator: mhc within 6.7% of pre_ln (DeepSeek), attnres_block "
@@ -238,17 +297,20 @@ def memory(part: Part) -> None:
     depth, batch = part.depth(70), part.batch(8)
     base = None
     table = f"memory at L {depth} (compiled, XLA memory_analysis)"
-    for family in BANKED_FIRST:
-        step = common.DepthbenchStep(part.config(family, depth, batch))
-        compile_s = step.compile()
+
+    def compiled(ready, family) -> dict:
+        nonlocal base
+        step, compile_s = ready[family].result()
         mem = step.memory_bytes()
-        base = base or mem
-        part.row(table, {"family": family, "compile (s)": compile_s, "memory (GiB)": mem / GIB,
-                         "memory / pre_ln": f"{mem / base:.2f}x"})
         if family == "pre_ln":
+            base = mem
             part.note(f"shape: {_shape(step)}")
-        del step
-        gc.collect()
+        return {"compile (s)": compile_s, "memory (GiB)": mem / GIB,
+                "memory / pre_ln": f"{mem / base:.2f}x" if base else "-"}
+
+    with compile_ahead(BANKED_FIRST, lambda f: part.config(f, depth, batch)) as ready:
+        for family in BANKED_FIRST:
+            part.guarded(table, {"family": family}, lambda f=family: compiled(ready, f))
     part.note("goal (depth_memory.md): attnres_full and moda <= 3x pre_ln at L70")
 
 
@@ -267,11 +329,17 @@ def kernels_alone(part: Part) -> None:
     todo = kernels.cases(tokens, d, sources, n, jnp.bfloat16, target, iters=2 if part.dry else 20)
     peak = kernels.peak_gbs(_device())
     reps = part.reps(20)
-    for row in kernels.measure(todo, ["fwd", "fwd+bwd"], reps):
-        row["% of peak"] = "-" if peak is None else f"{100 * row['pallas_gbs'] / peak:.1f}%"
-        row["bytes"] = row.pop("bytes") / 1e6
-        part.row(f"kernels: {tokens} tokens, d {d}, bf16 (median of {reps})",
-                 {k.replace("bytes", "MB moved"): v for k, v in row.items()})
+    table = f"kernels: {tokens} tokens, d {d}, bf16 (median of {reps})"
+
+    def timed(case) -> list[dict]:
+        rows = kernels.measure([case], ["fwd", "fwd+bwd"], reps)
+        for row in rows:
+            row["% of peak"] = "-" if peak is None else f"{100 * row['pallas_gbs'] / peak:.1f}%"
+            row["MB moved"] = row.pop("bytes") / 1e6
+        return rows
+
+    for case in todo:
+        part.guarded(table, {"kernel": case[0]}, lambda c=case: timed(c))
     mode = "interpreted (times measure the interpreter)" if target.interpret else "compiled"
     part.note(f"kernels {mode}, {target.kind} tiling; ratio = xla / pallas (goal >= 1.5x), "
               "GB/s = least bytes moved / time (goal > 70% of peak)")
@@ -285,30 +353,35 @@ def precision(part: Part) -> None:
 
     steps = 4 if part.dry else 30
     table = f"bf16 vs fp32 losses over {steps} steps"
-    for family in ("pre_ln", *ROUTING):
+
+    def config(key):
+        family, dtype = key
+        if part.dry:
+            return part.config(family, part.depth(24), part.batch(2), impl="auto", dtype=dtype)
+        return common.config_at(256, 8, 256, 8, 2048, family=family, overrides=[  # numerics
+            f"--config.model.compute_dtype={dtype}", "--config.model.impl=auto",
+            "--config.train.warmup_fraction=0"])
+
+    def losses_of(ready, family: str) -> dict:
         losses = {}
         for dtype in ("float32", "bfloat16"):
-            if part.dry:
-                cfg = part.config(family, part.depth(24), part.batch(2), impl="auto", dtype=dtype)
-            else:  # a small model: numerics, not speed
-                cfg = common.config_at(256, 8, 256, 8, 2048, family=family, overrides=[
-                    f"--config.model.compute_dtype={dtype}", "--config.model.impl=auto",
-                    "--config.train.warmup_fraction=0"])
-            step = common.DepthbenchStep(cfg)
-            step.compile()
+            step, _ = ready[(family, dtype)].result()
             losses[dtype] = []
             for _ in range(steps):
                 step()
                 losses[dtype].append(float(step.metrics["loss"]))
             impl = "pallas" if fused.use_pallas(step.setup.spec) else "xla"
-            del step
+            step.release()
             gc.collect()
         f32, b16 = losses["float32"], losses["bfloat16"]
-        part.row(table, {
-            "family": family, "impl": impl, "fp32 first": f32[0], "fp32 last": f32[-1],
-            "bf16 last": b16[-1], "max abs(bf16 - fp32)": max(abs(a - b) for a, b in zip(
-                f32, b16, strict=True)),
-            "last rel. diff": f"{100 * abs(b16[-1] - f32[-1]) / abs(f32[-1]):.2f}%"})
+        return {"impl": impl, "fp32 first": f32[0], "fp32 last": f32[-1], "bf16 last": b16[-1],
+                "max abs(bf16 - fp32)": max(abs(a - b) for a, b in zip(f32, b16, strict=True)),
+                "last rel. diff": f"{100 * abs(b16[-1] - f32[-1]) / abs(f32[-1]):.2f}%"}
+
+    names = ("pre_ln", *ROUTING)
+    with compile_ahead([(f, d) for f in names for d in ("float32", "bfloat16")], config) as ready:
+        for family in names:
+            part.guarded(table, {"family": family}, lambda f=family: losses_of(ready, f))
     shape = "d 32, L 2, 2 x 16 tokens" if part.dry else "d 256, L 8, 8 x 256 tokens, V 2048"
     part.note(f"{shape}; one fixed random batch (the losses fall as it is memorised), AdamW "
               "at lr 3e-3 without warm-up; fp32 master weights in both")

@@ -156,7 +156,7 @@ def watch(parts: list[str], deadlines: dict[str, float], dry: bool, hang: str,
             with open(stderr_path, "w") as err:
                 proc = subprocess.Popen(cmd, cwd=common.ROOT, env=env, stdout=subprocess.DEVNULL,
                                         stderr=err, start_new_session=True)
-            since, deadline, timed_out = time.monotonic(), STARTUP, False
+            since, deadline, timed_out, started = time.monotonic(), STARTUP, False, False
             while True:
                 alive = proc.poll() is None  # before reading: a dead worker's lines are all in
                 if results.read(events):  # a part started or ended: its deadline starts
@@ -166,6 +166,7 @@ def watch(parts: list[str], deadlines: dict[str, float], dry: bool, hang: str,
                         log(f"{name}: {results.status[name].splitlines()[0]}")
                     todo = [n for n in todo if n not in results.finished]
                     if results.current:
+                        started = True
                         log(f"{results.current}: started (deadline {deadline:.0f} s)")
                 if not alive:
                     break
@@ -178,7 +179,15 @@ def watch(parts: list[str], deadlines: dict[str, float], dry: bool, hang: str,
             todo = [n for n in todo if n not in results.finished]
             if not todo:
                 break
-            stuck = results.current or todo[0]  # no current part: the worker did not start
+            if not started:  # no worker would start any better: the rest is not run
+                tail = stderr_path.read_text(errors="replace").strip()[-600:]
+                why = (f"not started within {STARTUP} s" if timed_out
+                       else f"exited with status {proc.returncode}")
+                for name in todo:
+                    results.status[name] = f"NOT RUN: the worker {why}\n```\n{tail}\n```"
+                log(f"{', '.join(todo)}: not run (the worker {why})")
+                break
+            stuck = results.current or todo[0]  # a crash between two parts: the next one
             if timed_out:
                 results.status[stuck] = (
                     f"TIMED OUT after {time.monotonic() - since:.0f} s (deadline {deadline:.0f} s)"

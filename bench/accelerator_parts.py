@@ -258,7 +258,7 @@ def families(part: Part) -> None:
             if future.exception() is None:
                 step, seconds = future.result()
                 part.note(f"compiled {family} {impl}: {seconds:.0f} s, "
-                          f"{step.memory_bytes() / GIB:.2f} GiB")
+                          f"{step.memory_bytes() / GIB:.3g} GiB")
         base, base_compile = ready[("pre_ln", "xla")].result()
         base()
         base_mem = base.memory_bytes()

@@ -70,6 +70,7 @@ def dry(tmp_path_factory):
     return sections(text)
 
 
+@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
 def test_every_part_has_a_section_that_finished(dry):
     assert list(dry) == ["versions", "mfu", "families", "kernels", "precision", "memory"]
     for name, text in dry.items():
@@ -77,6 +78,7 @@ def test_every_part_has_a_section_that_finished(dry):
         assert tables(text), name
 
 
+@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
 def test_versions_and_device(dry):
     packages, device = tables(dry["versions"])
     assert {r["package"] for r in packages} >= {"jax", "jaxlib", "flax", "optax"}
@@ -84,6 +86,7 @@ def test_versions_and_device(dry):
     assert "jax 0." in dry["versions"]  # the machine header
 
 
+@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
 def test_mfu_row_has_measured_numbers(dry):
     (row,) = tables(dry["mfu"])[0]
     assert number(row["step (ms)"]) > 0 and number(row["tokens/s"]) > 0
@@ -92,6 +95,7 @@ def test_mfu_row_has_measured_numbers(dry):
     assert math.isfinite(number(row["loss"]))
 
 
+@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
 def test_families_xla_and_pallas_against_pre_ln(dry):
     rows = tables(dry["families"])[0]
     got = {(r["family"], r["impl"]) for r in rows}
@@ -103,6 +107,7 @@ def test_families_xla_and_pallas_against_pre_ln(dry):
         assert number(r["memory / pre_ln"]) > 0.5
 
 
+@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
 def test_kernels_forward_and_backward(dry):
     rows = tables(dry["kernels"])[0]
     assert {(r["kernel"].split()[0], r["pass"]) for r in rows} == {
@@ -114,6 +119,7 @@ def test_kernels_forward_and_backward(dry):
     assert "interpreted" in dry["kernels"]
 
 
+@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
 def test_precision_every_routing_family_trained_in_both_dtypes(dry):
     rows = tables(dry["precision"])[0]
     assert [r["family"] for r in rows] == ["pre_ln", *ROUTING]
@@ -123,6 +129,7 @@ def test_precision_every_routing_family_trained_in_both_dtypes(dry):
         assert number(r["max abs(bf16 - fp32)"]) > 0, r  # bf16 really ran in bf16
 
 
+@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
 def test_memory_of_every_family(dry):
     rows = tables(dry["memory"])[0]
     assert [r["family"] for r in rows] == ["pre_ln", "attnres_full", "attnres_block", "moda",

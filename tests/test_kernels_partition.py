@@ -45,6 +45,7 @@ FAMILIES = {
 MESHES = [(8, 1, 1), (2, 2, 2)]
 BATCH, SEQ = 16, 12  # 192 tokens; no parameter has a dimension of 12 or >= 192
 KERNEL_CALLS = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
+pytestmark = pytest.mark.slow  # minutes: 16 sharded train steps compiled on a 2-core CPU
 
 
 def _config(family: str, impl: str):

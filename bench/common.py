@@ -100,9 +100,14 @@ def config_at(d_model: int, depth: int, seq_len: int, batch: int, vocab: int, *,
 
 class DepthbenchStep:
     """The trainer's own ``setup`` + ``make_train_step`` at a config, with a
-    random batch; calling it runs one step and blocks on its metrics."""
+    random batch; calling it runs one step and blocks on its metrics.
 
-    def __init__(self, config, seed: int = 0):
+    ``allocate=False`` leaves the train state uncreated until the first call
+    (or :meth:`allocate`): :meth:`compile` and :meth:`memory_bytes` work from
+    the abstract state, so many steps can be compiled (in threads, even)
+    without holding their parameters on the device at once."""
+
+    def __init__(self, config, seed: int = 0, allocate: bool = True):
         import jax
         import numpy as np
 
@@ -113,7 +118,8 @@ class DepthbenchStep:
         self.config = config
         self.setup = state_lib.setup(config, parallel.mesh_from_config(config))
         self.step = step_lib.make_train_step(self.setup, int(config.train.microbatches))
-        self.state = state_lib.init_state(self.setup, seed)
+        self.seed = seed
+        self.state = state_lib.init_state(self.setup, seed) if allocate else None
         rng = np.random.default_rng(seed)
         b, t = int(config.train.batch_size), int(config.train.seq_len)
         v = self.setup.spec.vocab_size
@@ -129,9 +135,51 @@ class DepthbenchStep:
             self.step.jitted.lower(self.state, self.batch).compile()
         return time.perf_counter() - t0
 
+    def compile(self) -> float:
+        """Lower and compile the step once and keep the executable: later calls
+        run it, and :meth:`memory_bytes` reads its memory.  Returns the seconds
+        it took (on an accelerator a compile is too dear to do twice)."""
+        state = self.setup.abstract_state if self.state is None else self.state
+        t0 = time.perf_counter()
+        with self.setup.context():
+            self.compiled = self.step.jitted.lower(state, self.batch).compile()
+        return time.perf_counter() - t0
+
+    def allocate(self) -> None:
+        """Create the train state (parameters, optimizer state) if not yet there."""
+        from depthbench.train import state as state_lib
+
+        if self.state is None:
+            self.state = state_lib.init_state(self.setup, self.seed)
+
+    def release(self) -> None:
+        """Drop the train state (its device memory); a later call creates it anew."""
+        self.state = None
+
+    def memory_bytes(self) -> int:
+        """XLA's account of the compiled step (:func:`compiled_memory_bytes`)."""
+        if getattr(self, "compiled", None) is None:
+            self.compile()
+        return compiled_memory_bytes(self.compiled)
+
     def __call__(self) -> None:
         import jax
 
-        self.state, metrics = self.step(self.state, self.batch)
+        self.allocate()
+        if getattr(self, "compiled", None) is not None:
+            self.state, metrics = self.compiled(self.state, self.batch)
+        else:
+            self.state, metrics = self.step(self.state, self.batch)
         jax.block_until_ready(metrics)
         self.metrics = metrics
+
+
+def compiled_memory_bytes(compiled) -> int:
+    """Arguments + outputs + temporaries - aliased (donated) bytes of a compiled
+    program, from XLA's ``memory_analysis`` (0 where the backend gives none).
+    It does not depend on machine load, unlike a step time."""
+    m = compiled.memory_analysis()
+    if m is None:
+        return 0
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+               - m.alias_size_in_bytes)

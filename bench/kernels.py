@@ -96,8 +96,9 @@ def with_backward(fn, argnums):
     return run
 
 
-def cases(tokens: int, d: int, sources: list[int], n: int, dtype, backend: str):
-    """(name, fused, reference, args, differentiable argnums)."""
+def cases(tokens: int, d: int, sources: list[int], n: int, dtype, backend: str, iters: int = 20):
+    """(name, fused, reference, args, differentiable argnums); ``iters``: mHC's
+    Sinkhorn iterations."""
     keys = iter(jax.random.split(jax.random.key(0), 32))
     normal = lambda shape, dt=jnp.float32, s=1.0: (s * jax.random.normal(next(keys), shape)).astype(
         dt
@@ -144,7 +145,7 @@ def cases(tokens: int, d: int, sources: list[int], n: int, dtype, backend: str):
     )
     m = n * n + 2 * n
     mhc_args = (h, normal((n, d, m), s=0.02), normal((m,), s=0.01), normal((m,)))
-    sk = {"iters": 20, "temperature": 1.0, "eps": 1e-6}
+    sk = {"iters": iters, "temperature": 1.0, "eps": 1e-6}
     out.append(
         (
             f"mhc_pre n={n}",
@@ -155,6 +156,31 @@ def cases(tokens: int, d: int, sources: list[int], n: int, dtype, backend: str):
         )
     )
     return out
+
+
+def measure(todo, passes, repeats: int) -> list[dict]:
+    """Time each case of :func:`cases`, fused against reference, for each of
+    ``passes`` (``fwd``, ``fwd+bwd``): one row per case and pass, with the
+    medians (ms), their ratio, the bytes moved and the achieved GB/s."""
+    rows = []
+    for name, fused, ref, args, argnums in tqdm(todo, desc="kernels", file=sys.stderr):
+        for mode in passes:
+            f, r = (
+                (fused, ref)
+                if mode == "fwd"
+                else (with_backward(fused, argnums), with_backward(ref, argnums))
+            )
+            f, r = jax.jit(f), jax.jit(r)
+            moved = nbytes(args, jax.eval_shape(r, *args))
+            t_f, t_r = median_seconds(f, args, repeats), median_seconds(r, args, repeats)
+            rows.append(
+                {
+                    "kernel": name, "pass": mode, "pallas_ms": 1e3 * t_f, "xla_ms": 1e3 * t_r,
+                    "ratio": t_r / t_f, "bytes": moved,
+                    "pallas_gbs": moved / t_f / 1e9, "xla_gbs": moved / t_r / 1e9,
+                }
+            )  # fmt: skip
+    return rows
 
 
 MODEL_FAMILIES = ("hc", "mhc", "attnres_block", "attnres_full")
@@ -237,26 +263,8 @@ def main(argv=None) -> int:
             "times measure the interpreter, not the kernels; only the XLA column and the "
             "bytes are meaningful. Run on an accelerator for the real ratios."
         )
-    rows = []
     todo = cases(tokens, d, [9, 17], a.streams, jnp.dtype(a.dtype), target)
-    passes = ["fwd"] if a.forward_only else ["fwd", "fwd+bwd"]
-    for name, fused, ref, args, argnums in tqdm(todo, desc="kernels", file=sys.stderr):
-        for mode in passes:
-            f, r = (
-                (fused, ref)
-                if mode == "fwd"
-                else (with_backward(fused, argnums), with_backward(ref, argnums))
-            )
-            f, r = jax.jit(f), jax.jit(r)
-            moved = nbytes(args, jax.eval_shape(r, *args))
-            t_f, t_r = median_seconds(f, args, repeats), median_seconds(r, args, repeats)
-            rows.append(
-                {
-                    "kernel": name, "pass": mode, "pallas_ms": 1e3 * t_f, "xla_ms": 1e3 * t_r,
-                    "ratio": t_r / t_f, "bytes": moved,
-                    "pallas_gbs": moved / t_f / 1e9, "xla_gbs": moved / t_r / 1e9,
-                }
-            )  # fmt: skip
+    rows = measure(todo, ["fwd"] if a.forward_only else ["fwd", "fwd+bwd"], repeats)
     header = f"{'kernel':<22} {'pass':<8} {'pallas ms':>10} {'xla ms':>10} {'xla/pallas':>10} "
     header += f"{'MB moved':>9} {'pallas GB/s':>12} {'xla GB/s':>9} {'% peak':>7}"
     print(header)

@@ -40,11 +40,8 @@ def compile_vs_depth(families=None, d_model: int = 64, depths=(8, 64)) -> str:
 
 def _memory_bytes(step: common.DepthbenchStep) -> int:
     with step.setup.context():
-        m = step.step.jitted.lower(step.state, step.batch).compile().memory_analysis()
-    if m is None:
-        return 0
-    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-               - m.alias_size_in_bytes)
+        return common.compiled_memory_bytes(
+            step.step.jitted.lower(step.state, step.batch).compile())
 
 
 def families_vs_pre_ln(families=None, reps: int = 3) -> str:

@@ -9,6 +9,10 @@
   fp32, recomputed on chip in the backward) and the sublayer input;
   :func:`stream_post`: ``H'[t] = sum_s P[s, t] H[s] + b[t] y``.
 
+Under a mesh, :func:`over_batch` runs a kernel on each device's batch shard
+(``shard_map``; :mod:`pallas_kernels.partition`), so XLA never gathers a
+kernel's operands.
+
 Every kernel has a pure-``jnp`` ``*_reference`` beside it that computes what
 the model's XLA path computes.  ``backend`` is ``auto`` (compiled on TPU via
 Mosaic and on GPU via Triton, interpreted on CPU), ``tpu``, ``gpu``,
@@ -20,6 +24,7 @@ from pallas_kernels.depth_attention import depth_attention, depth_attention_refe
 from pallas_kernels.depth_attention_prefill import completed_sources_attention, merge_partial
 from pallas_kernels.hc_pre import hc_operands, hc_pre, hc_pre_reference
 from pallas_kernels.mhc_pre import mhc_operands, mhc_pre, mhc_pre_reference
+from pallas_kernels.partition import over_batch
 from pallas_kernels.stream_post import stream_post, stream_post_reference
 
 __all__ = [
@@ -35,6 +40,7 @@ __all__ = [
     "mhc_operands",
     "mhc_pre",
     "mhc_pre_reference",
+    "over_batch",
     "resolve",
     "stream_post",
     "stream_post_reference",

@@ -5,16 +5,23 @@
   the Pallas interpreter on CPU: slow, for tests);
 * ``auto``: ``pallas`` on a single TPU or GPU device when the kernel takes
   the shape, ``xla`` otherwise (CPU, or a multi-device mesh: the kernels
-  have no partitioning rule yet, so under a sharded ``jit`` XLA would
-  gather their operands onto every device).
+  partition over the batch, below, but have not yet been timed sharded on
+  an accelerator, so ``auto`` does not choose them there).
+
+Under a mesh each kernel runs per batch shard (``pallas_kernels.partition``):
+the batch dimension goes over the mesh axes the logical name
+``activation_batch`` maps to in the active rules (``data`` and ``fsdp``),
+so no device gathers another's activations around a kernel.
 
 The families call the functions below one for one in place of their XLA
-expressions; each computes the same value (tests: ``test_kernels_model``).
+expressions; each computes the same value (tests: ``test_kernels_model``,
+sharded: ``test_kernels_partition``).
 """
 
 from __future__ import annotations
 
 import jax
+from flax import linen as nn
 
 IMPLS = ("xla", "pallas", "auto")
 
@@ -33,33 +40,60 @@ def use_pallas(spec) -> bool:
     return jax.default_backend() == "tpu" or spec.d_model <= 4096
 
 
+def batch_axes() -> tuple[str, ...]:
+    """The mesh axes the batch dimension is split over under the active logical
+    rules (none outside a rules context)."""
+    axes = nn.logical_to_mesh_axes(("activation_batch",))[0]
+    if axes is None:
+        return ()
+    return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def _per_shard(kernel, args, in_dims, out_dims):
+    from pallas_kernels.partition import over_batch
+
+    return over_batch(kernel, args, in_dims, out_dims, batch_axes())
+
+
 def depth_mix(bank_mbtd, valid_m, query_d, key_norm_d, eps):
     from pallas_kernels import depth_attention
 
-    return depth_attention(bank_mbtd, valid_m, query_d, key_norm_d, eps)
+    def kernel(bank, valid, query, key_norm):
+        return depth_attention(bank, valid, query, key_norm, eps)
+
+    return _per_shard(kernel, (bank_mbtd, valid_m, query_d, key_norm_d), (1, None, None, None), 0)
 
 
 def hc_pre(p, sub: int, h_nbtd, use_tanh: bool):
     """``(x, P[s, B, T, t], beta[s, B, T])`` of connector ``sub`` (see ``hc_pre``)."""
     from pallas_kernels import hc_operands
-    from pallas_kernels import hc_pre as kernel
+    from pallas_kernels import hc_pre as fused_pre
 
     names = ("A0", "beta0", "W_a", "w_b", "s_a", "s_b")
-    return kernel(h_nbtd, *hc_operands(*(p[k][sub] for k in names)), use_tanh=use_tanh)
+    ops = hc_operands(*(p[k][sub] for k in names))
+
+    def kernel(h, w, base, scale):
+        return fused_pre(h, w, base, scale, use_tanh=use_tanh)
+
+    return _per_shard(kernel, (h_nbtd, *ops), (1, None, None, None), (0, 1, 1))
 
 
 def mhc_pre(p, sub: int, h_nbtd, iters: int, temperature: float, eps: float):
     """``(x, P[s, B, T, t], post[t, B, T])`` of connector ``sub`` (see ``mhc_pre``)."""
     from pallas_kernels import mhc_operands
-    from pallas_kernels import mhc_pre as kernel
+    from pallas_kernels import mhc_pre as fused_pre
 
     names = ("phi", "a_pre", "a_post", "a_res", "b_pre", "b_post", "B_res")
     ops = mhc_operands(*(p[k][sub] for k in names))
-    return kernel(h_nbtd, *ops, iters=iters, temperature=temperature, eps=eps)
+
+    def kernel(h, phi, scale, bias):
+        return fused_pre(h, phi, scale, bias, iters=iters, temperature=temperature, eps=eps)
+
+    return _per_shard(kernel, (h_nbtd, *ops), (1, None, None, None), (0, 1, 1))
 
 
 def stream_post(h_nbtd, p_sbtt, b_tbt, y_btd):
     """``H'[t] = sum_s P[s, t] H[s] + b[t] y`` in ``H``'s dtype."""
-    from pallas_kernels import stream_post as kernel
+    from pallas_kernels import stream_post as fused_post
 
-    return kernel(h_nbtd, p_sbtt, b_tbt, y_btd)
+    return _per_shard(fused_post, (h_nbtd, p_sbtt, b_tbt, y_btd), (1, 1, 1, 0), 1)

@@ -20,6 +20,7 @@ from depthbench import data
 from depthbench.cli import main
 from depthbench.data import split, token_cache
 from depthbench.data import tokenize as tokenize_lib
+from depthbench.digest import file_sha256
 
 WORDS = ("the of and a to in is was that for on as with by he it at from his an were are which "
          "this be or has had not first one their its new after but who they also river north "
@@ -109,7 +110,7 @@ def test_equal_to_the_tokenizers_own_encode_with_eos_between(corpus, bpe, refere
     assert manifest["eos_id"] == eos and manifest["dtype"] == "uint16"
     assert manifest["splits"]["train"]["documents"] + manifest["splits"]["val"]["documents"] == 300
     assert manifest["splits"]["val"]["documents"] > 10  # the hash split held some out
-    assert manifest["tokenizer"]["sha256"] == tokenize_lib.GivenTokenizer(bpe).sha256
+    assert manifest["tokenizer"]["sha256"] == file_sha256(bpe)
     assert [Path(s["path"]).name for s in manifest["sources"]] == [
         "a.jsonl", "b.jsonl", "c.parquet", "d.txt"]
     assert sum(s["train_tokens"] + s["val_tokens"] for s in manifest["sources"]) == sum(
@@ -132,7 +133,7 @@ def test_sentencepiece_model(corpus, tmp_path):
     spm_tokenizer.train(_docs(5, 300), 300, model)
     out = tmp_path / "out"
     _run(corpus, model, out)
-    tk = spm_tokenizer.Tokenizer(model)
+    tk = spm_tokenizer.SentencePieceTokenizer(model)
     stream = []
     for doc in corpus[1]:
         ids = tk.encode(doc)

@@ -84,11 +84,12 @@ def nll_suite(run, scorer, *, tasks=None, data_dir=None, limit=None) -> dict[str
 
 
 def prefix_token_id(tokenizer) -> int:
-    """BOS for Hugging Face tokenizers that have one (lm-eval's hf backend), else EOS."""
-    bos = int(getattr(tokenizer, "bos_id", -1))
-    if getattr(tokenizer, "kind", "") == "huggingface" and bos >= 0:
-        return bos
-    return int(tokenizer.eos_id)
+    """The token an empty context is conditioned on (``encode`` adds none): BOS for a
+    Hugging Face tokenizer that has one (lm-eval's hf backend), else EOS (depthbench
+    runs train on documents joined by EOS, without BOS)."""
+    if tokenizer.kind == "huggingface" and tokenizer.bos_id >= 0:
+        return tokenizer.bos_id
+    return tokenizer.eos_id
 
 
 def lm_eval_suite(lm, tasks, *, include_path=None, limit=None, num_fewshot=None

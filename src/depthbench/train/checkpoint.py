@@ -35,7 +35,6 @@ scratch silently would throw the run's progress away.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -48,6 +47,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 
 from depthbench import faults
+from depthbench.digest import file_sha256 as file_digest
 from depthbench.errors import ConfigError
 from depthbench.train.state import TrainState
 
@@ -71,14 +71,6 @@ _QUIET = _QuietStorageErrors()
 
 class DamagedCheckpoints(ConfigError):
     """Checkpoints exist but none of them can be restored."""
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def integrity_record(step_dir: Path) -> dict:

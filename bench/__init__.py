@@ -5,8 +5,8 @@ applies the ``depthbench`` command's host-memory setting
 (:mod:`depthbench.hostmem`, ``$DEPTHBENCH_MALLOC``: glibc by default; with
 ``DEPTHBENCH_MALLOC=mimalloc`` it re-executes itself once with the mimalloc
 allocator), before numpy or jax start a thread, so steps are timed as the
-command runs them; every table's header says what was decided.  Imported any other way (the tests), the
-package leaves the process alone.
+command runs them; every table's header says what was decided.  Imported
+any other way (the tests), the package leaves the process alone.
 """
 
 import sys

@@ -112,7 +112,7 @@ def jsonl_documents(path: str | Path, text_field: str, names: Names = PREPARE, *
     ``text_field``; ``end`` is the byte offset after the line (of the
     decompressed stream for ``.gz``).
 
-    ``start``/``stop`` (plain files only) read the lines that *start* in bytes
+    ``start`` (plain files only) and ``stop`` read the lines that *start* in bytes
     ``[start, stop)``: a line crossing ``stop`` belongs to the range it starts in.
     """
     gz = is_gzip(path)
@@ -139,10 +139,10 @@ def jsonl_documents(path: str | Path, text_field: str, names: Names = PREPARE, *
 
 def _json_text(line: bytes, where: str, offset: int, field: str, names: Names) -> str | None:
     try:
-        record = json.loads(_utf8(line, None, names, where, base=offset))
+        record = json.loads(_utf8(line, None, names, where, base=offset).rstrip("\r\n"))
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{names.paths}: {where} is not JSON ({e.msg}, column {e.colno})"
-                          ) from None
+        raise ConfigError(f"{names.paths}: {where} is not JSON "
+                          f"({e.msg.removesuffix(' at')} at column {e.colno})") from None
     if not isinstance(record, dict):
         raise ConfigError(f"{names.text_field}: {where} is a JSON {type(record).__name__}, "
                           f"not an object with a {field!r} field")

@@ -149,30 +149,38 @@ def _unit_stem(work: Path, unit: inputs.Unit, settings_key: str) -> Path:
     return work / key
 
 
-def _check_out(out: Path, plan_key: str) -> None:
-    """Refuse an ``--out`` holding something else (nothing there is touched)."""
+def _check_out(out: Path, plan_key: str, command_key: str) -> bool:
+    """Refuse an ``--out`` holding something else (nothing there is touched).
+
+    True when ``out`` holds an unfinished run of the same command whose input
+    files have changed since (a bad file, fixed): it resumes (units are keyed
+    by their own file), but shards an interrupted merge left are stale."""
     cache.usable_dir(out, "--out")
     plan = out / WORK / "plan.json"
-    previous = None
     if (out / MANIFEST).is_file():
-        previous = _plan_key(out / MANIFEST, out)
+        previous = _read_record(out / MANIFEST, out)
     elif plan.is_file():
-        previous = _plan_key(plan, out)
+        previous = _read_record(plan, out)
+        if previous.get("plan_key") != plan_key and previous.get("command_key") == command_key:
+            return True
     elif out.is_dir() and any(p.name != WORK for p in out.iterdir()):
         raise ConfigError(f"--out: {out} is not empty and holds no data tokenize output; "
                           "give a new or empty directory")
-    if previous is not None and previous != plan_key:
+    else:
+        return False
+    if previous.get("plan_key") != plan_key:
         raise ConfigError(f"--out: {out} holds a tokenisation with other inputs or options; "
                           "give a new directory (or delete it to start over)")
+    return False
 
 
-def _plan_key(path: Path, out: Path) -> str | None:
+def _read_record(path: Path, out: Path) -> dict:
     try:
         record = cache.read_json(path)
-        return record.get("plan_key") if isinstance(record, dict) else None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"--out: {path} is unreadable ({type(e).__name__}); give a new "
                           f"directory (or delete {out} to start over)") from None
+    return record if isinstance(record, dict) else {}
 
 
 def run(input_glob: str, tokenizer_path: str, out: str | Path, opts: Options = Options(), *,
@@ -206,7 +214,8 @@ def run(input_glob: str, tokenizer_path: str, out: str | Path, opts: Options = O
     settings_key = cache.digest(FORMAT, VERSION, tk.sha256, settings)
     sources = [inputs.fingerprint(str(f)) for f in files]
     plan_key = cache.digest(settings_key, opts.shard_tokens, sources)
-    _check_out(out, plan_key)
+    command_key = cache.digest(settings_key, opts.shard_tokens, [s[0] for s in sources])
+    inputs_changed = _check_out(out, plan_key, command_key)
     if (out / MANIFEST).is_file():
         log(f"{out} already holds this tokenisation ({MANIFEST}); nothing to do")
         return cache.read_json(out / MANIFEST)
@@ -215,9 +224,11 @@ def run(input_glob: str, tokenizer_path: str, out: str | Path, opts: Options = O
     created = _first_missing(out)
     work = out / WORK
     work.mkdir(parents=True, exist_ok=True)
-    cache.write_json(work / "plan.json", {"plan_key": plan_key})
+    cache.write_json(work / "plan.json", {"plan_key": plan_key, "command_key": command_key})
     for stale in work.glob(".*.tmp-*"):  # writers killed mid-unit
         stale.unlink(missing_ok=True)
+    for stale in _shard_files(out) if inputs_changed else ():  # a merge of the old inputs
+        stale.unlink()
     stems = [_unit_stem(work, u, settings_key) for u in units]
     done = {i: cache.read_json(Path(f"{s}.json")) for i, s in enumerate(stems)
             if Path(f"{s}.json").is_file()}
@@ -236,8 +247,7 @@ def run(input_glob: str, tokenizer_path: str, out: str | Path, opts: Options = O
         results = [done[i] for i in range(len(units))]
         if not any(sum(r["documents"]) for r in results):
             done.clear()  # nothing worth keeping
-            raise ConfigError(f"--input: the {len(files)} file(s) hold no documents (every "
-                              "text empty, null or blank); nothing written")
+            raise inputs.no_documents(len(files))
     except ConfigError as e:
         raise _failed(e, out, work, created, len(done)) from None
     seconds = time.perf_counter() - t0
@@ -360,6 +370,10 @@ def _assemble(out: Path, results: list[dict], dtype: np.dtype, opts: Options,
         docs = sum(r["documents"][side] for r in results)
         splits[name] = {"documents": docs, "tokens": total, "shards": shards}
     return {"splits": splits}
+
+
+def _shard_files(out: Path) -> list[Path]:
+    return [p for name in SPLITS for p in out.glob(f"{name}_[0-9][0-9][0-9][0-9][0-9].npy")]
 
 
 def _unit_path(result: dict, work: Path, split_name: str) -> Path:

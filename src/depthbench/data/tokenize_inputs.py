@@ -103,17 +103,31 @@ def plan_units(files: list[Path], text_field: str, chunk_bytes: int = CHUNK_BYTE
 
 
 def preflight(units: list[Unit], text_field: str) -> None:
-    """Read the first :data:`PREFLIGHT_BYTES` of each file's first unit (parquet:
-    its schema, checked by :func:`plan_units`); raise the first problem found."""
+    """Read the first :data:`PREFLIGHT_BYTES` of each file (parquet: its schema,
+    checked by :func:`plan_units`); raise the first problem found, or that the
+    inputs hold no document when that reading covered all of them."""
+    found, covered = False, True
     for unit in units:
-        if unit.start != 0 or unit.kind == "parquet":
+        if unit.start != 0:
+            continue
+        if unit.kind == "parquet":
+            covered = False  # its rows may all be empty: known only by reading them
             continue
         if unit.kind.startswith("text"):
-            readers.read_text(unit.path, NAMES, limit=PREFLIGHT_BYTES)
-            continue
-        for _, end in readers.jsonl_documents(unit.path, text_field, NAMES):
-            if end >= PREFLIGHT_BYTES:
-                break
+            head = readers.read_text(unit.path, NAMES, limit=PREFLIGHT_BYTES)
+            found = found or bool(head.strip())
+        else:
+            for _ in readers.jsonl_documents(unit.path, text_field, NAMES, stop=PREFLIGHT_BYTES):
+                found = True
+        whole = not unit.kind.endswith(".gz") and os.path.getsize(unit.path) <= PREFLIGHT_BYTES
+        covered = covered and whole
+    if covered and not found:
+        raise no_documents(len({u.path for u in units}))
+
+
+def no_documents(files: int) -> ConfigError:
+    return ConfigError(f"--input: the {files} file(s) hold no documents (every text empty, "
+                       "null or blank); nothing written")
 
 
 def documents(unit: Unit, text_field: str) -> Iterator[tuple[list[str], int]]:

@@ -102,39 +102,63 @@ def _prepare(d: Path, *overrides: str, action: str = "prepare") -> list[str]:
             *overrides]
 
 
+def _prep_with(d: Path, field: str, *parts: str) -> list[str]:
+    return _prepare(d, f"--config.data.{field}={d.joinpath(*parts)}")
+
+
+def _prep_file(d: Path, name: str) -> list[str]:
+    corpus = "text" if ".txt" in name else "jsonl"
+    return _prepare(d, f"--config.data.corpus={corpus}", f"--config.data.paths={d / name}")
+
+
+# Files the one reader of each format refuses, whichever command reads them: (what,
+# file, pattern with {paths} / {field} for how the command names the input / text field).
+READER_CASES = [
+    ("a malformed JSON line", "broken_first.jsonl",
+     r"{paths}: .*broken_first\.jsonl:1 is not JSON \(Expecting value at column 10\)"),
+    ("a malformed JSON line further on", "broken_late.jsonl",
+     r"{paths}: .*broken_late\.jsonl:121 is not JSON \(Unterminated string starting at "
+     r"column 10\)"),
+    ("a text field that is a list", "list_text.jsonl",
+     r"{field}: .*list_text\.jsonl:121 field 'text' is list, not a string"),
+    ("a text field that is a number", "int_text.jsonl",
+     r"{field}: .*int_text\.jsonl:1 field 'text' is int, not a string"),
+    ("no such text field", "body.jsonl",
+     r"{field}: .*body\.jsonl:1 has no field 'text' \(it has: body\)"),
+    ("a JSON line that is an array", "array.jsonl",
+     r"{field}: .*array\.jsonl:1 is a JSON list, not an object with a 'text' field"),
+    ("a .json file holding one array", "whole.json",
+     r"{field}: .*whole\.json:1 is a JSON list, not an object"),
+    ("JSON lines not in UTF-8", "latin1.jsonl",
+     r"{paths}: .*latin1\.jsonl:1 is not UTF-8 text \(byte 0xe9 at offset 13\)"),
+    ("a text file not in UTF-8", "latin1.txt",
+     r"{paths}: .*latin1\.txt is not UTF-8 text \(byte 0xe9 at offset 3\)"),
+    (".jsonl.gz that is not gzip", "plain.jsonl.gz",
+     r"{paths}: .*plain\.jsonl\.gz is not a readable gzip file \(BadGzipFile"),
+    ("a truncated .jsonl.gz", "cut.jsonl.gz",
+     r"{paths}: .*cut\.jsonl\.gz is not a readable gzip file \(EOFError"),
+    (".txt.gz that is not gzip", "plain.txt.gz",
+     r"{paths}: .*plain\.txt\.gz is not a readable gzip file"),
+]
+NAMES = {"tokenize": {"paths": "--input", "field": "--text-field"},
+         "prepare": {"paths": r"config\.data\.paths", "field": r"config\.data\.text_field"}}
+
+
+def _reader_cases() -> list[tuple]:
+    build = {"tokenize": _in, "prepare": _prep_file}
+    return [(f"{command}: {what}", lambda d, f=file, c=command: build[c](d, f),
+             pattern.format(**NAMES[command]))
+            for command in build for what, file, pattern in READER_CASES]
+
+
 # (id, argv(disk), pattern of the one stderr line after "depthbench: error: ")
 CASES = [
-    # ------------------------------------------------ data tokenize: documents (issue 33)
-    ("tokenize: a malformed JSON line", lambda d: _in(d, "broken_first.jsonl"),
-     r"--input: .*broken_first\.jsonl:1 is not JSON \(Expecting value at column 10\)"),
-    ("tokenize: a malformed JSON line further on", lambda d: _in(d, "broken_late.jsonl"),
-     r"--input: .*broken_late\.jsonl:121 is not JSON \(Unterminated string starting at "
-     r"column 10\)"),
-    ("tokenize: a text field that is a list", lambda d: _in(d, "list_text.jsonl"),
-     r"--text-field: .*list_text\.jsonl:121 field 'text' is list, not a string"),
-    ("tokenize: a text field that is a number", lambda d: _in(d, "int_text.jsonl"),
-     r"--text-field: .*int_text\.jsonl:1 field 'text' is int, not a string"),
-    ("tokenize: no such --text-field", lambda d: _in(d, "body.jsonl"),
-     r"--text-field: .*body\.jsonl:1 has no field 'text' \(it has: body\)"),
+    *_reader_cases(),  # the issue's three data tokenize cases among them
     ("tokenize: --text-field names a missing field", lambda d: _tokenize(d, "--text-field", "x"),
      r"--text-field: .*good\.jsonl:1 has no field 'x' \(it has: text\)"),
-    ("tokenize: a JSON line that is an array", lambda d: _in(d, "array.jsonl"),
-     r"--text-field: .*array\.jsonl:1 is a JSON list, not an object with a 'text' field"),
-    ("tokenize: a .json file holding one array", lambda d: _in(d, "whole.json"),
-     r"--text-field: .*whole\.json:1 is a JSON list, not an object"),
-    ("tokenize: JSON lines not in UTF-8", lambda d: _in(d, "latin1.jsonl"),
-     r"--input: .*latin1\.jsonl:1 is not UTF-8 text \(byte 0xe9 at offset 13\)"),
-    ("tokenize: a text file not in UTF-8", lambda d: _in(d, "latin1.txt"),
-     r"--input: .*latin1\.txt is not UTF-8 text \(byte 0xe9 at offset 3\)"),
     ("tokenize: inputs without a document", lambda d: _in(d, "empty.jsonl"),
      r"--input: the 1 file\(s\) hold no documents .*; nothing written"),
     # ------------------------------------------------ data tokenize: files
-    ("tokenize: .jsonl.gz that is not gzip", lambda d: _in(d, "plain.jsonl.gz"),
-     r"--input: .*plain\.jsonl\.gz is not a readable gzip file \(BadGzipFile"),
-    ("tokenize: a truncated .jsonl.gz", lambda d: _in(d, "cut.jsonl.gz"),
-     r"--input: .*cut\.jsonl\.gz is not a readable gzip file \(EOFError"),
-    ("tokenize: .txt.gz that is not gzip", lambda d: _in(d, "plain.txt.gz"),
-     r"--input: .*plain\.txt\.gz is not a readable gzip file"),
     ("tokenize: a Parquet column of numbers", lambda d: _in(d, "ints.parquet"),
      r"--text-field: .*ints\.parquet column 'text' is int64, not a string"),
     ("tokenize: a file that is not Parquet", lambda d: _in(d, "junk.parquet"),
@@ -184,30 +208,15 @@ CASES = [
     ("show: --windows -3", lambda d: _prepare(d, "--windows", "-3", action="show"),
      r"--windows: must be in \[1, 1000\], got -3"),
     # ------------------------------------------------ data prepare
-    ("prepare: data.cache_dir is a file", lambda d: _prepare(
-        d, f"--config.data.cache_dir={d / 'a_file'}"),
+    ("prepare: data.cache_dir is a file", lambda d: _prep_with(d, "cache_dir", "a_file"),
      r"config\.data\.cache_dir: .*a_file exists and is not a directory"),
-    ("prepare: data.cache_dir inside a file", lambda d: _prepare(
-        d, f"--config.data.cache_dir={d / 'a_file' / 'cache'}"),
+    ("prepare: data.cache_dir inside a file",
+     lambda d: _prep_with(d, "cache_dir", "a_file", "cache"),
      r"config\.data\.cache_dir: .*a_file is a file, so .* cannot be a directory"),
-    ("prepare: data.tokenizer is a directory", lambda d: _prepare(
-        d, f"--config.data.tokenizer={d / 'a_dir'}"),
+    ("prepare: data.tokenizer is a directory", lambda d: _prep_with(d, "tokenizer", "a_dir"),
      r"config\.data\.tokenizer: '.*a_dir' is a directory, not a tokenizer file"),
-    ("prepare: data.tokenizer without EOS", lambda d: _prepare(
-        d, f"--config.data.tokenizer={d / 'no_eos.json'}"),
+    ("prepare: data.tokenizer without EOS", lambda d: _prep_with(d, "tokenizer", "no_eos.json"),
      r"config\.data\.tokenizer: .*no_eos\.json has no EOS token"),
-    ("prepare: jsonl.gz that is not gzip", lambda d: _prepare(
-        d, "--config.data.corpus=jsonl", f"--config.data.paths={d / 'plain.jsonl.gz'}"),
-     r"config\.data\.paths: .*plain\.jsonl\.gz is not a readable gzip file"),
-    ("prepare: a jsonl text field that is a list", lambda d: _prepare(
-        d, "--config.data.corpus=jsonl", f"--config.data.paths={d / 'list_text.jsonl'}"),
-     r"config\.data\.text_field: .*list_text\.jsonl:121 field 'text' is list, not a string"),
-    ("prepare: a JSON line that is an array", lambda d: _prepare(
-        d, "--config.data.corpus=jsonl", f"--config.data.paths={d / 'array.jsonl'}"),
-     r"config\.data\.text_field: .*array\.jsonl:1 is a JSON list, not an object"),
-    ("prepare: jsonl not in UTF-8", lambda d: _prepare(
-        d, "--config.data.corpus=jsonl", f"--config.data.paths={d / 'latin1.jsonl'}"),
-     r"config\.data\.paths: .*latin1\.jsonl:1 is not UTF-8 text \(byte 0xe9"),
 ]
 
 

@@ -1,4 +1,4 @@
-"""A Hugging Face ``tokenizer.json`` as a :class:`~depthbench.data.tokenizer.Tokenizer`.
+"""A Hugging Face ``tokenizer.json`` as a :class:`~depthbench.data.tokenizer_base.Tokenizer`.
 
 Read with the ``tokenizers`` library (no transformers).  ``encode`` adds no
 special tokens, whatever the file's post-processor adds by default (the
@@ -22,7 +22,7 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from depthbench.data.tokenizer import Tokenizer
+from depthbench.data.tokenizer_base import Tokenizer
 from depthbench.errors import ConfigError
 
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>")

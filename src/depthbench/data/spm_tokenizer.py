@@ -21,7 +21,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from depthbench.data import cache
-from depthbench.data.tokenizer import Tokenizer
+from depthbench.data.tokenizer_base import Tokenizer
 from depthbench.errors import ConfigError
 
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3
@@ -49,7 +49,7 @@ def check_trainable(vocab_size: int) -> None:
 
 
 class SentencePieceTokenizer(Tokenizer):
-    """A loaded SentencePiece model (:class:`~depthbench.data.tokenizer.Tokenizer`)."""
+    """A loaded SentencePiece model (:class:`~depthbench.data.tokenizer_base.Tokenizer`)."""
 
     kind = "sentencepiece"
 

@@ -39,6 +39,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from depthbench.evaluation.prefix import prefix_token_id
 from depthbench.evaluation.scoring import Scorer
 
 
@@ -78,8 +79,6 @@ class DepthbenchLM(TemplateLM):
 
     @property
     def prefix_token_id(self) -> int:
-        from depthbench.evaluation.runner import prefix_token_id
-
         return prefix_token_id(self.tokenizer)
 
     @property

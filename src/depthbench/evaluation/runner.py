@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from depthbench.errors import ConfigError
+from depthbench.evaluation.prefix import prefix_token_id
 
 COMMONSENSE = ("openbookqa", "winogrande", "arc_challenge", "arc_easy", "hellaswag",
                "social_iqa", "piqa")
@@ -81,15 +82,6 @@ def nll_suite(run, scorer, *, tasks=None, data_dir=None, limit=None) -> dict[str
                for name, (pairs, source) in loaded.items()}
     categories, overall = suite.aggregate(results)
     return {"tasks": results, "categories": categories, "aggregate": overall}
-
-
-def prefix_token_id(tokenizer) -> int:
-    """The token an empty context is conditioned on (``encode`` adds none): BOS for a
-    Hugging Face tokenizer that has one (lm-eval's hf backend), else EOS (depthbench
-    runs train on documents joined by EOS, without BOS)."""
-    if tokenizer.kind == "huggingface" and tokenizer.bos_id >= 0:
-        return tokenizer.bos_id
-    return tokenizer.eos_id
 
 
 def lm_eval_suite(lm, tasks, *, include_path=None, limit=None, num_fewshot=None

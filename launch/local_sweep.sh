@@ -8,7 +8,7 @@
 # Process i runs `depthbench sweep --shard i/N` (every N-th run), logging to
 # DIR/logs/shard-i-of-N.log; with --gpus each process sees one GPU (CUDA_VISIBLE_DEVICES),
 # without it the processes share the CPU (--cpus-per-proc pins each to its own cores with
-# taskset).  Every process keeps DIR/results.csv up to date; this script prints a summary
+# taskset) and run with DEPTHBENCH_MALLOC=mimalloc unless it is set.  Every process keeps DIR/results.csv up to date; this script prints a summary
 # of it every --interval seconds until all processes end, then (--report) the report.
 # Ctrl-C stops the processes it started; re-running resumes (finished runs are skipped).
 # Exit status: 0 all processes succeeded, 1 one failed (see its log), 2 bad usage.
@@ -83,8 +83,8 @@ command_of() {  # the command of process $1 (an env prefix, maybe taskset, depth
   local i=$1 cmd=(env)
   if ((${#GPU_IDS[@]})); then
     cmd+=("CUDA_VISIBLE_DEVICES=${GPU_IDS[$((i % ${#GPU_IDS[@]}))]}")
-  else
-    cmd+=(JAX_PLATFORMS=cpu)
+  else  # CPU steps: mimalloc keeps XLA's per-step buffer mapped (bench/results/hostmem.md)
+    cmd+=(JAX_PLATFORMS=cpu "DEPTHBENCH_MALLOC=${DEPTHBENCH_MALLOC:-mimalloc}")
   fi
   if ((CPUS_PER > 0)); then
     cmd+=(taskset -c "$((i * CPUS_PER))-$((i * CPUS_PER + CPUS_PER - 1))")

@@ -122,3 +122,29 @@ def test_data_show_prints_english(micro_prepared, capsys):
     out = capsys.readouterr().out
     assert out.count("--- train window") == 2
     assert english_score(out) > 0.15
+
+
+# The quickstart's prepared data, recorded at eba6c85 (before the tokenizer
+# interface and the shared readers): the trained tokenizer and both splits.
+QUICKSTART_SHA256 = {
+    "spm.model": "9d615cee150b30e1d6e8d7dd7bb9784514d6a51999d195f7fa51e9ec1a4dba4c",
+    "train.npy": "6a6c30879aa66801d188b98ec85a4086f9e94db060e36dec3b66eee9b1e8ae3f",
+    "val.npy": "b38f0f1e52e57f1bf08b5effee5c74f372f3ab6f41126478814ed37998d4da8d",
+}
+
+
+def test_quickstart_tokens_are_bitwise_those_of_before(micro_prepared, tmp_path):
+    """Prepared from scratch (a fresh cache holding only the fetched corpus): the same
+    tokenizer bytes and token arrays as before, so the quickstart table stands."""
+    import shutil
+
+    from depthbench.digest import file_sha256
+
+    shutil.copytree(data.cache_root() / "micro", tmp_path / "micro")
+    config = config_lib.load(config_lib.base_spec_path(),
+                             [f"--config.data.cache_dir={tmp_path}"])
+    p = data.prepare(config, progress=False)
+    got = {name: file_sha256(path) for name, path in (
+        ("spm.model", p.tokenizer_path), ("train.npy", p.train_tokens_path),
+        ("val.npy", p.val_tokens_path))}
+    assert got == QUICKSTART_SHA256

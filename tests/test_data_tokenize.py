@@ -18,8 +18,10 @@ import pytest
 from depthbench import config as config_lib
 from depthbench import data
 from depthbench.cli import main
+from depthbench.config import ConfigError
 from depthbench.data import split, token_cache
 from depthbench.data import tokenize as tokenize_lib
+from depthbench.digest import file_sha256
 
 WORDS = ("the of and a to in is was that for on as with by he it at from his an were are which "
          "this be or has had not first one their its new after but who they also river north "
@@ -109,7 +111,7 @@ def test_equal_to_the_tokenizers_own_encode_with_eos_between(corpus, bpe, refere
     assert manifest["eos_id"] == eos and manifest["dtype"] == "uint16"
     assert manifest["splits"]["train"]["documents"] + manifest["splits"]["val"]["documents"] == 300
     assert manifest["splits"]["val"]["documents"] > 10  # the hash split held some out
-    assert manifest["tokenizer"]["sha256"] == tokenize_lib.GivenTokenizer(bpe).sha256
+    assert manifest["tokenizer"]["sha256"] == file_sha256(bpe)
     assert [Path(s["path"]).name for s in manifest["sources"]] == [
         "a.jsonl", "b.jsonl", "c.parquet", "d.txt"]
     assert sum(s["train_tokens"] + s["val_tokens"] for s in manifest["sources"]) == sum(
@@ -132,7 +134,7 @@ def test_sentencepiece_model(corpus, tmp_path):
     spm_tokenizer.train(_docs(5, 300), 300, model)
     out = tmp_path / "out"
     _run(corpus, model, out)
-    tk = spm_tokenizer.Tokenizer(model)
+    tk = spm_tokenizer.SentencePieceTokenizer(model)
     stream = []
     for doc in corpus[1]:
         ids = tk.encode(doc)
@@ -288,3 +290,61 @@ def test_gzipped_inputs_tokenize_like_plain_ones(corpus, bpe, tmp_path):
     for name in ("train", "val"):
         np.testing.assert_array_equal(_stream(tmp_path / "out-plain", name),
                                       _stream(tmp_path / "out-zipped", name))
+
+
+def test_a_bad_document_found_while_tokenising_keeps_only_useful_work(bpe, tmp_path, monkeypatch):
+    """Past the start of each file (what the preflight reads), a bad line is found by a
+    worker: units finished before it are kept, and a re-run after the fix redoes only
+    the fixed file; with no unit finished, nothing this run created is left."""
+    monkeypatch.setattr(tokenize_lib.inputs, "PREFLIGHT_BYTES", 100)
+    src = tmp_path / "src"
+    src.mkdir()
+    good = "".join(json.dumps({"text": d}) + "\n" for d in _docs(1, 60))
+    (src / "a.jsonl").write_text(good)
+    (src / "b.jsonl").write_text(good + "{not json\n")
+    opts = tokenize_lib.Options(shard_tokens=SHARD, val_fraction=FRACTION)
+
+    def run(pattern, out, ran, chunk_bytes=1500):
+        return tokenize_lib.run(pattern, str(bpe), out, opts, chunk_bytes=chunk_bytes,
+                                progress=False, log=lambda m: None, on_unit_done=ran.append)
+
+    out, ran = tmp_path / "new" / "out", []
+    with pytest.raises(ConfigError, match=r"b\.jsonl:61 is not JSON") as e:
+        run(str(src / "b.jsonl"), out, ran, chunk_bytes=1 << 20)  # one unit: none finishes
+    assert "kept" not in str(e.value) and not (tmp_path / "new").exists()
+
+    out, ran = tmp_path / "out", []
+    with pytest.raises(ConfigError, match=r"b\.jsonl \(line at byte \d+\) is not JSON .*; the "
+                                          r"\d+ unit\(s\) finished are kept in .*\.work: fix"):
+        run(f"{src}/*.jsonl", out, ran)
+    units_a = len(tokenize_lib.inputs.plan_units([src / "a.jsonl"], "text", 1500))
+    assert len(ran) >= units_a > 1 and not (out / "manifest.json").exists()
+    (src / "b.jsonl").write_text(good)
+    # As if a merge of the old inputs had been interrupted: a full shard, now stale.
+    np.save(out / "train_00000.npy", np.zeros(SHARD, np.uint16))
+    ran.clear()
+    run(f"{src}/*.jsonl", out, ran)
+    assert {Path(r["unit"]["path"]).name for r in ran} == {"b.jsonl"}
+    fresh = tmp_path / "fresh"
+    run(f"{src}/*.jsonl", fresh, [])
+    assert _outputs(out) == _outputs(fresh)
+
+
+def test_preflight_reads_only_the_start_of_each_file(tmp_path, monkeypatch):
+    """A bad line past PREFLIGHT_BYTES is left to the workers; one before it is found
+    up front, and so are inputs wholly read and holding no document."""
+    monkeypatch.setattr(tokenize_lib.inputs, "PREFLIGHT_BYTES", 200)
+    inputs = tokenize_lib.inputs
+    path = tmp_path / "a.jsonl"
+    line = json.dumps({"text": "x" * 50}) + "\n"
+    path.write_text(line * 10 + "{bad\n")
+    units = inputs.plan_units([path], "text")
+    inputs.preflight(units, "text")  # the bad line starts at byte 610
+    path.write_text(line * 2 + "{bad\n")
+    with pytest.raises(ConfigError, match=r"a\.jsonl:3 is not JSON"):
+        inputs.preflight(inputs.plan_units([path], "text"), "text")
+    path.write_text('{"text": ""}\n' * 5)
+    with pytest.raises(ConfigError, match=r"--input: the 1 file\(s\) hold no documents"):
+        inputs.preflight(inputs.plan_units([path], "text"), "text")
+    path.write_text('{"text": ""}\n' * 50)  # more than the preflight reads: left to the run
+    inputs.preflight(inputs.plan_units([path], "text"), "text")

@@ -28,7 +28,8 @@ from toy_corpus import write_progressions
 
 from depthbench import config as config_lib
 from depthbench.cli import main as cli_main
-from depthbench.rundir.integrity import check_integrity, file_digest
+from depthbench.digest import file_sha256 as file_digest
+from depthbench.rundir.integrity import check_integrity
 from depthbench.rundir.io import read_jsonl
 from depthbench.rundir.restore import steps_on_disk
 from depthbench.train import loop

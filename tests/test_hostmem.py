@@ -1,7 +1,8 @@
-"""depthbench.hostmem: a large buffer freed and allocated again (XLA:CPU's
-temp buffer, every step) is not page-faulted in again, with mimalloc (the
-command re-executes itself with it preloaded) or with glibc keeping freed
-memory (``keep``).
+"""depthbench.hostmem: by default nothing is changed and nothing re-executed
+(the command and ``main()`` run alike); asked for, a large buffer freed and
+allocated again (XLA:CPU's temp buffer, every step) is not page-faulted in
+again, with mimalloc (the command re-executes itself with it preloaded) or
+with glibc keeping freed memory (``keep``).
 
 Each case runs in a fresh interpreter: an allocator is chosen when a process
 starts, glibc's settings must be made before any thread takes a malloc arena,
@@ -79,14 +80,29 @@ def _rounds(*args: str, **env: str) -> tuple[str, bool, list[int]]:
 MIMALLOC_STATUS = ("mimalloc (MIMALLOC_ALLOW_THP=0, MIMALLOC_ARENA_EAGER_COMMIT=1, "
                    "MIMALLOC_PURGE_DELAY=-1)")
 needs_mimalloc = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or hostmem.mimalloc_library() is None
-    or hostmem.accelerator_plugin() is not None,
-    reason="mimalloc is a dependency on Linux; auto leaves accelerator hosts alone")
+    not sys.platform.startswith("linux") or hostmem.mimalloc_library() is None,
+    reason="mimalloc is a dependency on Linux")
+
+
+@glibc_linux
+def test_by_default_a_command_is_not_re_executed_and_runs_as_main_does():
+    out, pid = _run_rounds("command")  # the default, as the depthbench command starts
+    assert out[0] == "system default"
+    assert out[2].split() == [str(pid), "[]"]  # not re-executed; nothing preloaded
+    faults = [int(f) for f in out[1].split()[1:]]
+    assert min(faults[1:]) > 1000, faults  # glibc unmaps the freed buffer: faulted again
+    # main() in a Python process, as a notebook or a test calls it: the same decision.
+    code = ("import sys\nfrom depthbench import hostmem\nfrom depthbench.cli import main\n"
+            "code = main(['shapes', '--suite', 'micro'])\n"
+            "print(hostmem.status(), code, sep='|', file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], env=_CLEAN, capture_output=True,
+                          text=True)
+    assert done.stderr.strip().splitlines()[-1] == "system default|0", done.stderr
 
 
 @needs_mimalloc
-def test_a_command_re_executes_itself_once_with_mimalloc_and_its_children_start_clean():
-    out, pid = _run_rounds("command")  # auto, the default
+def test_asked_for_mimalloc_a_command_re_executes_itself_once_and_its_children_start_clean():
+    out, pid = _run_rounds("command", DEPTHBENCH_MALLOC="mimalloc")
     assert out[0] == MIMALLOC_STATUS
     faults = [int(f) for f in out[1].split()[1:]]
     assert faults[0] >= 64  # the first touch faults (4 KiB pages: 65,536; 2 MiB ones: 128)
@@ -99,33 +115,27 @@ def test_a_command_re_executes_itself_once_with_mimalloc_and_its_children_start_
 
 
 @needs_mimalloc
-def test_no_re_execution_unless_mimalloc_is_chosen_and_free_to_load():
+def test_no_re_execution_unless_mimalloc_is_asked_for_and_free_to_load():
     for env, decided in (
         ({"DEPTHBENCH_MALLOC": "system"}, "system default"),
         ({"DEPTHBENCH_MALLOC": "keep"}, "freed memory kept (one arena, no mmap, no trim)"),
-        ({"JAX_PLATFORMS": "tpu"}, "system default (accelerator: JAX_PLATFORMS=tpu)"),
         # the user's own preload wins (a library that exists, loaded harmlessly)
-        ({"LD_PRELOAD": "libm.so.6"}, "system default (LD_PRELOAD is set: libm.so.6)"),
+        ({"DEPTHBENCH_MALLOC": "mimalloc", "LD_PRELOAD": "libm.so.6"},
+         "system default (LD_PRELOAD is set: libm.so.6)"),
     ):
         out, pid = _run_rounds("command", **env)
         assert out[0] == decided, env
         assert out[2].split()[0] == str(pid)
     # apply(), as a notebook calls it, never re-executes: it says what would.
-    assert _rounds()[0] == ("system default (mimalloc is chosen at process start: the "
-                            "depthbench command and python -m bench do it)")
+    assert _rounds("mimalloc")[0] == (
+        "system default (mimalloc is loaded at process start: the depthbench command and "
+        "python -m bench do it)")
     # A mimalloc setting of the user's wins (and is theirs: it stays in the environment).
-    out, _ = _run_rounds("command", MIMALLOC_PURGE_DELAY="100")
+    out, _ = _run_rounds("command", DEPTHBENCH_MALLOC="mimalloc", MIMALLOC_PURGE_DELAY="100")
     assert out[0] == MIMALLOC_STATUS.replace("PURGE_DELAY=-1", "PURGE_DELAY=100")
-    # Asked for by name on an accelerator host, it is loaded all the same.
-    out, _ = _run_rounds("command", DEPTHBENCH_MALLOC="mimalloc", JAX_PLATFORMS="tpu")
-    assert out[0] == MIMALLOC_STATUS
-
-
-def test_accelerator_plugin_reads_jax_platforms(monkeypatch):
-    monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")
-    assert hostmem.accelerator_plugin() == "JAX_PLATFORMS=cuda,cpu"
-    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    assert hostmem.accelerator_plugin() is None
+    # Preloaded by hand, it is what every setting reports (the default included).
+    out, pid = _run_rounds("command", LD_PRELOAD=hostmem.mimalloc_library())
+    assert out[0] == "mimalloc (its defaults)" and out[2].split()[0] == str(pid)
 
 
 @glibc_linux
@@ -148,7 +158,7 @@ def test_keep_only_when_asked_for():
 
 def test_bad_setting_is_one_line_and_exit_2(tmp_path):
     with pytest.raises(ConfigError, match=r"\$DEPTHBENCH_MALLOC: 'always' is not one of "
-                                          r"auto, mimalloc, keep, system"):
+                                          r"system, mimalloc, keep"):
         hostmem.setting("always")
     env = {**os.environ, "DEPTHBENCH_MALLOC": "always"}
     for command in ([sys.executable, "-m", "depthbench", "shapes"],
@@ -157,8 +167,13 @@ def test_bad_setting_is_one_line_and_exit_2(tmp_path):
                               cwd=os.path.dirname(os.path.dirname(__file__)))
         assert done.returncode == 2, done.stderr
         assert done.stderr.strip().count("\n") == 0
-        assert ("$DEPTHBENCH_MALLOC: 'always' is not one of auto, mimalloc, keep, system"
+        assert ("$DEPTHBENCH_MALLOC: 'always' is not one of system, mimalloc, keep"
                 in done.stderr)
+    # main() called from Python says the same, one line, exit status 2.
+    code = "import sys\nfrom depthbench.cli import main\nsys.exit(main(['shapes']))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr == (
+        "depthbench: error: $DEPTHBENCH_MALLOC: 'always' is not one of system, mimalloc, keep\n")
 
 
 @glibc_linux

@@ -30,7 +30,7 @@ fake = Path(os.environ["FAKE_DIR"])
 tool = Path(sys.argv[0]).name
 args = sys.argv[1:]
 env = {{k: os.environ.get(k) for k in ("DEPTHBENCH_COORD_PORT", "CUDA_VISIBLE_DEVICES",
-                                       "JAX_PLATFORMS")}}
+                                       "JAX_PLATFORMS", "DEPTHBENCH_MALLOC")}}
 with open(fake / "calls.jsonl", "a") as f:
     f.write(json.dumps({{"tool": tool, "args": args, "env": env}}) + "\n")
 state = fake / "state"
@@ -319,7 +319,8 @@ def test_local_sweep_starts_one_process_per_shard(fakes, tmp_path):
     r = sh("local_sweep.sh", "--config", SPEC, "--workdir", str(workdir), "--procs", "2",
            "--interval", "1", env=env)
     assert r.returncode == 1 and "shard 1/2 failed; see" in r.stderr
-    assert {c["env"]["JAX_PLATFORMS"] for c in calls(fakes, "depthbench")} == {"cpu"}
+    assert {(c["env"]["JAX_PLATFORMS"], c["env"]["DEPTHBENCH_MALLOC"])
+            for c in calls(fakes, "depthbench")} == {("cpu", "mimalloc")}
 
 
 def test_local_sweep_dry_run(fakes, tmp_path):
@@ -327,7 +328,8 @@ def test_local_sweep_dry_run(fakes, tmp_path):
            "--cpus-per-proc", "2", "--report", "--dry-run", env={"DEPTHBENCH": "depthbench"})
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[1] == ("+ env JAX_PLATFORMS=cpu taskset -c 0-1 depthbench sweep --config "
+    assert lines[1] == ("+ env JAX_PLATFORMS=cpu DEPTHBENCH_MALLOC=mimalloc taskset -c 0-1 "
+                        "depthbench sweep --config "
                         f"{SPEC} --workdir runs/x --shard 0/3 --no-progress > "
                         "runs/x/logs/shard-0-of-3.log 2>&1 &")
     assert "taskset -c 4-5" in lines[3] and lines[4] == "+ depthbench report runs/x"

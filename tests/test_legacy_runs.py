@@ -22,7 +22,7 @@ from depthbench import config as config_lib
 from depthbench.analysis.analyze import analyze
 from depthbench.analysis.run import load_run
 from depthbench.cli import main as cli_main
-from depthbench.rundir.integrity import file_digest
+from depthbench.digest import file_sha256 as file_digest
 from depthbench.rundir.io import read_jsonl
 from depthbench.train import loop
 

@@ -32,7 +32,7 @@ from toy_corpus import write_progressions
 
 from depthbench import config as config_lib
 from depthbench.analysis.run import load_run
-from depthbench.rundir.integrity import file_digest
+from depthbench.digest import file_sha256 as file_digest
 from depthbench.rundir.restore import DamagedCheckpoints
 from depthbench.train import loop
 

@@ -1,4 +1,4 @@
-"""Host memory for XLA:CPU steps: mimalloc on CPU-only installs, set at start.
+"""Host memory for XLA:CPU steps: glibc by default, mimalloc or kept memory when asked.
 
 XLA:CPU allocates an executable's whole temp buffer at every run and frees it
 after (1.1 GiB for the d 256 benchmark step, 2.5 GiB at d 768), from one of
@@ -8,11 +8,10 @@ it on ``free``, so every step page-faults the whole buffer in again, 4 KiB at
 a time (281,000 minor faults per d 256 step; about 16% of the step's CPU
 samples are the kernel's).  ``$DEPTHBENCH_MALLOC`` chooses what to do:
 
-* ``auto`` (the default): ``mimalloc`` where jax will run on the CPU (no
-  accelerator plugin installed, ``$JAX_PLATFORMS`` unset or ``cpu`` first),
-  on Linux, with the ``cmeel-mimalloc`` package installed (a dependency on
-  Linux); otherwise ``system``.
-* ``mimalloc``: the process runs with the mimalloc allocator (``LD_PRELOAD``
+* ``system`` (the default): glibc as configured.  Nothing is changed and the
+  process is never re-executed, so the ``depthbench`` command and
+  ``depthbench.cli.main()`` called from Python run alike.
+* ``mimalloc``: the command runs with the mimalloc allocator (``LD_PRELOAD``
   of the ``cmeel-mimalloc`` package's library), told never to return freed
   memory to the kernel (``MIMALLOC_PURGE_DELAY=-1``), to use no transparent
   huge pages and to commit its arenas whole (:data:`_MIMALLOC_ENV`; a
@@ -20,29 +19,32 @@ samples are the kernel's).  ``$DEPTHBENCH_MALLOC`` chooses what to do:
   per step, and mimalloc's per-thread heaps take no lock that XLA's threads
   wait on.  The process keeps its peak heap for its life.  An allocator is
   chosen when a process starts, so the command entry points
-  (:func:`apply_or_exit`: the ``depthbench`` command, ``python -m bench``)
-  re-execute the same command line once, in place (same pid), with those
-  variables set, then remove them from the environment, so the processes it
-  starts begin as usual (a ``depthbench`` command among them sets itself up
-  the same way).  Not done when ``$LD_PRELOAD`` is set already (your
-  allocator wins).
+  (:func:`apply_or_exit`: the ``depthbench`` command, ``python -m bench``),
+  asked for it, re-execute the same command line once, in place (same pid),
+  with those variables set, then remove them from the environment, so the
+  processes it starts begin as usual.  Not done when ``$LD_PRELOAD`` is set
+  already (your allocator wins).  The same by hand, as MaxText documents
+  tcmalloc: ``LD_PRELOAD=$(python -c 'from depthbench import hostmem;
+  print(hostmem.mimalloc_library())') MIMALLOC_PURGE_DELAY=-1
+  MIMALLOC_ALLOW_THP=0 MIMALLOC_ARENA_EAGER_COMMIT=1 depthbench ...``.
 * ``keep``: glibc, with three ``mallopt`` settings made in-process before
   numpy or jax start a thread: one arena (``M_ARENA_MAX = 1``; a thread
   arena's heap cannot grow past 64 MiB, so glibc maps large requests
   whatever the next setting says), no ``mmap`` (``M_MMAP_MAX = 0``) and no
   trimming (``M_TRIM_THRESHOLD = -1``).  0 faults per step too, but XLA's
   threads then wait on the one arena's lock.
-* ``system``: glibc as configured.
 
-Measured on a 2-core Intel Xeon VM (jax 0.10.2; separate processes running
-only depthbench's step, median step; bench/results/peer.md): mimalloc d 128 L
-4 142-149 -> 118 ms, d 256 L 8 1.70-1.72 -> 1.46 s, d 64 L 32 159-173 -> 140
-ms, d 768 L 12 7.48-7.62 -> 7.55 s (remat off: its 2.5 GiB buffer was larger
-than mimalloc's arenas and still faulted; under ``matmuls_saveable``, the micro
-config's policy, it fits: 0-166 faults a step); keep d 256 1.63 -> 1.49 s, d 768 7.63 ->
-7.23 s, d 64 L 32 137 -> 207 ms.  With transparent huge pages allowed,
-mimalloc's fresh 2 MiB pages stalled single steps up to 2x on that VM (it
-hands free memory back to its host), hence ``MIMALLOC_ALLOW_THP=0``.
+What the default costs the quickstart's CPU step is measured in
+``bench/results/hostmem.md``.  Measured before on a 2-core Intel Xeon VM (jax
+0.10.2; separate processes running only depthbench's step, median step;
+bench/results/peer.md): mimalloc d 128 L 4 142-149 -> 118 ms, d 256 L 8
+1.70-1.72 -> 1.46 s, d 64 L 32 159-173 -> 140 ms, d 768 L 12 7.48-7.62 -> 7.55
+s (remat off: its 2.5 GiB buffer was larger than mimalloc's arenas and still
+faulted; under ``matmuls_saveable``, the micro config's policy, it fits: 0-166
+faults a step); keep d 256 1.63 -> 1.49 s, d 768 7.63 -> 7.23 s, d 64 L 32 137
+-> 207 ms.  With transparent huge pages allowed, mimalloc's fresh 2 MiB pages
+stalled single steps up to 2x on that VM (it hands free memory back to its
+host), hence ``MIMALLOC_ALLOW_THP=0``.
 
 In a notebook, start the kernel with ``LD_PRELOAD=<mimalloc_library()>`` and
 those ``MIMALLOC_*`` settings in its environment, or call :func:`apply` with
@@ -53,19 +55,16 @@ from __future__ import annotations
 
 import ctypes
 import importlib.metadata
-import importlib.util
 import os
-import pkgutil
 import platform
 import sys
 
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError
 
-__all__ = ["CHOICES", "ENV", "accelerator_plugin", "apply", "apply_or_exit",
-           "mimalloc_library", "setting", "status"]
+__all__ = ["CHOICES", "ENV", "apply", "apply_or_exit", "mimalloc_library", "setting", "status"]
 
 ENV = "DEPTHBENCH_MALLOC"
-CHOICES = ("auto", "mimalloc", "keep", "system")  # the first is the default
+CHOICES = ("system", "mimalloc", "keep")  # the first is the default
 MIMALLOC_PACKAGE = "cmeel-mimalloc"
 # What the re-executed process finds in its environment: the mimalloc
 # settings this module added (so it can remove them again), and that it was
@@ -89,29 +88,11 @@ def status() -> str:
 
 
 def setting(mode: str | None = None) -> str:
-    """``mode`` (default: ``$DEPTHBENCH_MALLOC``, else ``auto``), checked."""
+    """``mode`` (default: ``$DEPTHBENCH_MALLOC``, else ``system``), checked."""
     mode = (mode if mode is not None else os.environ.get(ENV, "")).strip().lower() or CHOICES[0]
     if mode not in CHOICES:
         raise ConfigError(f"${ENV}: {mode!r} is not one of {', '.join(CHOICES)}")
     return mode
-
-
-def accelerator_plugin() -> str | None:
-    """The accelerator jax would use here, by name, or None when it is the CPU.
-    Decided without importing jax (its threads must not exist yet)."""
-    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
-    if platforms:
-        first = platforms.split(",")[0].strip()
-        return None if first == "cpu" else f"JAX_PLATFORMS={platforms}"
-    if importlib.util.find_spec("libtpu") is not None:
-        return "libtpu"
-    spec = importlib.util.find_spec("jax_plugins")
-    if spec is not None and spec.submodule_search_locations:
-        for module in pkgutil.iter_modules(spec.submodule_search_locations):
-            return f"jax_plugins.{module.name}"
-    for entry in importlib.metadata.entry_points(group="jax_plugins"):
-        return f"jax_plugins entry point {entry.name}"
-    return None
 
 
 def mimalloc_library() -> str | None:
@@ -136,14 +117,14 @@ def _mimalloc_loaded() -> bool:
         return False
 
 
-def _mimalloc_plan(mode: str) -> tuple[str, str | None]:
-    """For ``auto`` / ``mimalloc``: this process's status, and the library to
+def _mimalloc_status() -> str:
+    options = [f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("MIMALLOC_")]
+    return f"mimalloc ({', '.join(options) or 'its defaults'})"
+
+
+def _mimalloc_plan() -> tuple[str, str | None]:
+    """For ``mimalloc`` not loaded yet: this process's status, and the library to
     re-execute with (None when re-executing would not change anything)."""
-    if _mimalloc_loaded():
-        options = [f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("MIMALLOC_")]
-        return f"mimalloc ({', '.join(options) or 'its defaults'})", None
-    if mode == "auto" and (accelerator := accelerator_plugin()):
-        return f"system default (accelerator: {accelerator})", None
     if not sys.platform.startswith("linux"):
         return "system default (mimalloc is preloaded on Linux only)", None
     library = mimalloc_library()
@@ -153,7 +134,7 @@ def _mimalloc_plan(mode: str) -> tuple[str, str | None]:
         return "system default (mimalloc did not load)", None
     if os.environ.get("LD_PRELOAD"):
         return f"system default (LD_PRELOAD is set: {os.environ['LD_PRELOAD']})", None
-    return ("system default (mimalloc is chosen at process start: the depthbench command "
+    return ("system default (mimalloc is loaded at process start: the depthbench command "
             "and python -m bench do it)"), library
 
 
@@ -179,29 +160,33 @@ def _keep() -> str:
 def _decide(mode: str) -> tuple[str, str | None]:
     """Apply ``mode`` in this process as far as a running process can: the
     status line, and the mimalloc library to re-execute with (or None)."""
+    if _mimalloc_loaded():  # preloaded, by this module or by you: it serves every mode
+        return _mimalloc_status(), None
     if mode == "keep":
         return _keep(), None
     if mode == "system":
         return "system default", None
-    return _mimalloc_plan(mode)
+    return _mimalloc_plan()
 
 
 def apply(mode: str | None = None) -> str:
     """Apply ``mode`` in this process (``keep``: the ``mallopt`` settings;
-    ``auto`` / ``mimalloc``: report whether mimalloc is loaded, which only a
-    process's start decides) and return one line saying what holds.  Never
-    re-executes.  Idempotent: the first call decides."""
+    ``mimalloc``: report whether mimalloc is loaded, which only a process's
+    start decides) and return one line saying what holds.  Never re-executes.
+    Idempotent: the first call decides."""
     global _status
+    mode = setting(mode)  # checked at every call: a bad setting is never passed over
     if _status is None:
-        _status = _decide(setting(mode))[0]
+        _status = _decide(mode)[0]
     return _status
 
 
 def apply_or_exit(prog: str) -> str:
     """:func:`apply` for a command's first line (the ``depthbench`` command,
-    ``python -m bench``): where mimalloc is chosen and not loaded, re-execute
-    the same command line in place with it (once); in the re-executed process,
-    take the variables this added out of the environment again.  A bad
+    ``python -m bench``): where ``$DEPTHBENCH_MALLOC=mimalloc`` asks for mimalloc
+    and it is not loaded, re-execute the same command line in place with it
+    (once); in the re-executed process, take the variables this added out of
+    the environment again.  By default nothing is re-executed.  A bad
     ``$DEPTHBENCH_MALLOC`` is one line on stderr and exit status 2, like every
     bad input."""
     global _status

@@ -155,7 +155,7 @@ class Run:
         if not path:
             raise ConfigError(f"RUN_DIR: {self.run_dir} records no tokenizer in {CONFIG_FILE} "
                               "(resolved.tokenizer.tokenizer_path)")
-        from depthbench.data.hf_tokenizer import open_tokenizer
+        from depthbench.data.tokenizer import open_tokenizer
 
         return open_tokenizer(path, field="resolved.tokenizer.tokenizer_path",
                               eos_id=int(info.get("eos_id", -1)),

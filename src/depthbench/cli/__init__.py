@@ -34,12 +34,12 @@ environment:
       the command line's); announced on stderr. For smoke tests of scripts.
   DEPTHBENCH_MAX_RUNS=N   a sweep process trains at most N runs (sweep --max-runs).
   DEPTHBENCH_CACHE=DIR    data cache root (default ~/.cache/depthbench).
-  DEPTHBENCH_MALLOC=auto|mimalloc|keep|system  host memory for XLA:CPU's per-step
-      temp buffer (depthbench.hostmem). auto (default): mimalloc when jax runs on
-      the CPU: the command re-runs itself once, in place, with it preloaded and
-      keeping freed memory (no page faults every step; CPU steps 15-20% faster
-      measured, d 768 level). keep: glibc keeps freed memory (one arena; deep
-      narrow models slower). system: glibc as configured.
+  DEPTHBENCH_MALLOC=system|mimalloc|keep  host memory for XLA:CPU's per-step temp
+      buffer (depthbench.hostmem). system (default): glibc as configured, nothing
+      re-executed. mimalloc: the command re-runs itself once, in place, with mimalloc
+      preloaded and keeping freed memory (no page faults every step; faster CPU
+      steps: bench/results/hostmem.md). keep: glibc keeps freed memory (one arena;
+      deep narrow models slower).
 
 Exit status: 0 ok, 2 bad input (one line on stderr), 3 training diverged,
 4 disk full or read-only (one line on stderr; free space and re-run)."""
@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    try:  # as the command does (entry), short of re-executing: main() runs alike
+        hostmem.apply()
+    except ConfigError as e:
+        sys.stderr.write(f"depthbench: error: {e}\n")
+        return EXIT_BAD_INPUT
     if argv[:1] == ["lm-eval"]:  # lm-eval's own flags pass through untouched
         from depthbench.cli import lm_eval_cmd
 
@@ -144,7 +149,8 @@ if __name__ == "__main__":
 
 def entry() -> None:
     """Console-script entry point (and ``python -m depthbench``): host-memory
-    settings first, before jax starts any thread (:mod:`depthbench.hostmem`;
-    on a CPU-only install it re-executes the command once, in place, with mimalloc)."""
+    settings first, before jax starts any thread (:mod:`depthbench.hostmem`; by
+    default none; ``DEPTHBENCH_MALLOC=mimalloc`` re-executes the command once, in
+    place, with mimalloc preloaded), then :func:`main`."""
     hostmem.apply_or_exit("depthbench")
     sys.exit(main())

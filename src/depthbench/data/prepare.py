@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from depthbench.data import cache, corpora, pipeline, split, token_cache
 from depthbench.data import spm_tokenizer as tok
-from depthbench.data.hf_tokenizer import open_tokenizer
+from depthbench.data.tokenizer import Tokenizer, open_tokenizer
 from depthbench.data.validate import validate_config
 from depthbench.errors import ConfigError
 
@@ -83,7 +83,7 @@ def prepare(config, *, progress: bool = True) -> Prepared:
     validate_config(config)
     log = _logger(progress)
     d = config.data
-    root = cache.cache_root(d.cache_dir)
+    root = cache.usable_dir(cache.cache_root(d.cache_dir), "config.data.cache_dir")
     given = (
         open_tokenizer(Path(d.tokenizer).expanduser(), field="config.data.tokenizer",
                        eos_id=int(d.eos_id))
@@ -144,7 +144,7 @@ def _prepare_text(config, corpus, given, root: Path, log, progress: bool) -> tup
         TOKENS_VERSION,
         corpus.fingerprint(),
         d.val_fraction,
-        cache.file_digest(tk.path),
+        tk.sha256[:16],
         eos_id,
     )
     entry = root / "tokens" / key
@@ -164,7 +164,7 @@ def _prepare_shards(config, corpus, given, root: Path, log, progress: bool) -> t
         corpus.fingerprint(),
         d.val_fraction,
         corpus.eos_id,
-        cache.file_digest(given.path) if given else "",
+        given.sha256[:16] if given else "",
     )
     entry = root / "tokens" / key
     limit = given.vocab_size if given is not None else config.model.vocab_size
@@ -200,7 +200,7 @@ def _cached_meta(entry: Path) -> dict:
     return meta
 
 
-def tokenizer(prepared: Prepared) -> tok.Tokenizer:
+def tokenizer(prepared: Prepared) -> Tokenizer:
     """The prepared corpus's tokenizer (``encode(str)``, ``decode(ids)``)."""
     if not prepared.tokenizer_path:
         raise ConfigError(
@@ -219,7 +219,7 @@ def _split_docs(corpus, fraction: float, want_val: bool) -> Iterator[str]:
     return (doc for doc in corpus.documents() if split.is_validation(doc, fraction) == want_val)
 
 
-def _trained_tokenizer(config, corpus, root: Path, log, progress: bool) -> tok.Tokenizer:
+def _trained_tokenizer(config, corpus, root: Path, log, progress: bool) -> Tokenizer:
     d = config.data
     key = cache.digest(
         "spm",
@@ -231,7 +231,7 @@ def _trained_tokenizer(config, corpus, root: Path, log, progress: bool) -> tok.T
     )
     path = root / "tokenizers" / key / "spm.model"
     if path.is_file():
-        return tok.Tokenizer(path)
+        return tok.SentencePieceTokenizer(path)
     counts = {True: [0, 0], False: [0, 0]}  # is_val -> [documents, bytes]
     bar = tqdm(desc="scanning corpus", unit=" doc", disable=not progress, leave=False)
     for doc in corpus.documents():
@@ -257,7 +257,7 @@ def _trained_tokenizer(config, corpus, root: Path, log, progress: bool) -> tok.T
     with cache.atomic_dir(path.parent) as tmp:
         tok.train(sample, config.model.vocab_size, tmp / path.name)
     log(f"  -> {path} ({time.perf_counter() - t0:.1f}s)")
-    return tok.Tokenizer(path)
+    return tok.SentencePieceTokenizer(path)
 
 
 def _check_split(train_docs: int, val_docs: int, fraction: float) -> None:
@@ -287,7 +287,7 @@ def _chunks(iterable, size: int):
 
 
 def _tokenise_text(
-    corpus, tk: tok.Tokenizer, eos_id: int, fraction: float, out: Path, progress: bool
+    corpus, tk: Tokenizer, eos_id: int, fraction: float, out: Path, progress: bool
 ) -> dict:
     dtype = token_cache.token_dtype(tk.vocab_size)
     docs = {False: 0, True: 0}
@@ -326,7 +326,7 @@ def _tokenise_text(
 
 
 def _split_shards(
-    corpus, max_id: int, fraction: float, out: Path, progress: bool, given: tok.Tokenizer | None
+    corpus, max_id: int, fraction: float, out: Path, progress: bool, given: Tokenizer | None
 ) -> dict:
     eos_id = corpus.eos_id
     dtype = token_cache.token_dtype(max(max_id, eos_id) + 1)

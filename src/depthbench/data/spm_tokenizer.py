@@ -21,6 +21,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from depthbench.data import cache
+from depthbench.data.tokenizer_base import Tokenizer
 from depthbench.errors import ConfigError
 
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3
@@ -47,13 +48,13 @@ def check_trainable(vocab_size: int) -> None:
         )
 
 
-class Tokenizer:
-    """A loaded SentencePiece model with ``encode``/``decode`` and its special ids."""
+class SentencePieceTokenizer(Tokenizer):
+    """A loaded SentencePiece model (:class:`~depthbench.data.tokenizer_base.Tokenizer`)."""
+
+    kind = "sentencepiece"
 
     def __init__(self, path: str | Path, *, field: str = "config.data.tokenizer"):
-        self.path = str(path)
-        if not Path(path).is_file():
-            raise ConfigError(f"{field}: file {self.path!r} does not exist")
+        super().__init__(path, field)
         try:
             self.sp = spm.SentencePieceProcessor(model_file=self.path)
         except (RuntimeError, OSError):
@@ -63,15 +64,6 @@ class Tokenizer:
         self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
         nl = self.sp.piece_to_id(_NEWLINE_PIECE)
         self.newline_id = nl if nl != self.unk_id and self.sp.is_byte(nl) else -1
-
-    def __getstate__(self):  # picklable (grain workers): reload from the file
-        return {"path": self.path}
-
-    def __setstate__(self, state):
-        self.__init__(state["path"])
-
-    def encode(self, text: str) -> list[int]:
-        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 2) -> list[list[int]]:
         """Token ids of each text (no BOS/EOS added)."""
@@ -89,7 +81,8 @@ class Tokenizer:
             i += len(lines)
         return out
 
-    def decode(self, ids: Iterable[int]) -> str:
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        del skip_special_tokens  # control pieces (bos, eos, pad) decode to nothing anyway
         ids = [int(i) for i in ids]
         if self.newline_id < 0:
             return self.sp.decode(ids)
@@ -103,11 +96,8 @@ class Tokenizer:
         lines.append(current)
         return "\n".join(self.sp.decode(lines))
 
-    def describe(self) -> str:
-        return (
-            f"{Path(self.path).name} (vocab {self.vocab_size}, bos {self.bos_id}, "
-            f"eos {self.eos_id}, pad {self.pad_id})"
-        )
+    def token_text(self, token_id: int) -> str:
+        return self.sp.id_to_piece(int(token_id))
 
 
 def training_lines(texts: Iterable[str]) -> Iterable[str]:

@@ -7,8 +7,9 @@ Output (``--out DIR``)::
     manifest.json          sources, token counts, tokenizer hash, dtype, EOS, shards
     .work/                 per-unit results while running (removed at the end)
 
-The token stream of a split is every document's ids (the tokenizer's own
-``encode``) followed by EOS, documents in input order; the shards cut that
+The token stream of a split is every document's ids (``encode`` of
+:mod:`depthbench.data.tokenizer`: no special tokens added) followed by EOS,
+documents in input order; the shards cut that
 stream every ``shard_tokens`` tokens, so a document may continue from one
 shard into the next (the ``tokens`` corpus reads the shards of a glob as one
 stream).  A document is held out for validation when
@@ -45,10 +46,13 @@ from tqdm.auto import tqdm
 from depthbench.config import ConfigError
 from depthbench.data import cache, split, token_cache
 from depthbench.data import tokenize_inputs as inputs
-from depthbench.data.text_tokenizers import GivenTokenizer
+from depthbench.data.tokenizer import Tokenizer, open_tokenizer
 
 FORMAT = "depthbench-token-shards"
 VERSION = 1
+# In every unit's key.  2: text files read by readers.text_documents (newlines
+# normalised, surrounding newlines stripped, as data prepare reads them).
+UNIT_RULES = 2
 MANIFEST = "manifest.json"
 WORK = ".work"
 SPLITS = ("train", "val")
@@ -66,7 +70,7 @@ class Options:
     eos_token: str = ""
 
 
-def shard_dtype(requested: str, tk: GivenTokenizer) -> np.dtype:
+def shard_dtype(requested: str, tk: Tokenizer) -> np.dtype:
     """The shards' dtype; one clear error if the vocabulary does not fit it."""
     if requested not in DTYPES:
         raise ConfigError(f"--dtype: {requested!r} is not one of {', '.join(DTYPES)}")
@@ -93,7 +97,7 @@ def check_options(opts: Options) -> None:
 _WORKER: dict = {}
 
 
-def _init_worker(tokenizer: GivenTokenizer, settings: dict, progress_queue) -> None:
+def _init_worker(tokenizer: Tokenizer, settings: dict, progress_queue) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker: scaling is by workers
     os.environ["RAYON_NUM_THREADS"] = "1"
     _WORKER.update(tokenizer=tokenizer, progress=progress_queue, **settings)
@@ -118,7 +122,7 @@ def _tokenise_unit(index, unit, stem: Path, tk, dtype, eos_id, field, fraction, 
         writers = (train_w, val_w)
         for texts, nbytes in inputs.documents(unit, field):
             pieces: tuple[list, list] = ([], [])
-            for ids in tk.encode_batch(texts) if texts else []:
+            for ids in tk.encode_batch(texts, num_threads=1) if texts else []:
                 if not ids:
                     continue
                 doc = np.asarray(ids, dtype=np.uint32)
@@ -140,27 +144,43 @@ def _tokenise_unit(index, unit, stem: Path, tk, dtype, eos_id, field, fraction, 
 
 
 def _unit_stem(work: Path, unit: inputs.Unit, settings_key: str) -> Path:
-    key = cache.digest(VERSION, settings_key, inputs.fingerprint(unit.path), unit.kind,
-                       unit.start, unit.stop)
+    key = cache.digest(VERSION, UNIT_RULES, settings_key, inputs.fingerprint(unit.path),
+                       unit.kind, unit.start, unit.stop)
     return work / key
 
 
-def _check_out(out: Path, plan_key: str) -> None:
-    """Refuse an ``--out`` holding something else (nothing there is touched)."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out: {out} exists and is not a directory")
+def _check_out(out: Path, plan_key: str, command_key: str) -> bool:
+    """Refuse an ``--out`` holding something else (nothing there is touched).
+
+    True when ``out`` holds an unfinished run of the same command whose input
+    files have changed since (a bad file, fixed): it resumes (units are keyed
+    by their own file), but shards an interrupted merge left are stale."""
+    cache.usable_dir(out, "--out")
     plan = out / WORK / "plan.json"
-    previous = None
     if (out / MANIFEST).is_file():
-        previous = cache.read_json(out / MANIFEST).get("plan_key")
+        previous = _read_record(out / MANIFEST, out)
     elif plan.is_file():
-        previous = cache.read_json(plan).get("plan_key")
+        previous = _read_record(plan, out)
+        if previous.get("plan_key") != plan_key and previous.get("command_key") == command_key:
+            return True
     elif out.is_dir() and any(p.name != WORK for p in out.iterdir()):
         raise ConfigError(f"--out: {out} is not empty and holds no data tokenize output; "
                           "give a new or empty directory")
-    if previous is not None and previous != plan_key:
+    else:
+        return False
+    if previous.get("plan_key") != plan_key:
         raise ConfigError(f"--out: {out} holds a tokenisation with other inputs or options; "
                           "give a new directory (or delete it to start over)")
+    return False
+
+
+def _read_record(path: Path, out: Path) -> dict:
+    try:
+        record = cache.read_json(path)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--out: {path} is unreadable ({type(e).__name__}); give a new "
+                          f"directory (or delete {out} to start over)") from None
+    return record if isinstance(record, dict) else {}
 
 
 def run(input_glob: str, tokenizer_path: str, out: str | Path, opts: Options = Options(), *,
@@ -169,49 +189,71 @@ def run(input_glob: str, tokenizer_path: str, out: str | Path, opts: Options = O
         on_unit_done: Callable[[dict], None] | None = None) -> dict:
     """Tokenise ``input_glob`` into shards under ``out``; returns the manifest.
 
-    ``on_unit_done(result)`` is called in this process after each unit is
-    recorded as done (the tests kill the process there).
+    Bad input found before any tokenising (options, files, tokenizer, the
+    start of every file) leaves ``out`` as it was.  A bad document found later
+    keeps the units already finished for a re-run to resume; with none
+    finished, what this call created is removed again.  ``on_unit_done(result)``
+    is called in this process after each unit is recorded as done (the tests
+    kill the process there).
     """
     check_options(opts)
     if workers < 1:
         raise ConfigError(f"--workers: must be a positive integer, got {workers}")
     out = Path(out).expanduser().resolve()
     files = inputs.input_files(input_glob)
-    tk = GivenTokenizer(tokenizer_path, opts.eos_token)
+    tk = open_tokenizer(tokenizer_path, field="--tokenizer", eos_token=opts.eos_token)
+    if tk.eos_id < 0:
+        raise ConfigError(f"--tokenizer: {tk.path} has no EOS piece")
     dtype = shard_dtype(opts.dtype, tk)
     settings = {"dtype": dtype.name, "eos_id": tk.eos_id, "text_field": opts.text_field,
                 "val_fraction": opts.val_fraction}
+    if tk.adds_specials_by_default:
+        # Output written under the library's default encode (with these specials)
+        # has another key, so it is never resumed into or taken as finished.
+        settings["special_tokens"] = "none added"
     settings_key = cache.digest(FORMAT, VERSION, tk.sha256, settings)
     sources = [inputs.fingerprint(str(f)) for f in files]
     plan_key = cache.digest(settings_key, opts.shard_tokens, sources)
-    _check_out(out, plan_key)
+    command_key = cache.digest(settings_key, opts.shard_tokens, [s[0] for s in sources])
+    inputs_changed = _check_out(out, plan_key, command_key)
     if (out / MANIFEST).is_file():
         log(f"{out} already holds this tokenisation ({MANIFEST}); nothing to do")
         return cache.read_json(out / MANIFEST)
     units = inputs.plan_units(files, opts.text_field, chunk_bytes)
+    inputs.preflight(units, opts.text_field)
+    created = _first_missing(out)
     work = out / WORK
     work.mkdir(parents=True, exist_ok=True)
-    cache.write_json(work / "plan.json", {"plan_key": plan_key})
+    cache.write_json(work / "plan.json", {"plan_key": plan_key, "command_key": command_key})
     for stale in work.glob(".*.tmp-*"):  # writers killed mid-unit
         stale.unlink(missing_ok=True)
+    for stale in _shard_files(out) if inputs_changed else ():  # a merge of the old inputs
+        stale.unlink()
     stems = [_unit_stem(work, u, settings_key) for u in units]
     done = {i: cache.read_json(Path(f"{s}.json")) for i, s in enumerate(stems)
             if Path(f"{s}.json").is_file()}
     todo = [(i, units[i], str(stems[i])) for i in range(len(units)) if i not in done]
     log(f"tokenising {len(files)} file(s) in {len(units)} unit(s) with {Path(tk.path).name} "
-        f"({tk.kind}, vocab {tk.vocab_size}, EOS {tk.eos_token!r} = {tk.eos_id}) into {out} "
-        f"[{dtype.name}, {opts.shard_tokens:,} tokens per shard, {workers} worker(s)]")
+        f"({tk.kind}, vocab {tk.vocab_size}, EOS {tk.token_text(tk.eos_id)!r} = {tk.eos_id}) "
+        f"into {out} [{dtype.name}, {opts.shard_tokens:,} tokens per shard, "
+        f"{workers} worker(s)]")
     if done:
         log(f"resuming: {len(done)} of {len(units)} unit(s) already done")
     t0 = time.perf_counter()
-    new_tokens = _run_units(todo, tk, {**settings, "dtype": dtype}, workers, progress,
-                            sum(u.weight for u in units), sum(units[i].weight for i in done),
-                            done, on_unit_done)
+    try:
+        new_tokens = _run_units(todo, tk, {**settings, "dtype": dtype}, workers, progress,
+                                sum(u.weight for u in units), sum(units[i].weight for i in done),
+                                done, on_unit_done)
+        results = [done[i] for i in range(len(units))]
+        if not any(sum(r["documents"]) for r in results):
+            done.clear()  # nothing worth keeping
+            raise inputs.no_documents(len(files))
+    except ConfigError as e:
+        raise _failed(e, out, work, created, len(done)) from None
     seconds = time.perf_counter() - t0
-    results = [done[i] for i in range(len(units))]
     manifest = _assemble(out, results, dtype, opts, progress)
     manifest.update(
-        format=FORMAT, version=VERSION, plan_key=plan_key, tokenizer=tk.describe(),
+        format=FORMAT, version=VERSION, plan_key=plan_key, tokenizer=tk.record(),
         dtype=dtype.name, eos_id=tk.eos_id, shard_tokens=opts.shard_tokens,
         val_fraction=opts.val_fraction, text_field=opts.text_field,
         sources=_per_source(sources, results))
@@ -222,6 +264,33 @@ def run(input_glob: str, tokenizer_path: str, out: str | Path, opts: Options = O
         f"{manifest['splits']['val']['tokens']:,} validation tokens to {out} "
         f"({seconds:.1f}s tokenising{rate})")
     return manifest
+
+
+def _first_missing(out: Path) -> Path | None:
+    """The outermost of ``out`` and its parents that does not exist yet (None: ``out`` does)."""
+    missing = None
+    for p in (out, *out.parents):
+        if p.exists():
+            break
+        missing = p
+    return missing
+
+
+def _failed(error: ConfigError, out: Path, work: Path, created: Path | None,
+            finished: int) -> ConfigError:
+    """The error to report when tokenising stopped on bad input.  Finished units
+    are kept for a re-run; with none, what this run created is removed."""
+    if finished:
+        return ConfigError(f"{error}; the {finished} unit(s) finished are kept in {work}: fix "
+                           "the input and re-run the same command to resume")
+    _remove_work(work)
+    if created is not None:
+        for p in (out, *out.parents):
+            if p.exists() and not any(p.iterdir()):
+                p.rmdir()
+            if p == created:
+                break
+    return error
 
 
 def _run_units(todo, tk, settings, workers, progress, total_weight, done_weight, done,
@@ -301,6 +370,10 @@ def _assemble(out: Path, results: list[dict], dtype: np.dtype, opts: Options,
         docs = sum(r["documents"][side] for r in results)
         splits[name] = {"documents": docs, "tokens": total, "shards": shards}
     return {"splits": splits}
+
+
+def _shard_files(out: Path) -> list[Path]:
+    return [p for name in SPLITS for p in out.glob(f"{name}_[0-9][0-9][0-9][0-9][0-9].npy")]
 
 
 def _unit_path(result: dict, work: Path, split_name: str) -> Path:

@@ -11,30 +11,37 @@ A *unit* is the piece of one input file a worker tokenises on its own:
 ``.txt`` ``.text`` ``.md``     the whole file: one document
 =============================  =================================================
 
-Units are numbered in input order (files sorted within each glob, then row
-group or byte offset), and the output is their tokens in that order, so it
-does not depend on how many workers ran them.  Documents are read in batches
-and never more than a batch is held in memory.  Empty documents (``""`` or
-null) are skipped: they would only add an EOS.
+Each format is read by :mod:`depthbench.data.readers` (the readers ``data
+prepare`` uses), so a file gives the same documents to both commands.  Units
+are numbered in input order (files sorted within each glob, then row group
+or byte offset), and the output is their tokens in that order, so it does
+not depend on how many workers ran them.  Documents are read in batches and
+never more than a batch is held in memory.
+
+:func:`preflight` reads the start of every file (its first
+:data:`PREFLIGHT_BYTES`; a Parquet file's schema) before anything is
+written, so a wrong ``--text-field``, a file that is not JSON lines, not
+UTF-8 or not gzip stops the command at once with nothing on disk.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from depthbench.config import ConfigError
+from depthbench.data import readers
 from depthbench.data.corpora import resolve_paths
+from depthbench.errors import ConfigError
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 ALLOWED = ".parquet, .jsonl/.json/.ndjson (optionally .gz), .txt/.text/.md (optionally .gz)"
 CHUNK_BYTES = 64 << 20  # jsonl byte range per unit
 BATCH_DOCUMENTS = 256  # documents handed to the tokenizer at once
+PREFLIGHT_BYTES = 1 << 20  # of each file, read before anything is written
+NAMES = readers.TOKENIZE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +89,7 @@ def plan_units(files: list[Path], text_field: str, chunk_bytes: int = CHUNK_BYTE
     for path in files:
         kind, size = file_kind(path), path.stat().st_size
         if kind == "parquet":
-            meta = _parquet_file(path, text_field).metadata
+            meta = readers.parquet_file(path, text_field, NAMES).metadata
             for g in range(meta.num_row_groups):
                 rg = meta.row_group(g)
                 units.append(Unit(str(path), kind, g, g + 1, max(1, rg.total_byte_size)))
@@ -95,92 +102,61 @@ def plan_units(files: list[Path], text_field: str, chunk_bytes: int = CHUNK_BYTE
     return units
 
 
-def _parquet_file(path: Path, text_field: str):
-    import pyarrow.parquet as pq
+def preflight(units: list[Unit], text_field: str) -> None:
+    """Read the first :data:`PREFLIGHT_BYTES` of each file (parquet: its schema,
+    checked by :func:`plan_units`); raise the first problem found, or that the
+    inputs hold no document when that reading covered all of them."""
+    found, covered = False, True
+    for unit in units:
+        if unit.start != 0:
+            continue
+        if unit.kind == "parquet":
+            covered = False  # its rows may all be empty: known only by reading them
+            continue
+        if unit.kind.startswith("text"):
+            head = readers.read_text(unit.path, NAMES, limit=PREFLIGHT_BYTES)
+            found = found or bool(head.strip())
+        else:
+            for _ in readers.jsonl_documents(unit.path, text_field, NAMES, stop=PREFLIGHT_BYTES):
+                found = True
+        whole = not unit.kind.endswith(".gz") and os.path.getsize(unit.path) <= PREFLIGHT_BYTES
+        covered = covered and whole
+    if covered and not found:
+        raise no_documents(len({u.path for u in units}))
 
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as e:  # pyarrow raises ArrowInvalid / OSError subclasses
-        raise ConfigError(f"--input: {path} is not a Parquet file ({e})") from None
-    names = pf.schema_arrow.names
-    if text_field not in names:
-        raise ConfigError(f"--text-field: {path} has no column {text_field!r} "
-                          f"(columns: {', '.join(names[:12])})")
-    return pf
+
+def no_documents(files: int) -> ConfigError:
+    return ConfigError(f"--input: the {files} file(s) hold no documents (every text empty, "
+                       "null or blank); nothing written")
 
 
 def documents(unit: Unit, text_field: str) -> Iterator[tuple[list[str], int]]:
     """Batches of the unit's non-empty documents, each with the input bytes it consumed."""
     if unit.kind == "parquet":
-        yield from _parquet_batches(unit, text_field)
-    elif unit.kind in ("jsonl", "jsonl.gz"):
+        pf = readers.parquet_file(unit.path, text_field, NAMES)
+        rows = pf.metadata.row_group(unit.start).num_rows
+        for texts, n in readers.parquet_documents(pf, unit.start, text_field, BATCH_DOCUMENTS):
+            yield texts, (unit.weight * n) // max(1, rows)
+    elif unit.kind.startswith("jsonl"):
         yield from _jsonl_batches(unit, text_field)
     else:
-        opener = gzip.open if unit.kind == "text.gz" else open
-        with opener(unit.path, "rb") as f:
-            raw = f.read()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"--input: {unit.path} is not UTF-8 text (byte offset "
-                              f"{e.start})") from None
-        yield ([text] if text else []), unit.weight
+        yield list(readers.text_documents(unit.path, "file", NAMES)), unit.weight
 
 
-def _parquet_batches(unit: Unit, text_field: str):
-    import pyarrow as pa
-
-    pf = _parquet_file(Path(unit.path), text_field)
-    rows = pf.metadata.row_group(unit.start).num_rows
-    for batch in pf.iter_batches(batch_size=BATCH_DOCUMENTS, row_groups=[unit.start],
-                                 columns=[text_field]):
-        column = batch.column(0)
-        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-            raise ConfigError(f"--text-field: {unit.path} column {text_field!r} is "
-                              f"{column.type}, not a string")
-        texts = [t for t in column.to_pylist() if t]
-        yield texts, (unit.weight * batch.num_rows) // max(1, rows)
-
-
-def _jsonl_batches(unit: Unit, text_field: str):
+def _jsonl_batches(unit: Unit, text_field: str) -> Iterator[tuple[list[str], int]]:
     gz = unit.kind == "jsonl.gz"
-    with (gzip.open(unit.path, "rb") if gz else open(unit.path, "rb")) as f:
-        if not gz and unit.start > 0:
-            f.seek(unit.start - 1)
-            f.readline()  # the line in progress at `start` belongs to the previous unit
-        pos = f.tell() if not gz else 0
-        batch, consumed = [], 0
-        while gz or pos < unit.stop:
-            line = f.readline()
-            if not line:
-                break
-            offset = pos
-            pos += len(line)
-            consumed += len(line)
-            if line.strip():
-                text = _json_text(unit.path, offset, line, text_field)
-                if text:
-                    batch.append(text)
-            if len(batch) == BATCH_DOCUMENTS:
-                yield batch, (consumed * unit.weight) // max(1, unit.stop - unit.start)
-                batch, consumed = [], 0
-        yield batch, (consumed * unit.weight) // max(1, unit.stop - unit.start)
-
-
-def _json_text(path: str, offset: int, line: bytes, field: str) -> str | None:
-    where = f"{path} (line at byte {offset})"
-    try:
-        record = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--input: {where} is not a JSON object ({e})") from None
-    if not isinstance(record, dict) or field not in record:
-        keys = ", ".join(list(record)[:8]) if isinstance(record, dict) else type(record).__name__
-        raise ConfigError(f"--text-field: {where} has no field {field!r} (it has: {keys})")
-    text = record[field]
-    if text is not None and not isinstance(text, str):
-        raise ConfigError(f"--text-field: {where} field {field!r} is {type(text).__name__}, "
-                          "not a string")
-    return text
+    span = max(1, unit.stop - unit.start)
+    batch, reported = [], unit.start if not gz else 0
+    records = readers.jsonl_documents(unit.path, text_field, NAMES, start=unit.start,
+                                      stop=None if gz else unit.stop)
+    end = reported
+    for text, end in records:
+        batch.append(text)
+        if len(batch) == BATCH_DOCUMENTS:
+            yield batch, ((end - reported) * unit.weight) // span
+            batch, reported = [], end
+    last = end if gz else max(end, unit.stop)
+    yield batch, ((last - reported) * unit.weight) // span
 
 
 def fingerprint(path: str) -> list:

@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 import os
 
-from depthbench.data import corpora, spm_tokenizer
+from depthbench.data import corpora, readers, spm_tokenizer
 from depthbench.errors import ConfigError
 
-SPLIT_BY = ("file", "paragraph")
 TOKEN_DTYPES = ("uint16", "uint32")
 
 
@@ -46,7 +45,7 @@ def validate_config(config, *, files: bool = True) -> None:
     listing runs that will read files on other machines."""
     d = config.data
     _choice(d.corpus, "data.corpus", corpora.CORPORA)
-    _choice(d.split_by, "data.split_by", SPLIT_BY)
+    _choice(d.split_by, "data.split_by", readers.SPLIT_BY)
     _choice(d.tokens_dtype, "data.tokens_dtype", TOKEN_DTYPES)
     f = d.val_fraction
     if (
@@ -71,6 +70,9 @@ def validate_config(config, *, files: bool = True) -> None:
             raise ConfigError("config.data.paths: empty; give comma-separated files or globs")
     if d.corpus == "jsonl" and not str(d.text_field):
         raise ConfigError("config.data.text_field: empty; name the JSON field holding the text")
+    if files and d.tokenizer and os.path.isdir(os.path.expanduser(d.tokenizer)):
+        raise ConfigError(f"config.data.tokenizer: {d.tokenizer!r} is a directory, not a "
+                          "tokenizer file (a tokenizer.json or a SentencePiece .model)")
     if files and d.tokenizer and not os.path.isfile(os.path.expanduser(d.tokenizer)):
         raise ConfigError(f"config.data.tokenizer: file {d.tokenizer!r} does not exist")
     if d.eos_id >= config.model.vocab_size:

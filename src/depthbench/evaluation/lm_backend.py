@@ -21,7 +21,9 @@ model_args: ``run`` (required), ``batch_size`` (8), ``max_length`` (the run's
 ``train.seq_len``), ``max_gen_toks`` (256), ``step`` (latest checkpoint),
 ``add_bos_token`` (False; True prepends BOS like HF tokenizers that add it).
 Tokenizer: the run's own (SentencePiece for depthbench runs, ``tokenizer.json``
-for imported ones).  Prefix token: BOS when the tokenizer has one and it is a
+for imported ones), with :mod:`depthbench.data.tokenizer`'s policy: ``encode``
+adds no special tokens, so the BOS of ``add_bos_token`` is the one added here.
+Prefix token: BOS when the tokenizer has one and it is a
 Hugging Face tokenizer (as lm-eval's ``hf`` backend), else EOS (depthbench
 runs train on documents joined by EOS, without BOS).
 """
@@ -38,6 +40,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from depthbench.evaluation.prefix import prefix_token_id
 from depthbench.evaluation.scoring import Scorer
 
 # Runs loaded before lm-eval started (``depthbench lm-eval`` loads the run first,
@@ -110,10 +113,7 @@ class DepthbenchLM(TemplateLM):
 
     @property
     def prefix_token_id(self) -> int:
-        bos = int(getattr(self.tokenizer, "bos_id", -1))
-        if getattr(self.tokenizer, "kind", "") == "huggingface" and bos >= 0:
-            return bos
-        return self.eot_token_id
+        return prefix_token_id(self.tokenizer)
 
     @property
     def max_length(self) -> int:
@@ -129,22 +129,20 @@ class DepthbenchLM(TemplateLM):
 
     @property
     def tokenizer_name(self) -> str:
-        return str(getattr(self.tokenizer, "path", "depthbench"))
+        return self.tokenizer.path
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None,
                    **kwargs: Any) -> list[int]:
-        ids = list(self.tokenizer.encode(string))
+        ids = self.tokenizer.encode(string)  # never adds specials: BOS is added here, if asked
         add = self.add_bos_token if add_special_tokens is None else add_special_tokens
-        bos = int(getattr(self.tokenizer, "bos_id", -1))
+        bos = self.tokenizer.bos_id
         if add and bos >= 0 and (not ids or ids[0] != bos):
             ids = [bos] + ids
         left = kwargs.get("left_truncate_len")
         return ids[-left:] if left else ids
 
     def tok_decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
-        if getattr(self.tokenizer, "kind", "") == "huggingface":
-            return self.tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
-        return self.tokenizer.decode(list(tokens))
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
 
     # ------------------------------------------------------------ requests
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from depthbench.errors import ConfigError
+from depthbench.evaluation.prefix import prefix_token_id
 from depthbench.rundir.io import atomic_write_json, json_safe, read_json
 from depthbench.rundir.names import EVAL_DIR
 
@@ -65,14 +66,6 @@ def nll_suite(run, scorer, *, tasks=None, data_dir=None, limit=None) -> dict[str
                for name, (pairs, source) in loaded.items()}
     categories, overall = suite.aggregate(results)
     return {"tasks": results, "categories": categories, "aggregate": overall}
-
-
-def prefix_token_id(tokenizer) -> int:
-    """BOS for Hugging Face tokenizers that have one (lm-eval's hf backend), else EOS."""
-    bos = int(getattr(tokenizer, "bos_id", -1))
-    if getattr(tokenizer, "kind", "") == "huggingface" and bos >= 0:
-        return bos
-    return int(tokenizer.eos_id)
 
 
 def lm_eval_suite(lm, tasks, *, include_path=None, limit=None, num_fewshot=None

@@ -9,20 +9,12 @@ rot, a partial copy, a truncated or deleted file); a step without a record
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
+from depthbench.digest import file_sha256
 from depthbench.rundir.names import INTEGRITY_FILE
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def integrity_record(step_dir: Path) -> dict:
@@ -30,7 +22,7 @@ def integrity_record(step_dir: Path) -> dict:
     files = {}
     for p in sorted(step_dir.rglob("*")):
         if p.is_file() and p.name != INTEGRITY_FILE:
-            files[p.relative_to(step_dir).as_posix()] = [p.stat().st_size, file_digest(p)]
+            files[p.relative_to(step_dir).as_posix()] = [p.stat().st_size, file_sha256(p)]
     return {"files": files}
 
 
@@ -59,6 +51,6 @@ def check_integrity(step_dir: Path) -> str | None:
         actual = p.stat().st_size
         if actual != size:
             return f"{rel} has {actual} bytes, not {size}"
-        if file_digest(p) != digest:
+        if file_sha256(p) != digest:
             return f"{rel} does not match its recorded SHA-256"
     return None

@@ -368,3 +368,18 @@ def test_an_old_run_directory_loads_for_analysis(tmp_path):
     run = init_run(tmp_path / "run")
     assert run.family.name == "hc" and run.family.cfg.hc_n == 4
     assert "lns_power" not in run.config.model.residual
+
+
+def test_an_old_completep_run_keeps_its_identity():
+    """A completep run written with ``train.lr_rule = "completep"`` is the run
+    today's config (``"family"``) describes: it resumes, its sweep skips it."""
+    from depthbench import runs
+
+    saved = _legacy("completep")
+    now = config.apply_overrides(config.load("micro"), {
+        "model.family": "completep", "train.lr_rule": "family",
+        **{k: v for k, v in config.flatten(saved).items()
+           if k.startswith(("train.", "data.", "model.")) and not k.startswith("model.residual.")
+           and k not in ("model.family", "train.lr_rule")}})
+    assert runs.config_changes(saved, now.to_dict()) == []
+    assert runs.config_changes(saved, config.apply_overrides(now, ["train.lr_rule=none"]).to_dict())

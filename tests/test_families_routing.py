@@ -673,13 +673,13 @@ def test_param_counts_match_costs_and_families_table(family):
     for spec in (make_spec(family), make_spec(family, depth=2, hc_n=2, attnres_block_size=3)):
         fam = family_of(spec)
         assert count(spec) == costs.param_count(spec)
-        extra = count(spec) - count(spec.replace(family="pre_ln"))
+        extra = count(spec) - count(spec.replace(family="pre_ln", residual=()))
         assert extra == spec.depth * fam.extra_block_params() + fam.extra_global_params()
     row = next(r for r in family_rows(64, 2) if r["name"] == family)
     shape = Shape(2, 64, 176, 16, 16, 50280)
     spec = ModelSpec.from_shape(shape, family=family)
     assert row["extra_block_params"] * 2 + row["extra_global_params"] == (
-        count(spec) - count(spec.replace(family="pre_ln"))
+        count(spec) - count(spec.replace(family="pre_ln", residual=()))
     )
 
 

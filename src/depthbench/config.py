@@ -266,16 +266,17 @@ def set_family(config: ml_collections.ConfigDict, family: str,
 
 def from_saved(saved: dict) -> dict:
     """A config as a run directory's ``config.json`` holds it, as this version
-    reads it: of ``model.residual`` only the saved family's own fields (older
-    run directories hold every family's), ``train.lr_rule`` by its current
-    name.  Other keys (``resolved`` ...) are kept; ``saved`` is not changed."""
+    reads it: of ``model.residual`` the saved family's own fields (older run
+    directories hold every family's: the others are dropped; a field added
+    since takes its default), ``train.lr_rule`` by its current name.  Other
+    keys (``resolved`` ...) are kept; ``saved`` is not changed."""
     out = dict(saved)
     model = out.get("model")
     if isinstance(model, dict) and isinstance(model.get("residual"), dict) and (
             model.get("family") in registry.names()):
         own = registry.get(model["family"]).config_fields()
-        out["model"] = {**model, "residual": {k: v for k, v in model["residual"].items()
-                                              if k in own}}
+        given = model["residual"]
+        out["model"] = {**model, "residual": {k: given.get(k, v) for k, v in own.items()}}
     train = out.get("train")
     if isinstance(train, dict) and train.get("lr_rule") in OLD_LR_RULES:
         out["train"] = {**train, "lr_rule": OLD_LR_RULES[train["lr_rule"]]}

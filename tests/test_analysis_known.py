@@ -10,7 +10,7 @@ from depthbench.analysis import init_run
 from depthbench.analysis.analyze import analyze
 from depthbench.analysis.blockwise import Blockwise
 from depthbench.model.residual.attnres import depth_weights
-from depthbench.model.transformer import family_of
+from depthbench.model.transformer import family_of, permute_blocks
 
 X = tokens(4, 16)
 
@@ -131,7 +131,7 @@ def test_attnres_swap_moves_the_right_boundary_mix():
     q = jnp.arange(3 * 2 * 1, dtype=jnp.float32).reshape(3, 2, 1)  # query[block, sub]
     params = {"blocks": {"residual": {"query": q, "key_norm": q + 100}},
               "residual": {"query": jnp.array([9.0]), "key_norm": jnp.array([109.0])}}
-    out = fam.permute_params(params, jnp.array([2, 1, 0]))  # swap blocks 0 and 2
+    out = permute_blocks(fam, params, jnp.array([2, 1, 0]))  # swap blocks 0 and 2
     # Attention-side pairs (sub 0) by position: 0 stays block 2's own (one
     # source, unused); position 1 produces position 0's right boundary, which
     # is now block 2's: the readout's pair; the readout gets block 0's right
@@ -140,5 +140,5 @@ def test_attnres_swap_moves_the_right_boundary_mix():
     assert out["residual"]["query"].tolist() == [2.0]
     assert out["blocks"]["residual"]["query"][:, 1, 0].tolist() == [5.0, 3.0, 1.0]
     plain = init_run(tiny_config("attnres_full", 3), options={"swap_rule": "block"})
-    kept = plain.family.permute_params(params, jnp.array([2, 1, 0]))
+    kept = permute_blocks(plain.family, params, jnp.array([2, 1, 0]))
     assert kept["residual"]["query"].tolist() == [9.0]

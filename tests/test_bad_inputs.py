@@ -270,8 +270,13 @@ CASES = [
     ),
     (
         "boolean field",
-        lambda d: _train(d, "--config.model.residual.hc_tanh=maybe"),
+        lambda d: _train(d, "--config.model.residual.hc_tanh=maybe", "--config.model.family=hc"),
         r"--config\.model\.residual\.hc_tanh: expected true or false, got 'maybe'",
+    ),
+    (
+        "another family's field",
+        lambda d: _train(d, "--config.model.residual.hc_n=8"),
+        r"config\.model\.residual\.hc_n: pre_ln has no field hc_n; its fields: \(none\)",
     ),
     (
         "negative learning rate",

@@ -13,6 +13,7 @@ import pytest
 from depthbench import cli, config, costs, shapes
 from depthbench.model.residual import registry
 from depthbench.model.residual.base import ResidualFamily
+from depthbench.model.residual.capabilities import CostTerms
 from depthbench.model.spec import ModelSpec
 
 
@@ -228,7 +229,7 @@ def test_costs_requires_seq_len(capsys):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Wide(ResidualFamily):
+class _Wide(ResidualFamily, CostTerms):
     name = "wide_test"
     description = "test family: three streams"
     reference = "nobody 2099"

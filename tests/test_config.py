@@ -26,11 +26,11 @@ def test_overrides_parse_to_the_field_type(base):
             "model.depth=8",
             "--config.train.lr=5e-4",
             "config.train.steps=2k",
-            "model.residual.hc_tanh=false",
+            "model.residual.hc_tanh=false",  # a field of the family named after it
             "model.budget=400M",
             "model.rope_theta=500000",
             "model.suite=''",
-            'model.family="pre_ln"',
+            'model.family="hc"',
         ],
     )
     assert c.model.depth == 8 and type(c.model.depth) is int
@@ -39,13 +39,11 @@ def test_overrides_parse_to_the_field_type(base):
     assert c.model.residual.hc_tanh is False
     assert c.model.budget == 4e8 and type(c.model.budget) is float
     assert c.model.rope_theta == 500000.0 and type(c.model.rope_theta) is float
-    assert c.model.suite == "" and c.model.family == "pre_ln"
+    assert c.model.suite == "" and c.model.family == "hc"
     assert base.model.depth == 4  # the input config is not modified
     for text, value in (("true", True), ("1", True), ("on", True), ("no", False)):
-        assert (
-            config.apply_overrides(base, [f"model.residual.hc_tanh={text}"]).model.residual.hc_tanh
-            is value
-        )
+        hc = config.apply_overrides(base, ["model.family=hc", f"model.residual.hc_tanh={text}"])
+        assert hc.model.residual.hc_tanh is value
 
 
 def test_dict_overrides_keep_types(base):
@@ -71,7 +69,7 @@ def test_dict_overrides_keep_types(base):
 )
 def test_bad_overrides(base, override, pattern):
     with pytest.raises(ConfigError, match=pattern) as e:
-        config.apply_overrides(base, [override])
+        config.apply_overrides(base, ["model.family=hc", override])
     assert "\n" not in str(e.value)
 
 
@@ -198,3 +196,190 @@ def test_parse_count():
     assert config.parse_count("1e6") == 1e6
     with pytest.raises(ValueError):
         config.parse_count("lots")
+
+
+# ------------------------------------------------- the family's own fields
+
+
+def test_residual_holds_only_the_chosen_familys_fields(base):
+    assert base.model.family == "pre_ln" and base.model.residual.to_dict() == {}
+    hc = config.load("micro", ["model.family=hc"])
+    assert hc.model.residual.to_dict() == {"hc_n": 4, "hc_scale_init": 0.01,
+                                           "readout": "norm_then_sum", "hc_tanh": True}
+    assert config.load("micro", ["model.family=lns"]).model.residual.to_dict() == {
+        "lns_power": 0.5}
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["model.residual.hc_n=8"],
+         "config.model.residual.hc_n: pre_ln has no field hc_n; its fields: (none)"),
+        (["model.family=mhc", "model.residual.hc_tanh=false"],
+         "config.model.residual.hc_tanh: mhc has no field hc_tanh; its fields: hc_n, "
+         "hc_scale_init, readout, sinkhorn_iters, sinkhorn_temperature, mhc_bias"),
+        ({"model.family": "lns", "model.residual.lns_powr": 0.3},
+         "config.model.residual.lns_powr: lns has no field lns_powr; its fields: lns_power"),
+    ],
+)
+def test_an_unknown_residual_field_names_the_familys_fields(base, overrides, message):
+    with pytest.raises(ConfigError) as e:
+        config.apply_overrides(base, overrides)
+    assert str(e.value) == message
+
+
+def test_family_and_its_fields_in_either_order(base, monkeypatch):
+    from depthbench.cli import env_overrides
+
+    first = config.load("micro", ["--config.model.family=hc", "--config.model.residual.hc_n=8"])
+    after = config.load("micro", ["--config.model.residual.hc_n=8", "--config.model.family=hc"])
+    assert first.to_dict() == after.to_dict() and after.model.residual.hc_n == 8
+    as_dict = config.apply_overrides(base, {"model.residual.hc_n": 8, "model.family": "hc"})
+    assert as_dict.model.residual.to_dict() == after.model.residual.to_dict()
+    # $DEPTHBENCH_OVERRIDES joins the command line's: one override set.
+    monkeypatch.setenv("DEPTHBENCH_OVERRIDES", "model.family=hc")
+    env = config.load("micro", ["--config.model.residual.hc_n=8", *env_overrides()])
+    assert env.to_dict() == after.to_dict()
+
+
+def test_switching_family_drops_the_old_familys_own_fields(base):
+    hc = config.apply_overrides(base, {"model.family": "hc", "model.residual.hc_tanh": False,
+                                       "model.residual.hc_n": 2})
+    mhc = config.apply_overrides(hc, ["model.family=mhc"])
+    # hc_tanh is hc's alone: dropped; hc_n is mhc's too: kept; mhc's others default.
+    assert mhc.model.residual.to_dict() == {"hc_n": 2, "hc_scale_init": 0.01,
+                                            "readout": "norm_then_sum", "sinkhorn_iters": 20,
+                                            "sinkhorn_temperature": 1.0, "mhc_bias": 8.0}
+    assert config.apply_overrides(hc, ["model.family=pre_ln"]).model.residual.to_dict() == {}
+    # Set in the same override set as the switch: kept (a field of the new family).
+    back = config.apply_overrides(mhc, {"model.family": "hc", "model.residual.hc_tanh": False})
+    assert back.model.residual.hc_tanh is False and back.model.residual.hc_n == 2
+    assert config.validate(back) is back
+
+
+@pytest.mark.parametrize(
+    "override,pattern",
+    [
+        ("model.residual.hc_n=2.5", r"--config\.model\.residual\.hc_n: expected an integer"),
+        ({"model.residual.hc_n": 8.0}, r"config\.model\.residual\.hc_n: expected int, got 8\.0"),
+        ({"model.residual.hc_tanh": 1}, r"config\.model\.residual\.hc_tanh: expected bool"),
+        ({"model.residual.readout": 3}, r"config\.model\.residual\.readout: expected str"),
+    ],
+)
+def test_residual_overrides_take_the_declared_types(base, override, pattern):
+    hc = config.apply_overrides(base, ["model.family=hc"])
+    overrides = override if isinstance(override, dict) else [override]
+    with pytest.raises(ConfigError, match=pattern):
+        config.apply_overrides(hc, overrides)
+    hc = config.apply_overrides(hc, {"model.residual.hc_scale_init": 1,  # int -> float
+                                     "model.residual.hc_n": "8"})  # text parses as the type
+    assert hc.model.residual.hc_scale_init == 1.0 and type(hc.model.residual.hc_scale_init) is float
+    assert hc.model.residual.hc_n == 8
+
+
+def test_a_spec_sets_another_familys_fields(tmp_path):
+    spec = tmp_path / "deep_hc.py"
+    spec.write_text(
+        "from depthbench.configs import micro\n"
+        "def get_config():\n"
+        "    c = micro.get_config()\n"
+        "    c.model.family = 'hc'\n"
+        "    c.model.residual.hc_n = 8\n"
+        "    c.model.residual.hc_tanh = False\n"
+        "    return c\n")
+    c = config.load(spec)
+    assert c.model.residual.to_dict() == {"hc_n": 8, "hc_scale_init": 0.01,
+                                          "readout": "norm_then_sum", "hc_tanh": False}
+    # A spec building on it switches with set_family (a plain assignment keeps
+    # hc_tanh, which mhc does not have).
+    (tmp_path / "to_mhc.py").write_text(
+        "from depthbench import config\n"
+        f"hc = config.import_spec({str(spec)!r})\n"
+        "def get_config():\n"
+        "    c = hc.get_config()\n"
+        "    c.model.family = 'mhc'\n"
+        "    return c\n")
+    with pytest.raises(ConfigError, match=r"residual\.hc_tanh: mhc has no field hc_tanh"):
+        config.load(tmp_path / "to_mhc.py")
+    (tmp_path / "to_mhc.py").write_text(
+        (tmp_path / "to_mhc.py").read_text().replace(
+            "c.model.family = 'mhc'", "config.set_family(c, 'mhc', sinkhorn_iters=5)"))
+    mhc = config.load(tmp_path / "to_mhc.py")
+    assert (mhc.model.family, mhc.model.residual.hc_n) == ("mhc", 8)
+    assert mhc.model.residual.sinkhorn_iters == 5 and "hc_tanh" not in mhc.model.residual
+
+
+def test_validation_reaches_the_familys_checks():
+    with pytest.raises(ConfigError, match=r"config\.model\.residual\.hc_n: must be an integer "
+                                          r"in \[1, 64\]"):
+        config.load("micro", ["model.family=hc", "model.residual.hc_n=0"])
+    with pytest.raises(ConfigError, match=r"config\.train\.lr_rule: 'family' needs a family "
+                                          r"with a learning-rate rule; pre_ln has none "
+                                          r"\(families with one: completep\)"):
+        config.load("micro", ["train.lr_rule=family"])
+    with pytest.raises(ConfigError, match=r"config\.train\.lr_rule: 'completep' is not one of "
+                                          r"none, family"):
+        config.load("micro", ["model.family=completep", "train.lr_rule=completep"])
+    assert config.load("micro", ["model.family=completep", "train.lr_rule=family"])
+
+
+# ------------------------------------------- run directories written before
+
+LEGACY = Path(__file__).parent / "fixtures" / "legacy_config"
+
+
+def _legacy(family: str) -> dict:
+    import json
+
+    return json.loads((LEGACY / family / "config.json").read_text())
+
+
+@pytest.mark.parametrize("family", ["pre_ln", "hc", "completep"])
+def test_an_old_config_json_loads(family):
+    """config.json written by main before per-family configs (every family's 19
+    fields; ``train.lr_rule = "completep"`` for a rule) reads as today's config."""
+    import ml_collections
+
+    from depthbench.model.spec import ModelSpec
+
+    saved = _legacy(family)
+    assert len(saved["model"]["residual"]) == 19  # what main wrote
+    loaded = config.from_saved(saved)
+    assert len(saved["model"]["residual"]) == 19  # not modified
+    fresh = config.load("micro", [f"model.family={family}"])
+    assert loaded["model"]["residual"] == fresh.model.residual.to_dict()
+    assert loaded["resolved"] == saved["resolved"]
+    expected_rule = "family" if family == "completep" else "none"
+    assert saved["train"]["lr_rule"] == ("completep" if family == "completep" else "none")
+    assert loaded["train"]["lr_rule"] == expected_rule
+    restored = ml_collections.ConfigDict({k: v for k, v in loaded.items() if k != "resolved"})
+    config.validate(restored)
+    assert ModelSpec.from_config(restored) == ModelSpec.from_config(
+        config.apply_overrides(fresh, [f"model.depth={saved['model']['depth']}",
+                                       f"train.lr_rule={expected_rule}"]))
+
+
+def test_an_old_run_directory_loads_for_analysis(tmp_path):
+    import shutil
+
+    from depthbench.analysis.run import init_run
+
+    shutil.copytree(LEGACY / "hc", tmp_path / "run")
+    run = init_run(tmp_path / "run")
+    assert run.family.name == "hc" and run.family.cfg.hc_n == 4
+    assert "lns_power" not in run.config.model.residual
+
+
+def test_an_old_completep_run_keeps_its_identity():
+    """A completep run written with ``train.lr_rule = "completep"`` is the run
+    today's config (``"family"``) describes: it resumes, its sweep skips it."""
+    from depthbench import runs
+
+    saved = _legacy("completep")
+    now = config.apply_overrides(config.load("micro"), {
+        "model.family": "completep", "train.lr_rule": "family",
+        **{k: v for k, v in config.flatten(saved).items()
+           if k.startswith(("train.", "data.", "model.")) and not k.startswith("model.residual.")
+           and k not in ("model.family", "train.lr_rule")}})
+    assert runs.config_changes(saved, now.to_dict()) == []
+    assert runs.config_changes(saved, config.apply_overrides(now, ["train.lr_rule=none"]).to_dict())

@@ -10,6 +10,7 @@ import pytest
 from depthbench import costs, shapes
 from depthbench.model.residual import registry
 from depthbench.model.residual.base import ResidualFamily
+from depthbench.model.residual.capabilities import CostTerms
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer
 
@@ -109,12 +110,12 @@ def test_cost_row_keys_and_values(small):
     assert row["params_overhead"] == row["prefill_overhead"] == 0.0 and row["layout"] == ""
 
 
-# ------------------------------------------------------------------ family hooks
+# ------------------------------------------------------------- family cost terms
 
 
 @dataclasses.dataclass(frozen=True)
-class _Toy(ResidualFamily):
-    """A made-up family whose hooks return distinctive numbers."""
+class _Toy(ResidualFamily, CostTerms):
+    """A made-up family whose cost terms are distinctive numbers."""
 
     name = "toy_costs"
 

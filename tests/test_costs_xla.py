@@ -29,7 +29,7 @@ import pytest
 from depthbench import costs
 from depthbench.model.residual import registry
 from depthbench.model.spec import ModelSpec
-from depthbench.model.transformer import Transformer, family_of
+from depthbench.model.transformer import Transformer
 from depthbench.shapes import Shape
 
 SHAPE = Shape(depth=4, d_model=128, d_ff=352, n_heads=4, n_kv_heads=4, vocab_size=256)
@@ -75,7 +75,7 @@ def test_family_extra_flops_agree_with_xla(family):
     ratio = _xla_flops("pre_ln") / _model_flops("pre_ln")
     xla_extra = _xla_flops(family) - _xla_flops("pre_ln")
     model_extra = _model_flops(family) - _model_flops("pre_ln")
-    masked = T * family_of(_spec(family)).masked_flops_per_token(T)
+    masked = T * costs.terms(_spec(family)).masked_flops_per_token(T)
     if model_extra == 0:
         assert abs(xla_extra) <= ELEMENTWISE_TOL * _xla_flops("pre_ln"), (family, xla_extra)
         return

@@ -13,7 +13,7 @@ import pytest
 from flax import linen as nn
 
 from depthbench.model.spec import ModelSpec
-from depthbench.model.transformer import Transformer, cross_entropy, permute_blocks
+from depthbench.model.transformer import Transformer, cross_entropy, family_of, permute_blocks
 from depthbench.shapes import Shape
 
 SHAPE = Shape(depth=4, d_model=16, d_ff=32, n_heads=2, n_kv_heads=2, vocab_size=32)
@@ -39,9 +39,10 @@ def _loss_and_grads(family, fields, layer_scan):
     )
     order = jnp.array([2, 0, 3, 1])
     active = jnp.array([True, False, True, True])
+    fam = family_of(spec)
 
     def loss(p):
-        logits, z = model.apply({"params": permute_blocks(p, order)}, tokens, capture=True,
+        logits, z = model.apply({"params": permute_blocks(fam, p, order)}, tokens, capture=True,
                                 active=active, ident=order)
         plain = model.apply({"params": p}, tokens)
         return (cross_entropy(logits[:, :-1], tokens[:, 1:]) + 0.1 * jnp.mean(z**2)

@@ -11,8 +11,9 @@ from flax import linen as nn
 
 from depthbench.model import depth_scan, layers
 from depthbench.model.residual import depth_mix
+from depthbench.model.residual.moda_attention import attention_with_depth
 from depthbench.model.spec import ModelSpec
-from depthbench.model.transformer import Transformer, cross_entropy, permute_blocks
+from depthbench.model.transformer import Transformer, cross_entropy, family_of, permute_blocks
 from depthbench.shapes import Shape
 from pallas_kernels import merge_partial
 
@@ -58,8 +59,10 @@ def test_grouped_stack_gives_nn_scans_loss_and_gradients(family, groups, monkeyp
         params = jax.tree.unflatten(tree, [a + 0.3 * jax.random.normal(k, a.shape)
                                            for a, k in zip(leaves, keys, strict=True)])
 
+        fam = family_of(spec)
+
         def loss(p):
-            logits = model.apply({"params": permute_blocks(p, order)}, tokens, active=active,
+            logits = model.apply({"params": permute_blocks(fam, p, order)}, tokens, active=active,
                                  ident=order)
             return cross_entropy(logits[:, :-1], tokens[:, 1:])
 
@@ -199,7 +202,7 @@ def test_grouped_depth_attention_equals_the_concatenated_softmax(monkeypatch, t,
             return jnp.sum(jnp.sin(fn(a[0], a[2], a[3], a[1], groups)))
         return jax.value_and_grad(f, argnums=tuple(range(8)))(q, qd, seq_k, seq_v, ka, va, kf, vf)
 
-    (v_new, g_new), (v_old, g_old) = run(layers.attention_with_depth), run(
+    (v_new, g_new), (v_old, g_old) = run(attention_with_depth), run(
         _concat_attention_with_depth)
     np.testing.assert_allclose(float(v_new), float(v_old), rtol=1e-5)
     for a, b_ in zip(g_new, g_old, strict=True):

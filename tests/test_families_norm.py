@@ -167,7 +167,8 @@ def test_lns_matches_reference_and_scale_moves_with_block(power):
 
     assert_matches(spec, params, block_with([0, 1, 2, 3]))
     order = np.array([3, 1, 0, 2])  # block 3 runs first and keeps 1/sqrt(4)
-    assert_matches(spec, permute_blocks(params, order), block_with(order), ident=order)
+    permuted = permute_blocks(family_of(spec), params, order)
+    assert_matches(spec, permuted, block_with(order), ident=order)
 
 
 # --------------------------------------------------------------- deepnorm
@@ -249,7 +250,7 @@ def test_keel_matches_reference():
     assert_matches(spec, params, block)
     # "Block 0" is the first position: a permuted stack keeps the structure in place.
     order = np.array([2, 0, 3, 1])
-    assert_matches(spec, permute_blocks(params, order), block, ident=order)
+    assert_matches(spec, permute_blocks(family_of(spec), params, order), block, ident=order)
 
 
 # ---------------------------------------------------------- post_ln, mix_ln
@@ -295,7 +296,7 @@ def test_mix_ln_matches_reference(fraction):
     assert_matches(spec, params, block)
     # Post- or pre-LN is decided by position: a permuted block takes its slot's placement.
     order = np.array([3, 2, 1, 0])
-    assert_matches(spec, permute_blocks(params, order), block, ident=order)
+    assert_matches(spec, permute_blocks(family_of(spec), params, order), block, ident=order)
 
 
 # -------------------------------------------------------------- completep
@@ -349,6 +350,6 @@ def test_validate_rejects_out_of_range(field, value):
     config = apply_overrides(base_config(), {"model.family": family,
                                              f"model.residual.{field}": value})
     with pytest.raises(ConfigError, match=f"model.residual.{field}"):
-        registry.get(family).validate(config)
+        registry.family_config(family, config.model.residual.to_dict()).validate(config)
     with pytest.raises(ConfigError, match=f"model.residual.{field}"):
         validate_config(config)  # the loader's path reaches the family's check

@@ -27,7 +27,7 @@ from depthbench import costs
 from depthbench.cli.families import family_rows
 from depthbench.config import ConfigError, apply_overrides, base_config, validate
 from depthbench.model.layers import MLP, Attention
-from depthbench.model.residual import depth_mix, hc, mhc, moda, streams
+from depthbench.model.residual import depth_mix, hc, mhc, moda, registry, streams
 from depthbench.model.residual.base import Site
 from depthbench.model.residual.sinkhorn import sinkhorn
 from depthbench.model.spec import ModelSpec
@@ -41,13 +41,16 @@ TINY_EPS = 1e-12  # makes RMSNorm exactly scale invariant (the known answers' pr
 
 
 def make_spec(family: str, depth: int = 3, **fields) -> ModelSpec:
+    """The family at ``SHAPE`` (``depth``) with those of ``fields`` it has: its
+    config's, and its analysis options (the others are another family's)."""
     shape = Shape(
         depth, SHAPE.d_model, SHAPE.d_ff, SHAPE.n_heads, SHAPE.n_kv_heads, SHAPE.vocab_size
     )
     spec = ModelSpec.from_shape(shape, family=family)
-    residual = dict(spec.residual)
-    residual.update(fields)
-    return spec.replace(residual=tuple(sorted(residual.items())))
+    options = registry.analysis_options()
+    own = registry.get(family).config_fields()
+    return spec.with_fields(**{k: v for k, v in fields.items() if k in own}).replace(
+        analysis=tuple(sorted((k, v) for k, v in fields.items() if k in options)))
 
 
 # XLA's lowest CPU optimisation level compiles these tiny models ~4x faster;
@@ -512,9 +515,9 @@ def moda_by_hand(spec: ModelSpec, params):
     the residual is post-norm ``N(x + F(x))`` or pre-norm ``x + F(N(x))``."""
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
     eps, h, n = spec.norm_eps, spec.head_dim, spec.n_heads
-    spec = family_of(spec).spec  # with the family's defaults for fields not given
-    post = spec.r("moda_norm") == "post"
-    rotated = spec.r("moda_depth_query") == "rotated"
+    cfg = family_of(spec).cfg  # with the family's defaults for fields not given
+    post = cfg.moda_norm == "post"
+    rotated = cfg.moda_depth_query == "rotated"
     x = p["embed"][np.asarray(TOKENS)]
     t = x.shape[1]
     depth_k, depth_v = [], []  # per query head already: [B, T, n, h]
@@ -632,7 +635,7 @@ def test_hc_mhc_output_projections_are_scaled_and_coefficients_fp32():
     np.testing.assert_allclose(jnp.sum(p, axis=0), 1.0, atol=1e-5)  # columns of P[s, t]
 
 
-def test_hc_depth_state_concatenates_streams_and_lens_reads_them_out():
+def test_hc_depth_state_concatenates_streams_and_the_readout_reads_them_out():
     spec = make_spec("hc", readout="sum_then_norm")
     params = init_params(make_spec("hc"))
     params = randomise(params, "W_a", 2, 0.5)  # the streams diverge
@@ -642,9 +645,9 @@ def test_hc_depth_state_concatenates_streams_and_lens_reads_them_out():
     fam = family_of(spec)
     h_nbtd = jnp.moveaxis(z[-1].reshape(2, 8, 4, spec.d_model), 2, 0)
     assert rel_err(h_nbtd[0], h_nbtd[1]) > 1e-3
-    r = fam.lens_input({}, h_nbtd)
-    head = _rms_norm(r, params["final_norm"]["scale"], spec.norm_eps) @ params["head"]
-    np.testing.assert_allclose(head, out, rtol=1e-5, atol=1e-6)
+    x = fam.readout({}, h_nbtd, lambda r: _rms_norm(r, params["final_norm"]["scale"],
+                                                    spec.norm_eps))
+    np.testing.assert_allclose(x @ params["head"], out, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("family", ROUTING)
@@ -670,13 +673,13 @@ def test_param_counts_match_costs_and_families_table(family):
     for spec in (make_spec(family), make_spec(family, depth=2, hc_n=2, attnres_block_size=3)):
         fam = family_of(spec)
         assert count(spec) == costs.param_count(spec)
-        extra = count(spec) - count(spec.replace(family="pre_ln"))
+        extra = count(spec) - count(spec.replace(family="pre_ln", residual=()))
         assert extra == spec.depth * fam.extra_block_params() + fam.extra_global_params()
     row = next(r for r in family_rows(64, 2) if r["name"] == family)
     shape = Shape(2, 64, 176, 16, 16, 50280)
     spec = ModelSpec.from_shape(shape, family=family)
     assert row["extra_block_params"] * 2 + row["extra_global_params"] == (
-        count(spec) - count(spec.replace(family="pre_ln"))
+        count(spec) - count(spec.replace(family="pre_ln", residual=()))
     )
 
 

@@ -159,7 +159,7 @@ def test_describe_and_validate(h):
     fam = family_of(h.spec)
     info = fam.describe()
     assert info["name"] == h.family and info["description"] and info["reference"]
-    fam.validate(base_config())  # the defaults are valid for every family
+    fam.cfg.validate(base_config())  # the defaults are valid for every family
 
 
 def test_shapes_finite_and_near_uniform_at_init(h):
@@ -245,14 +245,15 @@ def test_permute_blocks(h):
     Block 0 takes part so that position-dependent structure (keel's first
     block, mix_ln's post-LN blocks) stays with the position."""
     swap = np.array([1, 0, 2])
-    swapped = h.logits(permute_blocks(h.params, swap), ident=swap)
+    fam = family_of(h.spec)
+    swapped = h.logits(permute_blocks(fam, h.params, swap), ident=swap)
     assert bool(jnp.all(jnp.isfinite(swapped)))
     assert _max_diff(swapped, h.default) > 1e-6
 
     copy = np.array([0, 0, 2])  # position 1 runs a copy of block 0, identity included
-    twins = permute_blocks(h.params, copy)
+    twins = permute_blocks(fam, h.params, copy)
     before = h.logits(twins, ident=copy)
-    after = h.logits(permute_blocks(twins, swap), ident=copy[swap])
+    after = h.logits(permute_blocks(fam, twins, swap), ident=copy[swap])
     np.testing.assert_array_equal(after, before)
     # The copy really replaced block 1.
     assert _max_diff(before, h.default) > 1e-6

@@ -13,8 +13,9 @@ import pytest
 from flax import linen as nn
 
 from depthbench.model import layers
+from depthbench.model.residual.moda_attention import attention_with_depth
 from depthbench.model.spec import ModelSpec
-from depthbench.model.transformer import Transformer, cross_entropy, permute_blocks
+from depthbench.model.transformer import Transformer, cross_entropy, family_of, permute_blocks
 from depthbench.shapes import Shape
 
 TINY = Shape(depth=3, d_model=32, d_ff=96, n_heads=4, n_kv_heads=4, vocab_size=64)
@@ -77,14 +78,14 @@ def test_depth_attention_without_depth_keys_is_causal_attention():
     dk = jnp.zeros((2, 5, 2, 3, 8))  # [B, T, key heads, slots, d_h]
     none = jnp.zeros((3,), bool)
     groups = ((dk, dk, none), (dk[:, :, :1], dk[:, :, :1], none))
-    out = layers.attention_with_depth(q, kk, v, q, groups)
+    out = attention_with_depth(q, kk, v, q, groups)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(("t", "blocks"), [(6, 1), (100, 1), (128, 2), (192, 3), (256, 4),
                                            (512, 8), (2048, 8), (2000, 8), (2001, 3)])
 def test_query_blocks_split_evenly_into_at_least_min_rows(t, blocks):
-    assert layers._query_blocks(t) == blocks
+    assert layers.query_blocks(t) == blocks
     assert t % blocks == 0 and (blocks == 1 or t // blocks >= layers.CAUSAL_BLOCK)
 
 
@@ -227,7 +228,8 @@ def test_skip_and_permute(tiny):
     np.testing.assert_allclose(skipped, expected, rtol=1e-5, atol=1e-6)
 
     order = jnp.array([2, 0, 1])
-    swapped = model.apply({"params": permute_blocks(params, order)}, tokens, ident=order)
+    permuted = permute_blocks(family_of(spec), params, order)
+    swapped = model.apply({"params": permuted}, tokens, ident=order)
     # The same swap built by hand: a model whose block stack is stored in that order.
     by_hand = jax.tree.map(lambda a: a[np.array([2, 0, 1])], params["blocks"])
     manual = model.apply({"params": {**params, "blocks": by_hand}}, tokens)

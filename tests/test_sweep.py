@@ -6,6 +6,7 @@ trainer); one slow test runs two tiny real runs on the micro corpus.
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import math
@@ -20,7 +21,7 @@ import pytest
 
 from depthbench import sweep as sweeplib
 from depthbench.cli import main as cli_main
-from depthbench.config import ConfigError, base_config
+from depthbench.config import ConfigError, apply_overrides, base_config
 from depthbench.formatting import fmt_lr
 from depthbench.model.residual import registry
 from depthbench.rundir import identity
@@ -543,10 +544,11 @@ def test_identity_holds_only_the_chosen_familys_residual_fields():
     """A run's identity is the shared fields plus its own family's: another
     family's fields (all of which run directories written before per-family
     configs hold) may differ or be absent without refusing the run."""
-    saved = base_config().to_dict()  # every family's residual fields, as main wrote them
-    saved["model"]["family"] = "hc"
-    now = base_config().to_dict()
-    now["model"]["family"] = "hc"
+    hc = apply_overrides(base_config(), ["model.family=hc"]).to_dict()
+    saved, now = copy.deepcopy(hc), copy.deepcopy(hc)
+    # Every family's residual fields, as main wrote them before per-family configs.
+    legacy = Path(__file__).parent / "fixtures" / "legacy_config" / "hc" / "config.json"
+    saved["model"]["residual"] = json.loads(legacy.read_text())["model"]["residual"]
     foreign = [k for k in saved["model"]["residual"] if k not in
                registry.get("hc").config_fields()]
     assert foreign, "the schema holds other families' fields"

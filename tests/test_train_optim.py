@@ -125,7 +125,7 @@ def test_completep_lr_rule_scales_block_updates_only():
     config.model.family = "completep"
     config.model.residual.completep_alpha = 0.5
     config.model.residual.completep_base_depth = 2
-    config.train.lr_rule = "completep"
+    config.train.lr_rule = "family"
     spec = ModelSpec.from_shape(Shape(8, 32, 64, 4, 4, 64), family="completep",
                                 residual=tuple(sorted(config.model.residual.to_dict().items())))
     fam = family_of(spec)
@@ -147,7 +147,7 @@ def test_completep_lr_rule_scales_block_updates_only():
 
 
 def test_lr_rule_needs_a_family_that_defines_it():
-    config = _config(lr_rule="completep")
+    config = _config(lr_rule="family")
     fam = family_of(ModelSpec.from_shape(Shape(2, 32, 64, 4, 4, 64), family="pre_ln"))
     with pytest.raises(ConfigError, match=r"config\.train\.lr_rule"):
         optim.lr_multipliers(config, fam, PARAMS)
@@ -177,7 +177,7 @@ def test_completep_constants_follow_the_paper(depth, base, alpha):
     assert fam.multiplier == pytest.approx(m**-a, rel=1e-12)
     assert fam.hidden_lr == pytest.approx(m ** (a - 1.0), rel=1e-12)
     assert optim.adam_eps(config, fam) == 1e-8  # the rule is off: the recipe's eps
-    config.train.lr_rule = "completep"
+    config.train.lr_rule = "family"
     assert optim.adam_eps(config, fam) == pytest.approx(1e-8 * m**-a, rel=1e-12)
 
 
@@ -185,7 +185,7 @@ def test_completep_eps_reaches_adam():
     """The scaled epsilon is the one Adam divides by: with a gradient of the size
     of eps, the first update differs from the recipe's by exactly that factor."""
     config, fam = _completep(16, 4)
-    config.train.lr_rule = "completep"
+    config.train.lr_rule = "family"
     eps = optim.adam_eps(config, fam)
     assert eps == pytest.approx(2.5e-9)
     g = {"w": jnp.full((3,), 1e-8)}

@@ -5,9 +5,20 @@ A spec is a Python module whose ``get_config()`` returns an
 ``--config NAME`` names a spec bundled in :mod:`depthbench.configs`
 (``quickstart``, ``micro`` ...); anything else is the path of a spec file.
 ``depthbench.configs.base`` defines every field; other specs start from it
-(``from depthbench.configs import base``).  The ``model.residual`` section is
-assembled from the residual families' own declarations, so nothing here
-names a family.
+(``from depthbench.configs import base``).  Nothing here names a family.
+
+``model.residual`` holds the chosen family's own fields and nothing else: the
+family declares them, typed and with defaults, in its module
+(``model/residual/fields.py``).  A spec sets another family's fields after
+naming it (``c.model.family = "hc"; c.model.residual.hc_n = 8``, or
+:func:`set_family`); an override names the family and its fields in either
+order (``--config.model.residual.hc_n=8 --config.model.family=hc``: the
+family applies first).  Switching family keeps the fields the new family
+shares with the old one and drops the rest, and the new family's other fields
+take their defaults; an override is parsed as its field's declared type, and
+a field the family does not have is one ConfigError naming its fields.
+:func:`from_saved` reads a run directory's ``config.json`` written before
+(every family's fields, ``train.lr_rule = "completep"``).
 
 Every problem with a spec or an override raises :class:`ConfigError` with one
 line naming the field and what is allowed; the CLI prints it and exits 2.
@@ -32,7 +43,17 @@ from depthbench.configs import base as base_spec
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError  # noqa: F401 (re-exported)
 from depthbench.formatting import parse_count
 from depthbench.model.residual import registry
+from depthbench.model.residual.capabilities import LearningRateRule
+from depthbench.model.residual.fields import coerce, unknown_field
 from depthbench.model.transformer import remat_policy_names
+
+FAMILY = "model.family"
+RESIDUAL = "model.residual"
+# train.lr_rule: "none", or "family": the depth-transfer rule the family declares
+# (capabilities.LearningRateRule).  Run directories written before the rule was
+# the family's name it by the one family that had one: read as "family".
+LR_RULES = ("none", "family")
+OLD_LR_RULES = {"completep": "family"}
 
 
 def spec_path(spec: str | Path) -> Path:
@@ -96,16 +117,17 @@ def base_config() -> ml_collections.ConfigDict:
 # ---------------------------------------------------------------- overrides
 
 
-def _parse_value(field: str, text: str, current: Any) -> Any:
-    """Parse ``text`` into the type of the field's current value."""
-    if isinstance(current, bool):
+def _parse_value(field: str, text: str, kind: type | None) -> Any:
+    """Parse ``text`` into a value of type ``kind`` (the field's declared type, or
+    the type of its current value; None: a Python literal, else the text)."""
+    if kind is bool:
         low = text.strip().lower()
         if low in ("1", "true", "yes", "on"):
             return True
         if low in ("0", "false", "no", "off"):
             return False
         raise ConfigError(f"--config.{field}: expected true or false, got {text!r}")
-    if isinstance(current, int):
+    if kind is int:
         try:
             value = float(parse_count(text)) if text[-1:] in "kKmMbB" else float(text)
         except (ValueError, IndexError):
@@ -113,23 +135,23 @@ def _parse_value(field: str, text: str, current: Any) -> Any:
         if value != int(value):
             raise ConfigError(f"--config.{field}: expected an integer, got {text!r}")
         return int(value)
-    if isinstance(current, float):
+    if kind is float:
         try:
             return float(parse_count(text)) if text[-1:] in "kKmMbB" else float(text)
         except (ValueError, IndexError):
             raise ConfigError(f"--config.{field}: expected a number, got {text!r}") from None
-    if isinstance(current, str):
+    if kind is str:
         # Without a shell (sweep files, subprocess lists) `suite=''` keeps its
         # quotes; a quoted string means its contents.
         if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
             return text[1:-1]
         return text
-    if isinstance(current, (list, tuple)):
+    if kind in (list, tuple):
         try:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
             value = [v.strip() for v in text.split(",") if v.strip()]
-        return type(current)(value if isinstance(value, (list, tuple)) else [value])
+        return kind(value if isinstance(value, (list, tuple)) else [value])
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -158,23 +180,107 @@ def _lookup(config: ml_collections.ConfigDict, dotted: str) -> tuple[Any, str]:
 def apply_overrides(
     config: ml_collections.ConfigDict, overrides: Iterable[str] | dict[str, Any]
 ) -> ml_collections.ConfigDict:
-    """Apply ``a.b=value`` strings (or a {dotted: value} dict) to a copy of ``config``."""
+    """Apply ``a.b=value`` strings (or a {dotted: value} dict) to a copy of ``config``;
+    ``model.family`` first, so that ``model.residual.*`` sets the chosen family's
+    fields (see the module doc), whose others then take their defaults."""
     config = ml_collections.ConfigDict(config.to_dict())
-    items = overrides.items() if isinstance(overrides, dict) else (_split(o) for o in overrides)
+    items = list(overrides.items() if isinstance(overrides, dict) else map(_split, overrides))
+    items.sort(key=lambda item: item[0] != FAMILY)  # stable: the family first
     for dotted, value in items:
+        if dotted.startswith(RESIDUAL + "."):
+            _set_field(config, dotted, value)
+            continue
         node, leaf = _lookup(config, dotted)
         current = node[leaf]
         if isinstance(current, ml_collections.ConfigDict):
             raise ConfigError(f"--config.{dotted}: is a section, not a field")
         if isinstance(value, str):
-            value = _parse_value(dotted, value, current)
+            value = _parse_value(dotted, value, None if current is None else type(current))
         elif isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         elif current is not None and type(value) is not type(current):
             allowed = type(current).__name__
             raise ConfigError(f"config.{dotted}: expected {allowed}, got {value!r}")
+        if dotted == FAMILY:
+            _switch_family(config, value)
         node[leaf] = value
+    return with_family_fields(config)
+
+
+def _switch_family(config: ml_collections.ConfigDict, family: str) -> None:
+    """Drop the fields of ``config.model.residual`` that ``family`` does not declare
+    (before ``config.model.family`` becomes ``family``); an unknown family keeps
+    them, for :func:`validate` to name it."""
+    if family == config.model.family or family not in registry.names():
+        return
+    own = registry.get(family).config_fields()
+    kept = {k: v for k, v in config.model.residual.to_dict().items() if k in own}
+    config.model.residual = ml_collections.ConfigDict(kept)
+
+
+def _set_field(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
+    """``model.residual.<name> = value``: a field of the chosen family, parsed as (or
+    checked against) its declared type."""
+    name, family = dotted[len(RESIDUAL) + 1:], config.model.family
+    types = registry.get(family).Config.field_types()
+    if name not in types:
+        raise unknown_field(name, family, types)
+    kind = types[name]
+    value = _parse_value(dotted, value, kind) if isinstance(value, str) else coerce(
+        name, value, kind)
+    config.model.residual = ml_collections.ConfigDict(
+        {**config.model.residual.to_dict(), name: value})
+
+
+def with_family_fields(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``config`` with ``model.residual`` completed to the chosen family's fields
+    (checked and typed, the missing ones at their defaults); an unknown family
+    leaves it as it is, for :func:`validate` to name."""
+    family = config.model.family
+    if family in registry.names():
+        fields = registry.family_config(family, _residual_dict(config)).as_dict()
+        config.model.residual = ml_collections.ConfigDict(fields)
     return config
+
+
+def _residual_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    residual = config.model.residual
+    if not isinstance(residual, ml_collections.ConfigDict):
+        raise ConfigError(f"config.{RESIDUAL}: is a section (the family's fields), got "
+                          f"{residual!r}")
+    return residual.to_dict()
+
+
+def set_family(config: ml_collections.ConfigDict, family: str,
+               **fields: Any) -> ml_collections.ConfigDict:
+    """In a spec: ``config.model.family = family`` with these of its fields (the
+    others as a switch leaves them: shared ones kept, the rest default);
+    ``config`` is changed in place and returned."""
+    registry.get(family)
+    _switch_family(config, family)
+    config.model.family = family
+    for name, value in fields.items():
+        _set_field(config, f"{RESIDUAL}.{name}", value)
+    return with_family_fields(config)
+
+
+def from_saved(saved: dict) -> dict:
+    """A config as a run directory's ``config.json`` holds it, as this version
+    reads it: of ``model.residual`` the saved family's own fields (older run
+    directories hold every family's: the others are dropped; a field added
+    since takes its default), ``train.lr_rule`` by its current name.  Other
+    keys (``resolved`` ...) are kept; ``saved`` is not changed."""
+    out = dict(saved)
+    model = out.get("model")
+    if isinstance(model, dict) and isinstance(model.get("residual"), dict) and (
+            model.get("family") in registry.names()):
+        own = registry.get(model["family"]).config_fields()
+        given = model["residual"]
+        out["model"] = {**model, "residual": {k: given.get(k, v) for k, v in own.items()}}
+    train = out.get("train")
+    if isinstance(train, dict) and train.get("lr_rule") in OLD_LR_RULES:
+        out["train"] = {**train, "lr_rule": OLD_LR_RULES[train["lr_rule"]]}
+    return out
 
 
 def _split(override: str) -> tuple[str, str]:
@@ -206,6 +312,8 @@ def _check_known_keys(
 ) -> None:
     for key in config.keys():
         where = f"{prefix}{key}"
+        if where == RESIDUAL:
+            continue  # the family's own fields (validate checks them)
         if key not in schema:
             known = ", ".join(sorted(schema.keys()))
             raise ConfigError(f"config.{where}: unknown field; known fields here: {known}")
@@ -246,9 +354,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _choice(config, "model.layer_scan", ("depth_linear", "carries"))
     _choice(config, "model.impl", ("xla", "pallas", "auto"))  # model/residual/fused.py
     _choice(config, "model.attention_impl", ("xla", "cudnn"))
-    # A learning-rate rule is a family's (its ``lr_multipliers``): "none" or a family name.
-    _choice(config, "train.lr_rule", ("none", *(n for n in registry.names()
-                                                 if hasattr(registry.get(n), "lr_multipliers"))))
+    _choice(config, "train.lr_rule", LR_RULES)
+    _check_lr_rule(config)
     _choice(config, "parallel.distributed", ("auto", "on", "off"))
     for field in (
         "model.depth",
@@ -297,8 +404,19 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
             )
     # The shape must exist: suite row, budget reachable, heads dividing width.
     shapes.resolve_shape(config)
-    registry.get(config.model.family).validate(config)
+    registry.family_config(config.model.family, _residual_dict(config)).validate(config)
     return config
+
+
+def _check_lr_rule(config: ml_collections.ConfigDict) -> None:
+    """``train.lr_rule = "family"`` needs a family that declares a rule."""
+    family = config.model.family
+    if config.train.lr_rule == "family" and not issubclass(registry.get(family),
+                                                           LearningRateRule):
+        having = [n for n in registry.names() if issubclass(registry.get(n), LearningRateRule)]
+        raise ConfigError(f"config.train.lr_rule: 'family' needs a family with a learning-rate "
+                          f"rule; {family} has none (families with one: "
+                          f"{', '.join(having) or 'none'})")
 
 
 def load(spec: str | Path, overrides: Iterable[str] = ()) -> ml_collections.ConfigDict:

@@ -4,9 +4,10 @@ Everything here is a function of a :class:`~depthbench.model.spec.ModelSpec`
 and needs no training (spec/analysis.md, "Costs").  The backbone terms are
 the LLaMA decoder's; whatever a residual family adds (hyper-connection
 routing, depth attention, depth keys, extra norms ...) comes only through the
-family's cost hooks (``extra_block_params``, ``extra_global_params``,
-``extra_flops_per_token``, ``state_floats_per_token``; see
-``model/residual/base.py``), so this module never names a family.
+family's cost terms (``extra_block_params``, ``extra_global_params``,
+``extra_flops_per_token``, ``state_floats_per_token``: the ``CostTerms``
+capability, ``model/residual/capabilities.py``; pre_ln's for a family that
+declares none), so this module never names a family.
 
 Conventions
 -----------
@@ -42,15 +43,21 @@ Conventions
 
 from __future__ import annotations
 
+from depthbench.model.residual.capabilities import CostTerms, cost_terms
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import family_of
+
+
+def terms(spec: ModelSpec) -> CostTerms:
+    """The cost terms of ``spec``'s family at its shape."""
+    return cost_terms(family_of(spec))
 
 # ----------------------------------------------------------------- parameters
 
 
 def param_count(spec: ModelSpec) -> int:
     """Trainable parameters of the instantiated model (any family)."""
-    fam = family_of(spec)
+    fam = terms(spec)
     return (
         spec.shape.total_params + spec.depth * fam.extra_block_params() + fam.extra_global_params()
     )
@@ -60,7 +67,7 @@ def backbone_params(spec: ModelSpec) -> int:
     """Non-embedding parameters: the blocks (with the family's per-block
     extras).  The input embedding, LM head, final norm and the family's
     global parameters are excluded (Kaplan et al. 2020 count)."""
-    return spec.shape.backbone_params + spec.depth * family_of(spec).extra_block_params()
+    return spec.shape.backbone_params + spec.depth * terms(spec).extra_block_params()
 
 
 # ---------------------------------------------------------------------- FLOPs
@@ -83,7 +90,7 @@ def prefill_flops(spec: ModelSpec, seq_len: int) -> float:
     ``+ T * extra(T)``       the family's own forward work per token, its
                             parameters' matmuls included.
     """
-    fam = family_of(spec)
+    fam = terms(spec)
     return (
         2.0 * spec.shape.backbone_params * seq_len
         + attention_flops(spec, seq_len)
@@ -115,7 +122,7 @@ def train_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
     leaves out: 12 d FLOPs per token and layer, a relative difference below
     1e-4 at every suite shape.
     """
-    fam = family_of(spec)
+    fam = terms(spec)
     weights = 6.0 * (spec.shape.backbone_params + spec.vocab_size * spec.d_model)
     attention = 3.0 * attention_flops(spec, seq_len) / seq_len
     return weights + attention + 3.0 * float(fam.extra_flops_per_token(seq_len))
@@ -138,7 +145,7 @@ def kv_cache_bytes(spec: ModelSpec, seq_len: int, bytes_per_value: int = 2) -> i
 def state_bytes_per_token(spec: ModelSpec, bytes_per_value: int = 2) -> int:
     """Residual-state activation memory per token (pre_ln: ``d``; hc/mhc keep
     ``n`` streams; attnres keeps its source bank)."""
-    return int(family_of(spec).state_floats_per_token()) * bytes_per_value
+    return int(terms(spec).state_floats_per_token()) * bytes_per_value
 
 
 def cost_row(spec: ModelSpec, seq_len: int) -> dict:
@@ -146,7 +153,7 @@ def cost_row(spec: ModelSpec, seq_len: int) -> dict:
     family's overhead over the plain backbone (pre_ln) at the same shape, as
     fractions: its parameters over the shape's, its forward work over the
     backbone's prefill; and its depth layout, if it has one."""
-    fam = family_of(spec)
+    fam = terms(spec)
     extra_params = param_count(spec) - spec.shape.total_params
     extra_prefill = seq_len * float(fam.extra_flops_per_token(seq_len))
     return {

@@ -4,19 +4,19 @@ A sweep entry may name its family with variants appended by ``+``::
 
     {"model.family": "hc+sum_then_norm", "model.depth": 4, "train.lr": 3e-3}
 
-Each variant is a named set of config overrides (:data:`VARIANTS`).  The run
-trains the plain family with those overrides; its name shows the label
-(``hc+sum_then_norm-L4-lr3e-03``) and results.csv's ``family`` column carries
-it, so the report gives the variant a row of its own beside the family's.
-The label is the sweep entry's, recorded with the run's overrides in
-``sweep_run.json``, so it survives re-runs and ``depthbench report``.
+Each variant is a named set of config overrides.  A family declares its own
+in its config (``capabilities.Variants``: values of its own fields, e.g. hc's
+and mhc's ``sum_then_norm``, moda's ``pre_norm`` and ``unrotated_query``,
+completep's ``depth_mup``); the variants here (:data:`GENERAL`) apply to every
+family.  The run trains the plain family with those overrides; its name shows
+the label (``hc+sum_then_norm-L4-lr3e-03``) and results.csv's ``family``
+column carries it, so the report gives the variant a row of its own beside
+the family's.  The label is the sweep entry's, recorded with the run's
+overrides in ``sweep_run.json``, so it survives re-runs and ``depthbench
+report``.
 
 A variant is a choice the sources disagree on, or a control for a confound
-(spec/residuals.md): the hc/mhc readout (``norm_then_sum``, the original
-benchmark's default, makes the initial logits ``n`` times pre_ln's;
-``sum_then_norm`` is the HC paper's form and matches pre_ln at init), moda's
-norm placement and depth query, depth-muP instead of CompleteP, and the
-weight-decay set.
+(spec/residuals.md), like the weight-decay set below.
 """
 
 from __future__ import annotations
@@ -24,28 +24,36 @@ from __future__ import annotations
 from typing import Any
 
 from depthbench.errors import ConfigError
+from depthbench.model.residual import registry
+from depthbench.model.residual.capabilities import Variants
 
 SEPARATOR = "+"
 
-VARIANTS: dict[str, dict[str, Any]] = {
-    "sum_then_norm": {"model.residual.readout": "sum_then_norm"},
-    "norm_then_sum": {"model.residual.readout": "norm_then_sum"},
-    "pre_norm": {"model.residual.moda_norm": "pre"},
-    "post_norm": {"model.residual.moda_norm": "post"},
-    "unrotated_query": {"model.residual.moda_depth_query": "unrotated"},
-    "depth_mup": {"model.residual.completep_alpha": 0.5},
+# Variants of every family (config overrides, dotted).
+GENERAL: dict[str, dict[str, Any]] = {
     "norms_embeddings_residual": {"train.no_decay": "norms_embeddings_residual"},
 }
 
 
+def variants_of(family: str) -> dict[str, dict[str, Any]]:
+    """Every variant ``family`` takes, as dotted config overrides: its config's
+    own, then :data:`GENERAL`."""
+    config = registry.get(family).Config
+    own = config.variants if issubclass(config, Variants) else {}
+    fields = {name: {f"model.residual.{k}": v for k, v in values.items()}
+              for name, values in own.items()}
+    return {**fields, **GENERAL}
+
+
 def split(label: str) -> tuple[str, tuple[str, ...]]:
-    """``'hc+sum_then_norm'`` -> ``('hc', ('sum_then_norm',))``; unknown variants
-    are one ConfigError line naming the allowed ones."""
+    """``'hc+sum_then_norm'`` -> ``('hc', ('sum_then_norm',))``; an unknown family or
+    a variant the family does not take is one ConfigError line naming the allowed."""
     family, *names = str(label).split(SEPARATOR)
+    allowed = variants_of(family) if names else {}
     for name in names:
-        if name not in VARIANTS:
+        if name not in allowed:
             raise ConfigError(f"config.model.family: variant {name!r} in {label!r} is not one of "
-                              f"{', '.join(VARIANTS)}")
+                              f"{family}'s: {', '.join(allowed)}")
     return family, tuple(names)
 
 
@@ -57,8 +65,9 @@ def expand_entry(entry: dict[str, Any]) -> dict[str, Any]:
         return dict(entry)
     family, names = split(label)
     out = {**entry, "model.family": family}
+    overrides = variants_of(family)
     for name in names:
-        for key, value in VARIANTS[name].items():
+        for key, value in overrides[name].items():
             if key in entry or (key in out and out[key] != value):
                 raise ConfigError(f"config.model.family: variant {name!r} of {label!r} sets "
                                   f"{key}, which the entry sets too")

@@ -283,7 +283,7 @@ def _jacobians(run, windows, chunk: int, progress: bool) -> dict:
     states = probes.cached("entry_states", run, lambda: jax.jit(bw.entry_states))(
         run.params, tokens)
     z_width = int(jax.eval_shape(
-        lambda p, s: run.family.boundary_state(bw.family_params(p, 0), p.get("residual", {}), s),
+        lambda p, s: bw.probes.boundary_state(bw.family_params(p, 0), p.get("residual", {}), s),
         run.params, jax.tree.map(lambda a: a[0], states)).shape[-1])
     rows_fn = probes.cached("jacobian_rows", run, lambda: jax.jit(bw.block_jacobian_rows))
     eye = np.eye(z_width, dtype=np.float32)

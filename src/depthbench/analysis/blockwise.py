@@ -6,8 +6,9 @@ Jacobian need to cut in between two blocks.  :class:`Blockwise` rebuilds the
 same forward pass from the same parameters (the backbone's own ``Block``
 module applied to each block's slice of the stacked parameters under
 ``lax.scan``), and reaches the residual state only through the family's
-protocol: ``boundary_state`` (``z``, one vector per token) and
-``with_boundary_state`` (a state whose next boundary is a given ``z``).
+analysis probes (``capabilities.AnalysisProbes``): ``boundary_state`` (``z``,
+one vector per token) and ``with_boundary_state`` (a state whose next
+boundary is a given ``z``).
 
 So for every family, "replace block ``l`` by ``z -> z W + b``" means: the
 state after position ``l`` is ``with_boundary_state(state, z_l W + b)``,
@@ -22,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from depthbench.model.layers import RMSNorm
+from depthbench.model.residual.capabilities import probes
 from depthbench.model.transformer import Block
 
 
@@ -31,6 +33,7 @@ class Blockwise:
 
     def __init__(self, run):
         self.run, self.spec, self.fam = run, run.spec, run.family
+        self.probes = probes(run.family)
         self.block = Block(run.spec, run.family)
         self.norm = RMSNorm(run.spec)
 
@@ -62,8 +65,8 @@ class Blockwise:
         g, last = self._globals(params), self.spec.depth - 1
         nxt = self.family_params(params, jnp.minimum(pos + 1, last))
         return jax.lax.cond(pos >= last,
-                            lambda: self.fam.boundary_state(None, g, state),
-                            lambda: self.fam.boundary_state(nxt, g, state))
+                            lambda: self.probes.boundary_state(None, g, state),
+                            lambda: self.probes.boundary_state(nxt, g, state))
 
     def logits(self, params, state):
         g = self._globals(params)
@@ -84,9 +87,9 @@ class Blockwise:
                 return self.run_block(params, state, pos, positions_t), None
 
             def substitute(st):
-                z = self.fam.boundary_state(self.family_params(params, pos), g, st)
+                z = self.probes.boundary_state(self.family_params(params, pos), g, st)
                 z_hat = jnp.einsum("btd,de->bte", z.astype(jnp.float32), w_dd) + b_d
-                return self.fam.with_boundary_state(st, z_hat)
+                return self.probes.with_boundary_state(st, z_hat)
 
             return jax.lax.cond(pos == sub_pos, substitute,
                                 lambda st: self.run_block(params, st, pos, positions_t),
@@ -115,10 +118,10 @@ class Blockwise:
         full state at the block's entry."""
         positions_t = jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)
         g = self._globals(params)
-        z_in = self.fam.boundary_state(self.family_params(params, pos), g, state)
+        z_in = self.probes.boundary_state(self.family_params(params, pos), g, state)
 
         def f(z):
-            st = self.fam.with_boundary_state(state, z)
+            st = self.probes.with_boundary_state(state, z)
             out = self.run_block(params, st, pos, positions_t)
             return self.next_boundary(params, out, pos).astype(jnp.float32)
 

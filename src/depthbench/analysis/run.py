@@ -26,7 +26,6 @@ mesh's batch shards and the padding is dropped from the outputs.
 
 from __future__ import annotations
 
-import json
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -38,26 +37,41 @@ import numpy as np
 from flax import linen as nn
 
 from depthbench import parallel
-from depthbench.analysis.names import ANALYSIS_OPTIONS
 from depthbench.config import ConfigError
+from depthbench.model.residual import registry
 from depthbench.model.residual.base import ResidualFamily
+from depthbench.model.residual.capabilities import AnalysisOptions
 from depthbench.model.spec import ModelSpec
-from depthbench.model.transformer import Transformer, family_of
+from depthbench.model.transformer import Transformer, family_of, permute_blocks
 from depthbench.rundir import restore
+from depthbench.rundir.identity import saved_config
+from depthbench.rundir.io import read_json
 from depthbench.rundir.names import CONFIG_FILE, TOKENIZER_FILE
 
 
 def _read_config(run_dir: Path) -> tuple[ml_collections.ConfigDict, dict]:
-    path = run_dir / CONFIG_FILE
-    if not path.is_file():
+    """The run's config (an old run's read as :func:`saved_config` reads it) and
+    its ``resolved`` block."""
+    saved = read_json(run_dir / CONFIG_FILE)  # DamagedFile: one line naming the file
+    if saved is None:
         raise ConfigError(f"RUN_DIR: {str(run_dir)!r} has no {CONFIG_FILE}; give a directory "
                           "written by `depthbench train` (or `depthbench import-hf`)")
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"RUN_DIR: {path} is unreadable ({e})") from e
     resolved = saved.pop("resolved", {}) or {}
-    return ml_collections.ConfigDict(saved), resolved
+    return saved_config(saved), resolved
+
+
+def _analysis_pairs(family: str, options: dict) -> tuple[tuple[str, str], ...]:
+    """The options ``family`` declares, as ``ModelSpec.analysis`` pairs.  Each must
+    be a switch some family declares, with one of its values; one the family
+    does not declare does not concern it (as for attnres's rules on pre_ln)."""
+    known = registry.analysis_options()
+    for key, value in options.items():
+        if key not in known or value not in known[key]:
+            allowed = ", ".join(f"{k}={'|'.join(v)}" for k, v in known.items())
+            raise ConfigError(f"option {key}={value!r} is not one of {allowed}")
+    cls = registry.get(family)
+    own = cls.analysis_options if issubclass(cls, AnalysisOptions) else {}
+    return tuple(sorted((k, v) for k, v in options.items() if k in own))
 
 
 def _mesh(config) -> jax.sharding.Mesh:
@@ -84,15 +98,9 @@ class Run:
         self.config, self.resolved = config, dict(resolved or {})
         self.options = dict(options or {})
         spec = ModelSpec.from_config(self.config)
-        # Analysis switches (ANALYSIS_OPTIONS) travel in spec.residual, where the
-        # family reads them (ResidualFamily.analysis_option); training never sets them.
-        for key, value in self.options.items():
-            if key not in ANALYSIS_OPTIONS or value not in ANALYSIS_OPTIONS[key]:
-                allowed = ", ".join(f"{k}={'|'.join(v)}" for k, v in ANALYSIS_OPTIONS.items())
-                raise ConfigError(f"option {key}={value!r} is not one of {allowed}")
-        if self.options:
-            residual = dict(spec.residual) | self.options
-            spec = spec.replace(residual=tuple(sorted(residual.items())))
+        # Analysis switches travel in spec.analysis, where the family reads them
+        # (capabilities.AnalysisOptions); training never sets them.
+        spec = spec.replace(analysis=_analysis_pairs(spec.family, self.options))
         self.spec: ModelSpec = spec
         self.family: ResidualFamily = family_of(self.spec)
         self.model = Transformer(self.spec)
@@ -169,8 +177,8 @@ class Run:
     def forward(self, params, tokens_bt, active_l, order_l, capture: bool | str = False):
         """The pure model call behind :meth:`apply` (traceable: the analyses
         ``vmap`` it over many ``active``/``order`` rows).  Permutations go
-        through ``family.permute_params``."""
-        params = self.family.permute_params(params, order_l)
+        through ``permute_blocks`` (what the family moves with a block too)."""
+        params = permute_blocks(self.family, params, order_l)
         return self.model.apply({"params": params}, tokens_bt, capture=capture,
                                 active=active_l, ident=order_l)
 
@@ -259,7 +267,7 @@ class Run:
 
 def load_run(run_dir: str | Path, *, step: int | None = None, options: dict | None = None) -> Run:
     """The model of ``run_dir`` at its latest (or the given) checkpoint step
-    (``options``: analysis switches, see ``ANALYSIS_OPTIONS``)."""
+    (``options``: analysis switches, see ``registry.analysis_options``)."""
     run_dir = Path(run_dir).expanduser().resolve()
     config, resolved = _read_config(run_dir)
     return Run(config, run_dir=run_dir, resolved=resolved, step=step, options=options)

@@ -36,9 +36,9 @@ def _run(args: argparse.Namespace) -> int:
     if not args.run_dir:
         raise ConfigError("RUN_DIR: give a run directory (or --compare DIR ...)")
     from depthbench.analysis.store import analyze_run_dir
+    from depthbench.model.residual import registry
 
-    options = {k: v for k, v in (("skip_rule", args.skip_rule), ("swap_rule", args.swap_rule),
-                                 ("probe_rule", args.probe_rule)) if v}
+    options = {k: vars(args)[k] for k in registry.analysis_options() if vars(args)[k]}
     result, written = analyze_run_dir(
         args.run_dir, _metrics(args.metrics), windows=args.windows, seq_len=args.seq_len,
         options=options, plots=not args.no_plots, chunk=args.chunk,
@@ -104,7 +104,8 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    from depthbench.analysis.names import ANALYSIS_OPTIONS, CAUSAL_RATIOS, METRICS
+    from depthbench.analysis.names import CAUSAL_RATIOS, METRICS
+    from depthbench.model.residual import registry
 
     parser = subparsers.add_parser(
         "analyze", help="depth analyses of a trained run (angular distance, causal and swap "
@@ -120,7 +121,7 @@ def register(subparsers) -> None:
     parser.add_argument("--jacobian-windows", type=int, default=2,
                         help="windows for the block Jacobians (2)")
     parser.add_argument("--causal-ratio", choices=CAUSAL_RATIOS, default=CAUSAL_RATIOS[0])
-    for name, values in ANALYSIS_OPTIONS.items():
+    for name, values in registry.analysis_options().items():  # the families' own switches
         parser.add_argument(f"--{name.replace('_', '-')}", choices=values, default=None,
                             help=f"default {values[0]} (the original benchmark's)")
     parser.add_argument("--no-plots", action="store_true", help="analysis.json only")

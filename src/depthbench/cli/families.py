@@ -1,6 +1,6 @@
 """`depthbench families`: the registry of residual families and their overheads.
 
-Reads everything from each family's class attributes and cost hooks, so a
+Reads everything from each family's class attributes and cost terms, so a
 newly registered family appears here without any change to this file.
 """
 
@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 from depthbench import shapes
+from depthbench.costs import terms
 from depthbench.errors import ConfigError
 from depthbench.formatting import table
 from depthbench.model.residual import registry
@@ -48,13 +49,13 @@ def family_rows(d_model: int, depth: int) -> list[dict]:
     shape = shapes.Shape(depth, d_model, shapes.rule_d_ff(d_model), 16, 16, shapes.PAPER_VOCAB)
     rows = []
     for name in registry.names():
-        fam = family_of(ModelSpec.from_shape(shape, family=name))
-        row = dict(fam.describe())
+        spec = ModelSpec.from_shape(shape, family=name)
+        row, cost = dict(family_of(spec).describe()), terms(spec)
         row.update(
             name=name,
-            extra_block_params=int(fam.extra_block_params()),
-            extra_global_params=int(fam.extra_global_params()),
-            state_floats_per_token=int(fam.state_floats_per_token()),
+            extra_block_params=int(cost.extra_block_params()),
+            extra_global_params=int(cost.extra_global_params()),
+            state_floats_per_token=int(cost.state_floats_per_token()),
             d_model=d_model,
             depth=depth,
         )

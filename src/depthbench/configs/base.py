@@ -49,9 +49,11 @@ def get_config() -> ml_collections.ConfigDict:
     # depth (model/depth_scan.py); "carries": nn.scan saves every block's carry.
     m.layer_scan = "depth_linear"
     m.impl = "xla"  # routing: "xla" | "pallas" (fused kernels) | "auto" (pallas on 1 TPU/GPU)
-    # Residual-family fields (spec/residuals.md): each family declares its own,
-    # with defaults, in its module (``fields``); the registry gathers them here.
-    m.residual = ml_collections.ConfigDict(registry.residual_defaults())
+    # The family's own fields (spec/residuals.md), declared with their types and
+    # defaults in its module (``Config``): only the chosen family's are here.
+    # A spec sets another family's after naming it: c.model.family = "hc";
+    # c.model.residual.hc_n = 8 (or depthbench.config.set_family(c, "hc", hc_n=8)).
+    m.residual = ml_collections.ConfigDict(registry.get(m.family).config_fields())
 
     # ------------------------------------------------------------------- data
     d = c.data = ml_collections.ConfigDict()
@@ -77,7 +79,7 @@ def get_config() -> ml_collections.ConfigDict:
     t.microbatches = 1  # gradient accumulation: batch_size / microbatches per pass
     t.seq_len = 128
     t.lr = 3e-3
-    t.lr_rule = "none"  # "none" | a family whose lr_multipliers give a depth-transfer LR rule
+    t.lr_rule = "none"  # "none" | "family": the family's depth-transfer LR rule (completep's)
     t.warmup_fraction = 0.1
     t.final_lr_fraction = 0.1
     t.b1 = 0.9

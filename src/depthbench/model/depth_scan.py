@@ -28,13 +28,14 @@ no rebuild at all: the backward runs each block on the final bank.
 The rebuild is exact (slots are restored, not recomputed), so the
 gradients are those of the plain scan up to the summation order XLA picks
 inside one block.  The family says which leaves are banks and which slots
-a block may write through ``ResidualFamily.bank_slots``; a slot listed that
-the block does not write (a skipped block, a repeated slot) is restored to
-the value it already has, which is harmless.
+a block may write through ``DepthBanks.bank_slots`` (a ``BankSlots`` per
+bank); a slot listed that the block does not write (a skipped block, a
+repeated slot) is restored to the value it already has, which is harmless.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -42,23 +43,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from depthbench.model.residual.capabilities import BankSlots
+
 # (params of one block, state, per-block scan inputs, global params) -> (state, z)
 Step = Callable[[Any, dict, dict, Any], tuple[dict, Any]]
-# (state, execution position) -> {bank leaf: (slot axis, slots [k] the block may write)}
-Slots = Callable[[dict, jax.Array], dict[str, tuple[int, jax.Array]]]
+# (state, execution position) -> {bank leaf: the slots the block may write}
+Slots = Callable[[dict, jax.Array], dict[str, BankSlots]]
 # positions p (static) -> {bank leaf: slots [0, n) the blocks at positions [0, p) may touch}
 Extent = Callable[[int], dict[str, int]]
 
 
 def _is_float(x) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
-
-
-def _entry(item):
-    """``(leaf, (axis, slots[, fresh[, overwrite]]))`` -> ``(leaf, (axis, slots, fresh,
-    overwrite))``, the flags False when left out."""
-    key, value = item
-    return key, (*value, False, False)[:4]
 
 
 def _take(bank, axis: int, slots):
@@ -120,6 +116,161 @@ def _join(parts):
     return jax.tree.map(lambda *a: jnp.concatenate(a, axis=0), *parts)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """The static layout of one banked stack: its bank leaves and their slot
+    axes, full slot counts, position groups and each group's bank sizes, and
+    the banks the backward never carries (``overwrite``)."""
+
+    entries: dict[str, BankSlots]  # of the first block (for the static fields)
+    full: dict[str, int]
+    spans: tuple[tuple[int, int], ...]
+    sizes: tuple[dict[str, int], ...]  # per group: {bank leaf: slots its scan carries}
+
+    @property
+    def axes(self) -> dict[str, int]:
+        return {k: e.axis for k, e in self.entries.items()}
+
+    @property
+    def fixed(self) -> frozenset[str]:
+        return frozenset(k for k, e in self.entries.items() if e.overwrite)
+
+
+def _plan(bank_slots: Slots, state0: dict, pos_l, extent: Extent | None) -> _Plan:
+    depth = int(pos_l.shape[0])
+    entries = bank_slots(state0, pos_l[0])
+    full = {k: state0[k].shape[e.axis] for k, e in entries.items()}
+    spans = position_groups(depth) if extent is not None else ((0, depth),)
+    sizes = []
+    for _, end in spans:
+        bound = extent(end) if extent is not None else {}
+        sizes.append({k: min(int(bound.get(k, full[k])), full[k]) for k in entries})
+    return _Plan(entries, full, spans, tuple(sizes))
+
+
+def _resize(plan: _Plan, state: dict, state0: dict, size: dict[str, int]) -> dict:
+    """``state`` with each bank cut or grown to ``size`` slots; grown slots come
+    from ``state0`` (no block before this group touched them)."""
+    out = dict(state)
+    for k, n in size.items():
+        ax = plan.axes[k]
+        cur = state[k].shape[ax]
+        if n < cur:
+            out[k] = jax.lax.slice_in_dim(state[k], 0, n, axis=ax)
+        elif n > cur:
+            base = jax.lax.slice_in_dim(state0[k], 0, n, axis=ax)
+            out[k] = jax.lax.dynamic_update_slice_in_dim(base, state[k], 0, axis=ax)
+    return out
+
+
+def _scan_groups(plan: _Plan, body, params_l, state0: dict, xs_l: dict, unroll: int):
+    """``body`` scanned over each position group in turn, on the banks cut to the
+    group's size: the final state (banks at full size) and each group's outputs."""
+    state, outs = state0, []
+    for (start, end), size in zip(plan.spans, plan.sizes, strict=True):
+        state, out = jax.lax.scan(body, _resize(plan, state, state0, size),
+                                  (_cut(params_l, start, end), _cut(xs_l, start, end)),
+                                  unroll=unroll)
+        outs.append(out)
+    return _resize(plan, state, state0, plan.full), outs
+
+
+def _forward(plan: _Plan, step: Step, bank_slots: Slots, params_l, state0, xs_l, g, unroll):
+    """The stack's forward for the backward: per block only the undo values of
+    the slots it may write (none for fresh ones) and the state's small leaves."""
+
+    def body(state, px):
+        p, x = px
+        undo = {k: None if e.fresh else _take(state[k], e.axis, e.slots)
+                for k, e in bank_slots(state, x["pos"]).items()}
+        small = {k: v for k, v in state.items() if k not in plan.entries}
+        new, z = step(p, state, x, g)
+        return new, (z, undo, small)
+
+    final, outs = _scan_groups(plan, body, params_l, state0, xs_l, unroll)
+    zs = _join([z for z, _, _ in outs])
+    saved = [(undo_l, small_l) for _, undo_l, small_l in outs]
+    return (final, zs), (params_l, xs_l, g, {k: final[k] for k in plan.entries}, saved)
+
+
+def _backward_block(step: Step, bank_slots: Slots, banks_final, float_keys, fixed, axes,
+                    carry, inp, size):
+    """One block of the reverse scan: its input carry rebuilt from the one after
+    it (the undo values put back), then its forward recomputed inside
+    ``jax.vjp`` to pull the cotangent through it."""
+    banks_next, ct_state, ct_g = carry
+    p, x, undo, small, ct_z, g = inp
+    # Sliced here, per block (a transient copy), not once per group: the
+    # groups' slices, all computed up front, would each hold a bank (and
+    # once per group behind an optimization barrier took moda's temp
+    # memory from 2.84x to 4.38x pre_ln's at d 64, L 32).
+    fixed_banks = {k: jax.lax.slice_in_dim(banks_final[k], 0, size[k], axis=axes[k])
+                   for k in fixed}
+    slots = bank_slots({**small, **banks_next, **fixed_banks}, x["pos"])
+    banks = {k: _put(banks_next[k], e.axis, e.slots, undo[k])
+             for k, e in slots.items() if k in banks_next}
+    state = {**small, **fixed_banks, **banks}
+    consts = {k: v for k, v in state.items() if k not in float_keys}
+
+    def block(p, diff, g):
+        new, z = step(p, {**consts, **diff}, x, g)
+        return {k: new[k] for k in float_keys}, z
+
+    _, pull = jax.vjp(block, p, {k: state[k] for k in float_keys}, g)
+    ct_p, ct_diff, ct_g_i = pull((ct_state, ct_z))
+    ct_g = jax.tree.map(jnp.add, ct_g, ct_g_i)
+    return (banks, ct_diff, ct_g), ct_p
+
+
+def _backward(plan: _Plan, step: Step, bank_slots: Slots, unroll: int, res, cts):
+    """The reverse scan over the groups, last first, each carrying the banks (those
+    not ``overwrite``) and one cotangent state cut to the group's size."""
+    params_l, xs_l, g, banks_final, saved = res
+    ct_final, ct_zs = cts
+    small0 = saved[0][1]
+    float_keys = tuple(k for k in ct_final if _is_float(banks_final.get(k, small0.get(k))))
+    # Overwritten banks: each block runs on the final bank as it is (the
+    # slots it would see still empty hold later values, which its reads
+    # weigh 0, and it sets its own slots), so they are no loop carry: no
+    # per-block restore, and none of the bank copies XLA makes around an
+    # in-place update of a loop carry.
+    fixed, axes = plan.fixed, plan.axes
+
+    def body(carry, inp, size):
+        p, x, undo, small, ct_z = inp
+        return _backward_block(step, bank_slots, banks_final, float_keys, fixed, axes, carry,
+                               (p, x, undo, small, ct_z, g), size)
+
+    # Each group runs on the banks and their cotangents cut to its extent:
+    # the cotangent of the slots past it passes the group unchanged (kept
+    # aside in ``tails``).
+    banks = {k: v for k, v in banks_final.items() if k not in fixed}
+    ct_state = {k: ct_final[k] for k in float_keys}
+    tails = {k: [] for k in plan.entries}
+    ct_g = jax.tree.map(jnp.zeros_like, g)
+    ct_params = []
+    for (start, end), size, (undo_l, small_l) in reversed(
+            list(zip(plan.spans, plan.sizes, saved, strict=True))):
+        for k, n in size.items():
+            ax = axes[k]
+            if k in ct_state and ct_state[k].shape[ax] > n:
+                tails[k].insert(0, jax.lax.slice_in_dim(ct_state[k], n, None, axis=ax))
+                ct_state[k] = jax.lax.slice_in_dim(ct_state[k], 0, n, axis=ax)
+            if k in banks:
+                banks[k] = jax.lax.slice_in_dim(banks[k], 0, n, axis=ax)
+        inputs = (_cut(params_l, start, end), _cut(xs_l, start, end), undo_l, small_l,
+                  _cut(ct_zs, start, end))
+        (banks, ct_state, ct_g), ct_p = jax.lax.scan(
+            functools.partial(body, size=size), (banks, ct_state, ct_g),
+            inputs, reverse=True, unroll=unroll)
+        ct_params.insert(0, ct_p)
+    for k, rest in tails.items():
+        if rest and k in ct_state:
+            ct_state[k] = jnp.concatenate([ct_state[k], *rest], axis=axes[k])
+    ct_state0 = {k: ct_state.get(k) for k in ct_final}
+    return _join(ct_params), ct_state0, None, ct_g
+
+
 def layer_stack(
     step: Step, bank_slots: Slots, params_l, state0: dict, xs_l: dict, g, *, unroll: int = 1,
     extent: Extent | None = None,
@@ -143,127 +294,16 @@ def layer_stack(
     banks per group, none per block).  A mix or a depth attention then never
     visits a slot that cannot be valid yet by the end of its group: about
     ``(G + 1) / 2G`` of the slot visits of whole banks."""
-    depth = int(xs_l["pos"].shape[0])
-    entries = dict(map(_entry, bank_slots(state0, xs_l["pos"][0]).items()))
-    bank_keys = tuple(entries)
-    axes = {k: ax for k, (ax, *_) in entries.items()}
-    full = {k: state0[k].shape[axes[k]] for k in bank_keys}
-    spans = position_groups(depth) if extent is not None else ((0, depth),)
-    sizes = []  # per group: {bank leaf: slots its scan carries}
-    for _, end in spans:
-        bound = extent(end) if extent is not None else {}
-        sizes.append({k: min(int(bound.get(k, full[k])), full[k]) for k in bank_keys})
-
-    def resize(state, state0, size):
-        """``state`` with each bank cut or grown to ``size`` slots; grown slots come
-        from ``state0`` (no block before this group touched them)."""
-        out = dict(state)
-        for k, n in size.items():
-            ax, cur = axes[k], state[k].shape[axes[k]]
-            if n < cur:
-                out[k] = jax.lax.slice_in_dim(state[k], 0, n, axis=ax)
-            elif n > cur:
-                base = jax.lax.slice_in_dim(state0[k], 0, n, axis=ax)
-                out[k] = jax.lax.dynamic_update_slice_in_dim(base, state[k], 0, axis=ax)
-        return out
+    plan = _plan(bank_slots, state0, xs_l["pos"], extent)
 
     def run(params_l, state0, xs_l, g):
-        state, zs = state0, []
-        for (start, end), size in zip(spans, sizes, strict=True):
-            def body(state, px):
-                return step(px[0], state, px[1], g)
-
-            state, z = jax.lax.scan(body, resize(state, state0, size),
-                                    (_cut(params_l, start, end), _cut(xs_l, start, end)),
-                                    unroll=unroll)
-            zs.append(z)
-        return resize(state, state0, full), _join(zs)
-
-    def fwd(params_l, state0, xs_l, g):
         def body(state, px):
-            p, x = px
-            slots = bank_slots(state, x["pos"])
-            undo = {k: None if fresh else _take(state[k], ax, idx)
-                    for k, (ax, idx, fresh, _) in map(_entry, slots.items())}
-            small = {k: v for k, v in state.items() if k not in bank_keys}
-            new, z = step(p, state, x, g)
-            return new, (z, undo, small)
+            return step(px[0], state, px[1], g)
 
-        state, zs, saved = state0, [], []
-        for (start, end), size in zip(spans, sizes, strict=True):
-            state, (z, undo_l, small_l) = jax.lax.scan(
-                body, resize(state, state0, size),
-                (_cut(params_l, start, end), _cut(xs_l, start, end)), unroll=unroll)
-            zs.append(z)
-            saved.append((undo_l, small_l))
-        final = resize(state, state0, full)
-        return (final, _join(zs)), (params_l, xs_l, g, {k: final[k] for k in bank_keys}, saved)
-
-    def bwd(res, cts):
-        params_l, xs_l, g, banks_final, saved = res
-        ct_final, ct_zs = cts
-        small0 = saved[0][1]
-        float_keys = tuple(k for k in ct_final if _is_float(banks_final.get(k, small0.get(k))))
-        # Overwritten banks: each block runs on the final bank as it is (the
-        # slots it would see still empty hold later values, which its reads
-        # weigh 0, and it sets its own slots), so they are no loop carry: no
-        # per-block restore, and none of the bank copies XLA makes around an
-        # in-place update of a loop carry.
-        fixed = {k for k, (*_, overwrite) in entries.items() if overwrite}
-
-        def body(carry, inp, size):
-            banks_next, ct_state, ct_g = carry
-            p, x, undo, small, ct_z = inp
-            # Sliced here, per block (a transient copy), not once per group: the
-            # groups' slices, all computed up front, would each hold a bank (and
-            # once per group behind an optimization barrier took moda's temp
-            # memory from 2.84x to 4.38x pre_ln's at d 64, L 32).
-            fixed_banks = {k: jax.lax.slice_in_dim(banks_final[k], 0, size[k], axis=axes[k])
-                           for k in fixed}
-            slots = bank_slots({**small, **banks_next, **fixed_banks}, x["pos"])
-            banks = {k: _put(banks_next[k], ax, idx, undo[k])
-                     for k, (ax, idx, *_) in map(_entry, slots.items()) if k in banks_next}
-            state = {**small, **fixed_banks, **banks}
-            consts = {k: v for k, v in state.items() if k not in float_keys}
-
-            def block(p, diff, g):
-                new, z = step(p, {**consts, **diff}, x, g)
-                return {k: new[k] for k in float_keys}, z
-
-            _, pull = jax.vjp(block, p, {k: state[k] for k in float_keys}, g)
-            ct_p, ct_diff, ct_g_i = pull((ct_state, ct_z))
-            ct_g = jax.tree.map(jnp.add, ct_g, ct_g_i)
-            return (banks, ct_diff, ct_g), ct_p
-
-        # Each group runs on the banks and their cotangents cut to its extent:
-        # the cotangent of the slots past it passes the group unchanged (kept
-        # aside in ``tails``).
-        banks = {k: v for k, v in banks_final.items() if k not in fixed}
-        ct_state = {k: ct_final[k] for k in float_keys}
-        tails = {k: [] for k in bank_keys}
-        ct_g = jax.tree.map(jnp.zeros_like, g)
-        ct_params = []
-        for (start, end), size, (undo_l, small_l) in reversed(
-                list(zip(spans, sizes, saved, strict=True))):
-            for k, n in size.items():
-                ax = axes[k]
-                if k in ct_state and ct_state[k].shape[ax] > n:
-                    tails[k].insert(0, jax.lax.slice_in_dim(ct_state[k], n, None, axis=ax))
-                    ct_state[k] = jax.lax.slice_in_dim(ct_state[k], 0, n, axis=ax)
-                if k in banks:
-                    banks[k] = jax.lax.slice_in_dim(banks[k], 0, n, axis=ax)
-            inputs = (_cut(params_l, start, end), _cut(xs_l, start, end), undo_l, small_l,
-                      _cut(ct_zs, start, end))
-            (banks, ct_state, ct_g), ct_p = jax.lax.scan(
-                functools.partial(body, size=size), (banks, ct_state, ct_g),
-                inputs, reverse=True, unroll=unroll)
-            ct_params.insert(0, ct_p)
-        for k, rest in tails.items():
-            if rest and k in ct_state:
-                ct_state[k] = jnp.concatenate([ct_state[k], *rest], axis=axes[k])
-        ct_state0 = {k: ct_state.get(k) for k in ct_final}
-        return _join(ct_params), ct_state0, None, ct_g
+        final, zs = _scan_groups(plan, body, params_l, state0, xs_l, unroll)
+        return final, _join(zs)
 
     stack = jax.custom_vjp(run)
-    stack.defvjp(fwd, bwd)
+    stack.defvjp(functools.partial(_forward, plan, step, bank_slots, unroll=unroll),
+                 functools.partial(_backward, plan, step, bank_slots, unroll))
     return stack(params_l, state0, xs_l, g)

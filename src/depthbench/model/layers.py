@@ -8,7 +8,6 @@ beta, hyper-connections' 1/sqrt(n)).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -89,7 +88,7 @@ CAUSAL_BLOCK = 64  # query rows per block of causal_attention, at least
 MAX_CAUSAL_BLOCKS = 8  # blocks per sequence, at most (each is unrolled, forward and backward)
 
 
-def _query_blocks(t: int) -> int:
+def query_blocks(t: int) -> int:
     """Causal query blocks over ``t`` tokens: the most blocks, at most
     ``MAX_CAUSAL_BLOCKS``, that split ``t`` evenly into blocks of at least
     ``CAUSAL_BLOCK`` rows; 1 when none does (T 128: 2, T 256: 4, T 512 and
@@ -117,21 +116,21 @@ def causal_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array) ->
       queries, keys and values are transposed once into that layout (``O(B T
       d)`` copies), where the 4-D/5-D einsum forms make XLA:CPU copy
       ``[.., T, T]`` operands into transposed layouts in the backward;
-    * **causal blocks** (:func:`_query_blocks`): query block ``i`` is
+    * **causal blocks** (:func:`query_blocks`): query block ``i`` is
       multiplied by keys ``[0, (i + 1) blk)`` only, so the blocks
       above the diagonal are never computed (``(nb + 1) / 2 nb`` of the full
       products: 56% at T 512 in 8 blocks); each row's softmax still sees
       every key it may see;
-    * **backward from statistics** (:func:`_causal_blocks`): only the output
+    * **backward from statistics** (:func:`causal_blocks`): only the output
       and each row's log-sum-exp are kept, the probabilities are recomputed.
 
     The query is scaled before the product; logits and softmax are fp32.
     """
     t, h = q_btnh.shape[1], q_btnh.shape[3]
     kv = k_btkh.shape[2]
-    nb = _query_blocks(t)
+    nb = query_blocks(t)
     q_bkqmh = heads_to_rows(q_btnh * jnp.asarray(h ** -0.5, q_btnh.dtype), kv, nb)
-    out_bkqmh, _ = _causal_blocks(q_bkqmh, k_btkh.transpose(0, 2, 1, 3),
+    out_bkqmh, _ = causal_blocks(q_bkqmh, k_btkh.transpose(0, 2, 1, 3),
                                   v_btkh.transpose(0, 2, 1, 3))
     return rows_to_heads(out_bkqmh, t)
 
@@ -170,10 +169,11 @@ def _block_logits(q_bkmh, k_bksh, i, blk):
 
 
 @jax.custom_vjp
-def _causal_blocks(q_bkqmh, k_bksh, v_bksh):
+def causal_blocks(q_bkqmh, k_bksh, v_bksh):
     """Causal softmax attention per query block; ``q_bkqmh`` is ``[B, K, nb, M, H]``.
     Returns the output and each row's log-sum-exp ``[B, K, nb, M]`` (fp32;
-    :func:`attention_with_depth` merges more keys into the softmax with it).
+    moda's joint softmax, ``residual/moda_attention.py``, merges more keys into
+    it with that).
 
     Forward per block: ``mu = max l``, ``p = e^(l - mu) / sum``, ``o = p v``,
     and the row statistic ``lse = mu + log sum e^(l - mu)``.  Backward (the
@@ -232,119 +232,24 @@ def _causal_blocks_bwd(saved, cts):
             dv_bksh.astype(v_bksh.dtype))
 
 
-_causal_blocks.defvjp(_causal_blocks_fwd, _causal_blocks_bwd)
-
-
-def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
-    """Causal attention whose softmax also covers depth keys at the same token.
-
-    Sequence logits use the rotated ``q_btnh`` against rotated ``k``; depth
-    logits use ``q_depth_btnh`` (the rotated or the unrotated query: the
-    family decides) against each group's depth keys.  ``groups`` is a sequence
-    of ``(k_btgmh, v_btgmh, valid_m)``, each with its own number of key heads
-    ``g`` dividing ``n`` (query head ``i`` uses key head ``i // (n / g)``, as
-    in GQA); invalid slots are masked.  One softmax over all of it, in fp32,
-    scale ``1/sqrt(d_h)``::
-
-        out = (sum_s e^(l_s) v_s + sum_m e^(l_m) v_m) / (sum of the e^)
-
-    computed in parts, each normalised on its own with its log-sum-exp, then
-    merged by those: the sequence part is :func:`causal_attention`'s (causal
-    query blocks, its layout, the flash-style backward), each group of depth
-    keys is :func:`_depth_part` (``m`` keys per token)::
-
-        lse = log(sum_parts e^lse_part)
-        out = sum_parts e^(lse_part - lse) out_part
-
-    Query heads are grouped per key head (as :func:`causal_attention`), never
-    repeated, and the parts are not concatenated: no key or logit tensor is
-    copied per query head.
-    """
-    b, t, n, h = q_btnh.shape
-    kv = k_btkh.shape[2]
-    scale = 1.0 / jnp.sqrt(jnp.float32(h))
-    nb = _query_blocks(t)
-    q_bkqmh = heads_to_rows(q_btnh.astype(jnp.float32) * scale, kv, nb)
-    out_bkqmh, lse_bkqm = _causal_blocks(
-        q_bkqmh, k_btkh.astype(jnp.float32).transpose(0, 2, 1, 3),
-        v_btkh.astype(jnp.float32).transpose(0, 2, 1, 3))
-    parts = [(rows_to_heads(out_bkqmh, t), rows_to_heads(lse_bkqm[..., None], t)[..., 0])]
-    qd_btnh = q_depth_btnh.astype(jnp.float32) * scale
-    for k_btgmh, v_btgmh, valid_m in groups:
-        g = k_btgmh.shape[2]
-        out_btgrh, lse_btgr = _depth_part(qd_btnh.reshape(b, t, g, n // g, h),
-                                          k_btgmh.astype(jnp.float32),
-                                          v_btgmh.astype(jnp.float32), valid_m)
-        parts.append((out_btgrh.reshape(b, t, n, h), lse_btgr.reshape(b, t, n)))
-    # The sequence part's lse is finite (the diagonal key is always there), so
-    # the joint one is; a depth part with no valid key has lse -inf: weight 0.
-    mu_btn = jax.lax.stop_gradient(functools.reduce(jnp.maximum, [lse for _, lse in parts]))
-    weights = [jnp.exp(lse - mu_btn) for _, lse in parts]
-    total_btn = functools.reduce(jnp.add, weights)
-    out_btnh = functools.reduce(jnp.add, [o * (w / total_btn)[..., None]
-                                          for (o, _), w in zip(parts, weights, strict=True)])
-    return out_btnh.astype(q_btnh.dtype)
-
-
-@jax.custom_vjp
-def _depth_part(q_btgrh, k_btgmh, v_btgmh, valid_m):
-    """Softmax attention of each token's query heads over that token's own
-    ``m`` depth keys (``r`` query heads per key head; fp32, the query scaled):
-    returns the output ``[B, T, g, r, h]`` and each row's log-sum-exp ``[B, T,
-    g, r]`` (``-inf`` and output 0 where no slot is valid).
-
-    Differentiated by hand from the saved probabilities (the flash form, as
-    :func:`_causal_blocks`): ``dv = p^T do``, ``ds = p (do v^T - D)`` with ``D
-    = rowsum(do * o) - dlse``, ``dq = ds k``, ``dk = ds^T q``.  Against autodiff
-    of the joint softmax's lines (two exponentials per key and their
-    gradients): moda's attention at d 64, L 32 (B 2, T 256, 31 slots), forward
-    and backward on one thread, 14.6 -> 12.6 ms."""
-    return _depth_part_fwd(q_btgrh, k_btgmh, v_btgmh, valid_m)[0]
-
-
-def _depth_part_fwd(q_btgrh, k_btgmh, v_btgmh, valid_m):
-    logits = jnp.einsum("btgrh,btgmh->btgrm", q_btgrh, k_btgmh)
-    logits = jnp.where(valid_m, logits, -jnp.inf)
-    mu = jnp.max(logits, axis=-1, keepdims=True)
-    mu = jnp.where(mu > -jnp.inf, mu, 0.0)  # no valid slot: every e^ is 0
-    e_btgrm = jnp.exp(logits - mu)
-    sum_btgr1 = jnp.sum(e_btgrm, axis=-1, keepdims=True)
-    p_btgrm = e_btgrm / jnp.where(sum_btgr1 > 0, sum_btgr1, 1.0)
-    p_btgrm = keep_for_backward(p_btgrm)  # as _causal_blocks' output: batched products
-    out_btgrh = keep_for_backward(jnp.einsum("btgrm,btgmh->btgrh", p_btgrm, v_btgmh))
-    lse_btgr = keep_for_backward((mu + jnp.log(sum_btgr1))[..., 0])
-    return (out_btgrh, lse_btgr), (q_btgrh, k_btgmh, v_btgmh, p_btgrm, out_btgrh)
-
-
-def _depth_part_bwd(saved, cts):
-    q_btgrh, k_btgmh, v_btgmh, p_btgrm, out_btgrh = saved
-    dout_btgrh, dlse_btgr = cts
-    dv_btgmh = jnp.einsum("btgrm,btgrh->btgmh", p_btgrm, dout_btgrh)
-    dp_btgrm = jnp.einsum("btgrh,btgmh->btgrm", dout_btgrh, v_btgmh)
-    rowdot_btgr1 = (jnp.sum(dout_btgrh * out_btgrh, axis=-1) - dlse_btgr)[..., None]
-    ds_btgrm = p_btgrm * (dp_btgrm - rowdot_btgr1)
-    dq_btgrh = jnp.einsum("btgrm,btgmh->btgrh", ds_btgrm, k_btgmh)
-    dk_btgmh = jnp.einsum("btgrm,btgrh->btgmh", ds_btgrm, q_btgrh)
-    return dq_btgrh, dk_btgmh, dv_btgmh, None
-
-
-_depth_part.defvjp(_depth_part_fwd, _depth_part_bwd)
+causal_blocks.defvjp(_causal_blocks_fwd, _causal_blocks_bwd)
 
 
 class Attention(nn.Module):
     """Causal multi-head attention with RoPE and optional GQA.
 
     Returns the output and the pre-RoPE ``(k, v)`` (mixture-of-depths
-    attention stores them as depth keys).  ``depth_kv = (groups,
-    rotated_query)`` adds depth keys to the softmax (see
-    :func:`attention_with_depth`).
+    attention stores them as depth keys).  ``attend(q, q_rot, k_rot, v)``, when
+    given, replaces the causal softmax (a family's
+    ``capabilities.DepthAttention``: moda's joint softmax over sequence and
+    depth keys).
     """
 
     spec: ModelSpec
     scales: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)  # q, k, v, o
 
     @nn.compact
-    def __call__(self, x_btd, positions_t, depth_kv=None):
+    def __call__(self, x_btd, positions_t, attend=None):
         s = self.spec
         d, n, kv, h = s.d_model, s.n_heads, s.n_kv_heads, s.head_dim
         sq, sk, sv, so = self.scales
@@ -359,15 +264,13 @@ class Attention(nn.Module):
         q = with_axes(q, ("activation_batch", "activation_length", "activation_heads", None))
         k = with_axes(k, ("activation_batch", "activation_length", "activation_kv_heads", None))
         qr, kr = rope(q, positions_t, s.rope_theta), rope(k, positions_t, s.rope_theta)
-        if depth_kv is None:
-            if s.attention_impl == "xla":
-                out = causal_attention(qr, kr, v)
-            else:  # a fused kernel jax provides ("cudnn")
-                out = jax.nn.dot_product_attention(
-                    qr, kr, v, is_causal=True, implementation=s.attention_impl)
-        else:
-            groups, rotated_query = depth_kv
-            out = attention_with_depth(qr, kr, v, qr if rotated_query else q, groups)
+        if attend is not None:
+            out = attend(q, qr, kr, v)
+        elif s.attention_impl == "xla":
+            out = causal_attention(qr, kr, v)
+        else:  # a fused kernel jax provides ("cudnn")
+            out = jax.nn.dot_product_attention(
+                qr, kr, v, is_causal=True, implementation=s.attention_impl)
         y = project(out, wo.astype(s.dtype), in_dims=2)
         return with_axes(y, BTD), (k, v)
 

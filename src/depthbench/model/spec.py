@@ -4,9 +4,12 @@ Flax modules take a ``ModelSpec`` rather than a ConfigDict, so that they are
 hashable (jit-static) and independent of how the experiment was written.  It
 holds the :class:`~depthbench.shapes.Shape` (depth, widths, heads, vocabulary)
 and the numerics; the residual family's own fields (``config.model.residual``)
-ride along as sorted ``(name, value)`` pairs.  A spec made from a bare shape
-carries none: the registry fills in the family's declared defaults when it
-builds the family (``registry.build``).
+ride along as sorted ``(name, value)`` pairs, which the family reads as its
+typed config (``family.cfg``, see ``model/residual/fields.py``); a field left
+out takes the family's declared default, so a spec made from a bare shape
+carries none.  ``analysis`` holds the analysis switches a family declares
+(``capabilities.AnalysisOptions``), set when a run is analysed and empty in
+training.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class ModelSpec:
     impl: str = "xla"
     # Residual-family fields (config.model.residual), as sorted (name, value) pairs.
     residual: tuple[tuple[str, Any], ...] = ()
+    # Analysis switches of the family, as sorted (option, value) pairs; empty in training.
+    analysis: tuple[tuple[str, str], ...] = ()
 
     # The shape's fields, read through (the model code says spec.depth, spec.d_model ...).
     depth = property(lambda self: self.shape.depth)
@@ -53,15 +58,12 @@ class ModelSpec:
     def pdtype(self):
         return jnp.dtype(self.param_dtype)
 
-    def r(self, name: str) -> Any:
-        """A residual-family field, e.g. ``spec.r('hc_n')``."""
-        for key, value in self.residual:
-            if key == name:
-                return value
-        raise KeyError(f"model.residual.{name} is not a field")
-
     def replace(self, **kw) -> ModelSpec:
         return dataclasses.replace(self, **kw)
+
+    def with_fields(self, **fields: Any) -> ModelSpec:
+        """The spec with these residual-family fields set (the others as they were)."""
+        return self.replace(residual=tuple(sorted({**dict(self.residual), **fields}.items())))
 
     @classmethod
     def from_config(cls, config) -> ModelSpec:

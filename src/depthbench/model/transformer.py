@@ -7,7 +7,8 @@ its identity (original index) and an ``active`` flag: an analysis skips a
 block by clearing its flag and permutes blocks by gathering the stacked
 parameters (:func:`permute_blocks`) and passing the permuted identities.
 Nothing here knows which family runs; the family's four protocol functions
-(see ``residual/base.py``) do all the residual work.
+(see ``residual/base.py``) do all the residual work, and the capabilities it
+declares (``residual/capabilities.py``) are asked for with ``isinstance``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ from depthbench.model.residual.base import (
     keep_for_backward,
     norm_param,
     rms_norm,
+)
+from depthbench.model.residual.capabilities import (
+    AnalysisProbes,
+    DepthAttention,
+    DepthBanks,
+    ScaledInput,
+    probes,
 )
 from depthbench.model.spec import ModelSpec
 
@@ -75,23 +83,25 @@ class Block(nn.Module):
             norm_param(self, f"{k}_norm", s.d_model) if fam.pre_norm else None
             for k in ("attn", "mlp")
         ]
-        captured = {}
+        captured, analysis = {}, probes(fam)
         if self.capture:
-            captured["z"] = fam.boundary_state(p, g, state)
+            captured["z"] = analysis.boundary_state(p, g, state)
         if self.capture == "all":
-            captured["lens"] = fam.lens_state(p, g, state)
+            captured["lens"] = analysis.lens_state(p, g, state)
             captured["probe"] = []
         for sub in (0, 1):
             site = Site(sub, pos, ident)
             if self.capture == "all":
-                captured["probe"].append(fam.probe(p, state, site))
+                captured["probe"].append(analysis.probe(p, state, site))
             h, ctx = fam.read(p, state, site)
             if all(h is not leaf for leaf in jax.tree.leaves(state)):
                 h = keep_for_backward(h)  # a family's mix of its state (see _keep_state)
             x_in = rms_norm(h, norms[sub], s.norm_eps) if fam.pre_norm else h
-            x_in = fam.input_scale(p, x_in, site)
+            if isinstance(fam, ScaledInput):
+                x_in = fam.input_scale(p, x_in, site)
             if sub == 0:
-                y, kv = attn(x_in, positions_t, ctx.get("depth_kv"))
+                attend = fam.attention(p, state, site) if isinstance(fam, DepthAttention) else None
+                y, kv = attn(x_in, positions_t, attend)
                 aux = {"x_in": x_in, "kv": kv, "ctx": ctx}
             else:
                 y, aux = mlp(x_in), {"x_in": x_in, "ctx": ctx}
@@ -130,7 +140,7 @@ def _keep_state(fam: ResidualFamily, state, pos):
     this and the read output kept; pre_ln within 2%)."""
     if not isinstance(state, dict):  # banks are leaves of a dict state
         return keep_for_backward(state)
-    banks = fam.bank_slots(state, pos)
+    banks = fam.bank_slots(state, pos) if isinstance(fam, DepthBanks) else {}
     return {k: v if k in banks else keep_for_backward(v) for k, v in state.items()}
 
 
@@ -157,7 +167,7 @@ class Transformer(nn.Module):
     index of the block at each position (use with :func:`permute_blocks`).
     With ``capture=True`` returns ``(logits, z)`` where ``z`` stacks the
     ``L + 1`` depth states (``z_0`` first; ``z_l`` is taken at block ``l``'s
-    left boundary with its parameters, see ``ResidualFamily.boundary_state``)
+    left boundary with its parameters, see ``AnalysisProbes.boundary_state``)
     along axis 0.  With ``capture="all"`` returns ``(logits, captured)``:
     ``captured["z"]`` as above, ``captured["lens_logits"]`` ``[L+1, B, T, V]``
     (fp32, the logit lens at every boundary) and ``captured["probe"]`` (the
@@ -226,21 +236,21 @@ class Transformer(nn.Module):
         logits = lm_head(x)
         if not capture:
             return logits
-        z_last = fam.boundary_state(None, g, state)
+        analysis = probes(fam)
+        z_last = analysis.boundary_state(None, g, state)
         z = jnp.concatenate([captured["z"], z_last[None]], axis=0)
         if capture != "all":
             return logits, z
         lens = [jax.tree.map(lambda a, i=i: a[i], captured["lens"]) for i in range(L)]
-        lens.append(fam.lens_state(None, g, state))
-        lens_logits = jnp.stack([lm_head(fam.lens_decode(g, r, final_norm)) for r in lens])
+        lens.append(analysis.lens_state(None, g, state))
+        lens_logits = jnp.stack([lm_head(analysis.lens_decode(g, r, final_norm)) for r in lens])
         return logits, {"z": z, "lens_logits": lens_logits, "probe": captured["probe"]}
 
     def _depth_linear(self, fam: ResidualFamily, state) -> bool:
         """Whether the stack runs through :func:`depth_scan.layer_stack`: the
         state has banks and ``model.layer_scan`` asks for it."""
-        return self.spec.layer_scan == "depth_linear" and bool(
-            fam.bank_slots(state, jnp.zeros((), jnp.int32))
-        )
+        return (self.spec.layer_scan == "depth_linear" and isinstance(fam, DepthBanks)
+                and bool(fam.bank_slots(state, jnp.zeros((), jnp.int32))))
 
     def _depth_linear_stack(self, fam, capture, state, xs, g, positions_t):
         """The blocks' stacked parameters (made by the ``nn.scan`` at init) run
@@ -254,15 +264,19 @@ class Transformer(nn.Module):
         return layer_stack(step, fam.bank_slots, params_l, state, xs, g,
                            unroll=self.spec.scan_unroll, extent=fam.bank_extent)
 
-def permute_blocks(params, order):
-    """Params with the stacked blocks reordered: position i runs block ``order[i]``.
+def permute_blocks(fam: ResidualFamily, params, order):
+    """Params with the stacked blocks reordered: position i runs block ``order[i]``
+    with all of its weights, and whatever else the family moves with a block
+    (``AnalysisProbes.permute_boundaries``: attnres's right-boundary mix).
 
     Pass ``ident=order`` to the model as well, so each block keeps its identity
     (and with it anything tied to its original index, e.g. lns's scale)."""
     order = jnp.asarray(order, jnp.int32)
-    params = dict(params)
-    params["blocks"] = jax.tree.map(lambda a: jnp.take(a, order, axis=0), params["blocks"])
-    return params
+    moved = dict(params)
+    moved["blocks"] = jax.tree.map(lambda a: jnp.take(a, order, axis=0), params["blocks"])
+    if isinstance(fam, AnalysisProbes):
+        moved = fam.permute_boundaries(params, moved, order)
+    return moved
 
 
 def cross_entropy(logits_btv, targets_bt, mask_bt=None):

@@ -20,7 +20,7 @@ from typing import Any
 
 import ml_collections
 
-from depthbench.config import base_config, flatten
+from depthbench.config import base_config, flatten, from_saved
 from depthbench.errors import ConfigError
 from depthbench.model.residual import registry
 from depthbench.rundir import io
@@ -62,7 +62,7 @@ def identity(saved: dict) -> dict[str, Any]:
     identity; another family's residual fields (which run directories written
     before per-family configs hold) are no part of it, so changing one
     family's default never touches another family's runs."""
-    flat = flatten(saved)
+    flat = flatten(from_saved(saved))
     defaults = flatten(base_config().to_dict())
     family = flat.get("model.family", defaults.get("model.family"))
     own = registry.get(family).config_fields() if family in registry.names() else {}
@@ -96,7 +96,7 @@ def saved_config(saved: dict) -> ml_collections.ConfigDict:
             out[key] = merge(defaults[key], value) if both else value
         return out
 
-    return ml_collections.ConfigDict(merge(base_config().to_dict(), saved))
+    return ml_collections.ConfigDict(merge(base_config().to_dict(), from_saved(saved)))
 
 
 def check_run_dir(config, workdir: Path) -> dict | None:

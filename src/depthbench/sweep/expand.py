@@ -108,7 +108,6 @@ def expand(spec: str | os.PathLike, cli_overrides: Iterable[str] = ()) -> Sweep:
     base = module.get_config()
     if not isinstance(base, ml_collections.ConfigDict):
         raise ConfigError(f"config: get_config() in {str(spec)!r} must return a ConfigDict")
-    base = config_lib.apply_overrides(base, cli_overrides)
     entries = list(module.get_sweep())
     if not entries:
         raise ConfigError(f"config: get_sweep() in {str(spec)!r} returned no runs")
@@ -125,6 +124,7 @@ def expand(spec: str | os.PathLike, cli_overrides: Iterable[str] = ()) -> Sweep:
         if key in swept:
             raise ConfigError(f"--config.{key}: the sweep sets it per run ({str(spec)!r} "
                               "get_sweep()); select runs with --run NAME instead")
+    base = config_lib.apply_overrides(base, cli_overrides)
     runs, seen = [], {}
     for k, entry in enumerate(entries):
         name = run_name(entry)

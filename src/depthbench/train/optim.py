@@ -6,8 +6,9 @@ static routing); linear warmup from 0 over 10% of the steps, then cosine to
 0.1 x peak; gradient clipping at global norm 1.0.  Every number is a
 ``train.*`` config field; ``train.no_decay`` names the set of parameters
 without decay (:data:`NO_DECAY_SETS`; the recipe's by default).  A family's
-depth rule (``train.lr_rule``) may scale each leaf's learning rate and
-Adam's epsilon (CompleteP).
+depth rule (its ``LearningRateRule``, applied when ``train.lr_rule =
+"family"``) may scale each leaf's learning rate and Adam's epsilon
+(CompleteP).
 
 The chain is spelled out (rather than ``optax.adamw``) so that a family's
 per-parameter learning-rate multipliers (CompleteP's depth rule) can scale
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from depthbench.errors import ConfigError
+from depthbench.model.residual.capabilities import LearningRateRule
 
 
 def warmup_cosine(peak: float, steps: int, warmup_fraction: float = 0.1,
@@ -116,21 +118,25 @@ def no_decay_paths(config) -> Callable[[tuple[str, ...]], bool] | None:
     return exempt
 
 
-def lr_multipliers(config, family, params: Any) -> Any | None:
-    """Per-leaf learning-rate multipliers from the family's rule, or None.
-
-    ``train.lr_rule == "none"`` uses none.  Any other rule asks the family:
-    a family that implements ``lr_multipliers(params)`` (a tree of floats
-    matching ``params``) defines the rule; one that does not cannot run it.
-    """
+def lr_rule(config, family) -> LearningRateRule | None:
+    """The family's learning-rate rule when ``train.lr_rule = "family"``, else
+    None; a family that declares none cannot run it (one ConfigError line)."""
     rule = config.train.lr_rule
     if rule == "none":
         return None
-    fn = getattr(family, "lr_multipliers", None)
-    mults = fn(params) if callable(fn) else None
-    if mults is None:
+    if not isinstance(family, LearningRateRule):
         raise ConfigError(f"config.train.lr_rule: {rule!r} needs a family with a learning-rate "
                           f"rule; model.family {family.name!r} defines none (use 'none')")
+    return family
+
+
+def lr_multipliers(config, family, params: Any) -> Any | None:
+    """Per-leaf learning-rate multipliers from the family's rule (a tree of floats
+    matching ``params``), or None without one."""
+    rule = lr_rule(config, family)
+    if rule is None:
+        return None
+    mults = rule.lr_multipliers(params)
     if jax.tree.structure(mults) != jax.tree.structure(params):
         raise ValueError(f"{family.name}.lr_multipliers returned a tree that does not match the "
                          f"parameters")
@@ -139,12 +145,10 @@ def lr_multipliers(config, family, params: Any) -> Any | None:
 
 def adam_eps(config, family) -> float:
     """``train.eps``, times the family's ``eps_multiplier()`` under its rule
-    (``train.lr_rule != "none"``; CompleteP: ``(L / L_base)^(-alpha)``)."""
+    (CompleteP: ``(L / L_base)^(-alpha)``)."""
     eps = float(config.train.eps)
-    fn = getattr(family, "eps_multiplier", None)
-    if config.train.lr_rule == "none" or not callable(fn):
-        return eps
-    return eps * float(fn())
+    rule = lr_rule(config, family)
+    return eps if rule is None else eps * float(rule.eps_multiplier())
 
 
 def scale_by_tree(multipliers: Any) -> optax.GradientTransformation:

@@ -55,7 +55,8 @@ next consumer's mix then returns the newest source ("next-output" rule,
 tracked by the state's ``skipped`` flag), and a swap moves the mix that
 produces each block's right boundary with it.  The analysis options
 ``probe_rule="readout"``, ``skip_rule="remove"`` and ``swap_rule="block"``
-(in ``spec.residual``) select depthbench's earlier definitions instead.
+(the family's analysis options, in ``spec.analysis``) select depthbench's
+earlier definitions instead.
 
 The mixes run in ``depth_mix`` (pure ``jnp``, explicit source masks).  On
 the XLA path a block computes its two mixes in one set of passes over the
@@ -83,13 +84,20 @@ from flax import linen as nn
 from depthbench.model.depth_scan import read_extents
 from depthbench.model.residual import fused
 from depthbench.model.residual.base import BTD, ResidualFamily, family_param, norm_param, with_axes
+from depthbench.model.residual.capabilities import (
+    AnalysisOptions,
+    AnalysisProbes,
+    BankSlots,
+    CostTerms,
+    DepthBanks,
+)
 from depthbench.model.residual.depth_mix import (
     depth_mixes,
     depth_weights,
     merge_source,
     slot_inv_rms,
 )
-from depthbench.model.residual.fields import check_number
+from depthbench.model.residual.fields import FamilyConfig, check_number
 
 MBTD = ("activation_sources", *BTD)
 MBT = MBTD[:-1]
@@ -123,7 +131,7 @@ def describe_blocks(sizes: tuple[int, ...]) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class AttnResFull(ResidualFamily):
+class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, AnalysisOptions):
     name = "attnres_full"
     description = (
         "Attention Residuals: each sublayer reads a softmax mix over the embedding "
@@ -131,6 +139,14 @@ class AttnResFull(ResidualFamily):
     )
     reference = "Kimi Team 2026, Attention Residuals (arXiv 2603.15031)"
     sharding_rules = (("activation_sources", None),)  # the source bank's slot axis
+    # The first value is the original benchmark's definition (docs/spec/analysis.md
+    # "Options"): z_l read by the next consumer, the "next-output" rule for a
+    # skipped block, a swap moving each block's right-boundary mix.
+    analysis_options = {
+        "probe_rule": ("next_consumer", "readout"),
+        "skip_rule": ("next_output", "remove"),
+        "swap_rule": ("right_boundary", "block"),
+    }
 
     # ------------------------------------------------------------ layout
     @property
@@ -201,7 +217,7 @@ class AttnResFull(ResidualFamily):
         passes only ``dh`` to that slot: a read of the slot, without a second
         bank-sized cotangent."""
         bank, count = state["bank"], state["count"]
-        rule = self.analysis_option("skip_rule", "next_output") == "next_output"
+        rule = self.option("skip_rule") == "next_output"
         only_newest = jnp.arange(bank.shape[0]) == self._newest(count)
         return jnp.where(state["skipped"] >= (1 if rule else 2), only_newest,
                          self._valid(count, bank))
@@ -283,7 +299,7 @@ class AttnResFull(ResidualFamily):
         slots = 1 + block_of[jnp.minimum(jnp.stack([count, count + 1]), last)]
         # Blocks of one sublayer (full): both slots are still empty before the block.
         fresh = max(self.blocks) == 1
-        return {k: (0, slots, fresh) for k in ("bank", "inv_rms") if k in state}
+        return {k: BankSlots(0, slots, fresh) for k in ("bank", "inv_rms") if k in state}
 
     def bank_extent(self, positions: int) -> dict[str, int]:
         """Blocks ``[0, p)`` run sublayers ``c < 2p``: they mix slots up to
@@ -294,19 +310,13 @@ class AttnResFull(ResidualFamily):
     def readout(self, g, state, final_norm):
         return final_norm(self._consumer_mix(state, g["query"], g["key_norm"]))
 
-    def depth_state(self, g, state):
-        """The raw mix (before ``N_out``) under the readout's query (see module doc)."""
-        return self._consumer_mix(state, g["query"], g["key_norm"])
-
-    def lens_input(self, g, state):
-        return self._consumer_mix(state, g["query"], g["key_norm"])
-
     # ------------------------------------------------------------ analysis probes
     def boundary_state(self, p, g, state):
         """``z_l``: the raw mix block ``l``'s attention side computes (its own
-        query and key norm); after the last block, the readout's mix."""
-        if p is None or self.analysis_option("probe_rule", "next_consumer") == "readout":
-            return self.depth_state(g, state)
+        query and key norm); after the last block (or under ``probe_rule =
+        "readout"``), the readout's mix, before ``N_out``."""
+        if p is None or self.option("probe_rule") == "readout":
+            return self._consumer_mix(state, g["query"], g["key_norm"])
         return self._consumer_mix(state, p["query"][0], p["key_norm"][0])
 
     def with_boundary_state(self, state, z):
@@ -335,15 +345,14 @@ class AttnResFull(ResidualFamily):
         w_m = jnp.mean(w, axis=(1, 2))  # a cut bank (``bank_extent``): the rest are unfilled
         return {"depth_weights": jnp.pad(w_m, (0, self.n_slots - w_m.shape[0]))}
 
-    def permute_params(self, params, order):
+    def permute_boundaries(self, original, params, order):
         """Each block takes along the mix that produces its *right* boundary
         (the next block's attention-side ``q``, ``w``; the readout's for the
         last block), as the original benchmark's swap does; the attention-side
         pair at position 0 (a mix over ``x0`` alone) stays."""
-        original = params
-        params = super().permute_params(params, order)
-        if self.analysis_option("swap_rule", "right_boundary") != "right_boundary":
+        if self.option("swap_rule") != "right_boundary":
             return params
+        params = dict(params)
         blocks, res = dict(params["blocks"]), dict(params["blocks"]["residual"])
         glob = dict(params["residual"])
         for name in ("query", "key_norm"):
@@ -414,6 +423,18 @@ class AttnResFull(ResidualFamily):
 
 
 @dataclasses.dataclass(frozen=True)
+class AttnResBlockConfig(FamilyConfig):
+    attnres_blocks: int = 8  # blocks over the 2L sublayers
+    attnres_block_size: int = 0  # sublayers per block; 0 = from attnres_blocks
+
+    def validate(self, config) -> None:
+        check_number("attnres_blocks", self.attnres_blocks, 1, integer=True,
+                     meaning="blocks over 2L sublayers")
+        check_number("attnres_block_size", self.attnres_block_size, 0, integer=True,
+                     meaning="sublayers per block; 0 = exactly attnres_blocks blocks")
+
+
+@dataclasses.dataclass(frozen=True)
 class AttnResBlock(AttnResFull):
     name = "attnres_block"
     description = (
@@ -421,29 +442,12 @@ class AttnResBlock(AttnResFull):
         "sublayer mixes over the embedding, the committed blocks and the partial"
     )
     reference = "Kimi Team 2026, Attention Residuals (arXiv 2603.15031), Block AttnRes"
-    fields = {
-        "attnres_blocks": 8,  # blocks over the 2L sublayers
-        "attnres_block_size": 0,  # sublayers per block; 0 = from attnres_blocks
-    }
-
-    @classmethod
-    def validate(cls, config) -> None:
-        check_number(config, "attnres_blocks", 1, integer=True, meaning="blocks over 2L sublayers")
-        check_number(
-            config,
-            "attnres_block_size",
-            0,
-            integer=True,
-            meaning="sublayers per block; 0 = exactly attnres_blocks blocks",
-        )
+    Config = AttnResBlockConfig
 
     @property
     def blocks(self) -> tuple[int, ...]:
-        return block_sizes(
-            self.spec.depth,
-            int(self.spec.r("attnres_blocks")),
-            int(self.spec.r("attnres_block_size")),
-        )
+        return block_sizes(self.spec.depth, int(self.cfg.attnres_blocks),
+                           int(self.cfg.attnres_block_size))
 
     def layout(self) -> str:
         return describe_blocks(self.blocks)

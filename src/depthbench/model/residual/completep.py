@@ -12,9 +12,10 @@ lazy: CompleteP enables compute-efficient deep transformers", arXiv
 (hidden matrices and the blocks' norm weights) trains with learning rate
 ``eta * (L / L_base)^(alpha - 1)``; the embedding, the LM head and the final
 norm keep ``eta``.  :meth:`CompleteP.lr_multipliers` returns that factor
-per leaf; the trainer multiplies each leaf's AdamW update by it when
-``config.train.lr_rule == "completep"`` (decoupled weight decay is scaled
-with it, as PyTorch's per-group ``lr`` does).  With ``alpha = 1`` the rule
+per leaf (the family's ``LearningRateRule``); the trainer multiplies each
+leaf's AdamW update by it when ``config.train.lr_rule == "family"``
+(decoupled weight decay is scaled with it, as PyTorch's per-group ``lr``
+does).  With ``alpha = 1`` the rule
 is the identity.  Under the same rule AdamW's epsilon is
 ``eps * (L / L_base)^(-alpha)`` (:meth:`CompleteP.eps_multiplier`): the
 reference code multiplies the optimizer's one ``adam_eps`` by
@@ -26,7 +27,7 @@ multiplier.
 ``alpha = 1`` (the default) is CompleteP, the paper's recommendation: the only
 setting with both depth-wise transfer and non-lazy layers.  ``alpha = 0.5``
 is the depth-muP of Yang et al. 2023 and Bordelon et al. 2023, kept
-available.
+available (the variant ``completep+depth_mup``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from typing import Any
 import jax
 
 from depthbench.model.residual.base import ResidualFamily, gate
-from depthbench.model.residual.fields import check_number
+from depthbench.model.residual.capabilities import LearningRateRule, Variants
+from depthbench.model.residual.fields import FamilyConfig, check_number
 
 
 def branch_multiplier(depth: int, base_depth: int, alpha: float) -> float:
@@ -56,29 +58,34 @@ def eps_multiplier(depth: int, base_depth: int, alpha: float) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class CompleteP(ResidualFamily):
+class CompletePConfig(FamilyConfig, Variants):
+    completep_alpha: float = 1.0  # (L / L_base) ** -alpha: 1 = CompleteP, 0.5 = depth-muP
+    completep_base_depth: int = 4  # L_base: the depth the learning rate was tuned at
+
+    variants = {"depth_mup": {"completep_alpha": 0.5}}
+
+    def validate(self, config) -> None:
+        check_number("completep_alpha", self.completep_alpha, 0.5, 1.0,
+                     meaning="1 = CompleteP, 0.5 = depth-muP")
+        check_number("completep_base_depth", self.completep_base_depth, 1.0, integer=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompleteP(ResidualFamily, LearningRateRule):
     name = "completep"
     description = ("CompleteP / depth-muP: x <- x + (L/L_base)^-alpha F(N(x)), block LR "
                    "x (L/L_base)^(alpha-1)")
     reference = ("Dey et al. 2025, Don't be lazy: CompleteP enables compute-efficient deep "
                  "transformers (arXiv 2505.01618); Yang et al. 2023, Tensor Programs VI")
-    fields = {
-        "completep_alpha": 1.0,  # (L / L_base) ** -alpha: 1 = CompleteP, 0.5 = depth-muP
-        "completep_base_depth": 4,  # L_base: the depth the learning rate was tuned at
-    }
-
-    @classmethod
-    def validate(cls, config) -> None:
-        check_number(config, "completep_alpha", 0.5, 1.0, meaning="1 = CompleteP, 0.5 = depth-muP")
-        check_number(config, "completep_base_depth", 1.0, integer=True)
+    Config = CompletePConfig
 
     @property
     def alpha(self) -> float:
-        return float(self.spec.r("completep_alpha"))
+        return float(self.cfg.completep_alpha)
 
     @property
     def base_depth(self) -> int:
-        return int(self.spec.r("completep_base_depth"))
+        return int(self.cfg.completep_base_depth)
 
     @property
     def multiplier(self) -> float:
@@ -89,7 +96,7 @@ class CompleteP(ResidualFamily):
         return hidden_lr_multiplier(self.spec.depth, self.base_depth, self.alpha)
 
     def eps_multiplier(self) -> float:
-        """AdamW epsilon factor under ``train.lr_rule = "completep"``."""
+        """AdamW epsilon factor under ``train.lr_rule = "family"``."""
         return eps_multiplier(self.spec.depth, self.base_depth, self.alpha)
 
     def write(self, p, state, y, site, aux, active):
@@ -102,8 +109,8 @@ class CompleteP(ResidualFamily):
         its top-level ``blocks`` get :attr:`hidden_lr`, all others 1.0."""
 
         def factor(path, _):
-            top = getattr(path[0], "key", None) if path else None
-            return self.hidden_lr if top == "blocks" else 1.0
+            top = path[0] if path else None
+            return self.hidden_lr if top == jax.tree_util.DictKey("blocks") else 1.0
 
         return jax.tree_util.tree_map_with_path(factor, params)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from depthbench.model.residual.base import ResidualFamily, gate, layer_norm, norm_param, post_norm
-from depthbench.model.residual.fields import check_number
+from depthbench.model.residual.fields import FamilyConfig, check_number
 
 _LN = ("attn_post_ln", "mlp_post_ln")
 _BETA_MATRICES = frozenset({"v", "o", "gate", "up", "down"})
@@ -29,25 +29,30 @@ def deepnorm_beta(depth: int) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
+class DeepNormConfig(FamilyConfig):
+    deepnorm_alpha: float = 0.0  # 0: (2L)^(1/4)
+    deepnorm_beta: float = 0.0  # 0: (8L)^(-1/4)
+
+    def validate(self, config) -> None:
+        check_number("deepnorm_alpha", self.deepnorm_alpha, 0.0, meaning="0 = the DeepNet formula")
+        check_number("deepnorm_beta", self.deepnorm_beta, 0.0, meaning="0 = the DeepNet formula")
+
+
+@dataclasses.dataclass(frozen=True)
 class DeepNorm(ResidualFamily):
     name = "deepnorm"
     description = "DeepNorm: x <- LN(alpha x + F(x)), alpha=(2L)^1/4, init x beta=(8L)^-1/4"
     reference = "Wang et al. 2022, DeepNet: Scaling Transformers to 1,000 Layers (arXiv 2203.00555)"
     pre_norm = False
-    fields = {"deepnorm_alpha": 0.0, "deepnorm_beta": 0.0}  # 0: (2L)^(1/4), (8L)^(-1/4)
-
-    @classmethod
-    def validate(cls, config) -> None:
-        for field in ("deepnorm_alpha", "deepnorm_beta"):
-            check_number(config, field, 0.0, meaning="0 = the DeepNet formula")
+    Config = DeepNormConfig
 
     @property
     def alpha(self) -> float:
-        return float(self.spec.r("deepnorm_alpha")) or deepnorm_alpha(self.spec.depth)
+        return float(self.cfg.deepnorm_alpha) or deepnorm_alpha(self.spec.depth)
 
     @property
     def beta(self) -> float:
-        return float(self.spec.r("deepnorm_beta")) or deepnorm_beta(self.spec.depth)
+        return float(self.cfg.deepnorm_beta) or deepnorm_beta(self.spec.depth)
 
     def create_block_params(self, mod, ident):
         return {k: norm_param(mod, k, self.spec.d_model) for k in _LN}
@@ -59,7 +64,7 @@ class DeepNorm(ResidualFamily):
         new = post_norm(layer_norm, state, y, p[_LN[site.sub]], self.spec.norm_eps, self.alpha)
         return gate(active, new, state)
 
-    # Two post-LNs replace the two pre-norms: extra_block_params() stays 0.
+    # Two post-LNs replace the two pre-norms: no parameters beyond pre_ln's.
 
     def describe(self) -> dict:
         return {**super().describe(), "alpha": self.alpha, "beta": self.beta}

@@ -32,7 +32,13 @@ from flax import linen as nn
 
 from depthbench.model.residual import fused
 from depthbench.model.residual.base import family_param, gate, with_axes
-from depthbench.model.residual.streams import NBTD, StreamFamily, add_weighted, mix_streams
+from depthbench.model.residual.streams import (
+    NBTD,
+    StreamConfig,
+    StreamFamily,
+    add_weighted,
+    mix_streams,
+)
 
 HC_EPS = 1e-8  # the stream norm's eps (spec: 1e-8, no weight)
 
@@ -50,6 +56,11 @@ def hc_static_init(ident, n: int):
 
 
 @dataclasses.dataclass(frozen=True)
+class HCConfig(StreamConfig):
+    hc_tanh: bool = True  # tanh on the dynamic parts
+
+
+@dataclasses.dataclass(frozen=True)
 class HC(StreamFamily):
     name = "hc"
     description = (
@@ -58,12 +69,12 @@ class HC(StreamFamily):
     )
     reference = "Zhu et al. 2025, Hyper-Connections (ICLR 2025, arXiv 2409.19606)"
     no_decay = frozenset({"A0", "beta0"})
-    fields = {"hc_tanh": True}  # tanh on the dynamic parts
+    Config = HCConfig
 
     # ------------------------------------------------------------ parameters
     def create_block_params(self, mod, ident):
         n, d = self.n, self.spec.d_model
-        s0 = float(self.spec.r("hc_scale_init"))
+        s0 = float(self.cfg.hc_scale_init)
 
         return {
             "A0": family_param(
@@ -86,7 +97,7 @@ class HC(StreamFamily):
         # One matmul for the n+1 mixing columns and the write weight.
         w_du = jnp.concatenate([p["W_a"][sub], p["w_b"][sub][:, None]], axis=-1)
         dyn = jnp.einsum("sbtd,du->sbtu", hn, w_du.astype(jnp.float32))
-        if self.spec.r("hc_tanh"):
+        if self.cfg.hc_tanh:
             dyn = jnp.tanh(dyn)
         a = p["A0"][sub][:, None, None, :] + p["s_a"][sub] * dyn[..., :-1]
         beta = p["beta0"][sub][:, None, None] + p["s_b"][sub] * dyn[..., -1]
@@ -94,13 +105,13 @@ class HC(StreamFamily):
 
     def read(self, p, state, site):
         if fused.use_pallas(self.spec):
-            return fused.hc_pre(p, site.sub, state, bool(self.spec.r("hc_tanh")))[0], {}
+            return fused.hc_pre(p, site.sub, state, bool(self.cfg.hc_tanh))[0], {}
         a, _ = self.coefficients(p, state, site.sub)
         return mix_streams(a[..., :1], state)[0].astype(state.dtype), {}
 
     def write(self, p, state, y, site, aux, active):
         if fused.use_pallas(self.spec):
-            _, mix, beta = fused.hc_pre(p, site.sub, state, bool(self.spec.r("hc_tanh")))
+            _, mix, beta = fused.hc_pre(p, site.sub, state, bool(self.cfg.hc_tanh))
             return gate(active, with_axes(fused.stream_post(state, mix, beta, y), NBTD), state)
         a, beta = self.coefficients(p, state, site.sub)
         new = add_weighted(mix_streams(a[..., 1:], state), beta, y)

@@ -25,27 +25,32 @@ import dataclasses
 import jax.numpy as jnp
 
 from depthbench.model.residual.base import ResidualFamily, gate, norm_param, post_norm, rms_norm
-from depthbench.model.residual.fields import check_number
+from depthbench.model.residual.capabilities import CostTerms
+from depthbench.model.residual.fields import FamilyConfig, check_number
 
 _POST = ("attn_post_norm", "mlp_post_norm")  # N_pa, N_pf
 
 
 @dataclasses.dataclass(frozen=True)
-class Keel(ResidualFamily):
+class KeelConfig(FamilyConfig):
+    keel_alpha: float = 0.0  # 0: 2L
+
+    def validate(self, config) -> None:
+        check_number("keel_alpha", self.keel_alpha, 0.0, meaning="0 = 2L")
+
+
+@dataclasses.dataclass(frozen=True)
+class Keel(ResidualFamily, CostTerms):
     name = "keel"
     description = ("KEEL: h = N_pa(alpha x + Attn(N_a(x))), out = N_pf(alpha h + MLP(N_f(h))), "
                    "alpha = 2L; block 0 unscaled, no N_pa")
     reference = ("Chen & Wei 2026, Post-LayerNorm Is Back: Stable, ExpressivE, and Deep "
                  "(arXiv 2601.19895)")
-    fields = {"keel_alpha": 0.0}  # 0: 2L
-
-    @classmethod
-    def validate(cls, config) -> None:
-        check_number(config, "keel_alpha", 0.0, meaning="0 = 2L")
+    Config = KeelConfig
 
     @property
     def alpha(self) -> float:
-        return float(self.spec.r("keel_alpha")) or 2.0 * self.spec.depth
+        return float(self.cfg.keel_alpha) or 2.0 * self.spec.depth
 
     def create_block_params(self, mod, ident):
         return {k: norm_param(mod, k, self.spec.d_model) for k in _POST}

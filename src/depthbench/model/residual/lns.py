@@ -14,7 +14,8 @@ import dataclasses
 import jax.numpy as jnp
 
 from depthbench.model.residual.base import ResidualFamily
-from depthbench.model.residual.fields import check_number
+from depthbench.model.residual.capabilities import ScaledInput
+from depthbench.model.residual.fields import FamilyConfig, check_number
 
 
 def lns_scale(ident, power: float):
@@ -24,19 +25,23 @@ def lns_scale(ident, power: float):
 
 
 @dataclasses.dataclass(frozen=True)
-class LNS(ResidualFamily):
+class LNSConfig(FamilyConfig):
+    lns_power: float = 0.5  # divide by l ** lns_power (l = 1-based block identity)
+
+    def validate(self, config) -> None:
+        check_number("lns_power", self.lns_power, 0.0, meaning="0.5 divides by sqrt(l)")
+
+
+@dataclasses.dataclass(frozen=True)
+class LNS(ResidualFamily, ScaledInput):
     name = "lns"
     description = "LayerNorm Scaling: x <- x + F(N(x) / sqrt(l)), l = 1-based block identity"
     reference = "Sun et al. 2025, The Curse of Depth in Large Language Models (arXiv 2502.05795)"
-    fields = {"lns_power": 0.5}  # divide by l ** lns_power (l = 1-based block identity)
-
-    @classmethod
-    def validate(cls, config) -> None:
-        check_number(config, "lns_power", 0.0, meaning="0.5 divides by sqrt(l)")
+    Config = LNSConfig
 
     @property
     def power(self) -> float:
-        return float(self.spec.r("lns_power"))
+        return float(self.cfg.lns_power)
 
     def input_scale(self, p, x_in, site):
         return x_in * lns_scale(site.ident, self.power).astype(x_in.dtype)

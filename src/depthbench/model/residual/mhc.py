@@ -37,6 +37,7 @@ from depthbench.model.residual.fields import check_number
 from depthbench.model.residual.sinkhorn import sinkhorn, sinkhorn_flops
 from depthbench.model.residual.streams import (
     NBTD,
+    StreamConfig,
     StreamFamily,
     add_weighted,
     mix_streams,
@@ -65,6 +66,20 @@ def mhc_res_init(n: int, bias: float):
 
 
 @dataclasses.dataclass(frozen=True)
+class MHCConfig(StreamConfig):
+    sinkhorn_iters: int = 20
+    sinkhorn_temperature: float = 1.0
+    mhc_bias: float = 8.0  # |b_pre| and -B_res off-diagonal at init
+
+    def validate(self, config) -> None:
+        super().validate(config)
+        check_number("sinkhorn_iters", self.sinkhorn_iters, 1, integer=True)
+        check_number("sinkhorn_temperature", self.sinkhorn_temperature, 0.0, exclusive=True)
+        check_number("mhc_bias", self.mhc_bias, 0.0,
+                     meaning="|b_pre| and -B_res off-diagonal at init")
+
+
+@dataclasses.dataclass(frozen=True)
 class MHC(StreamFamily):
     name = "mhc"
     description = (
@@ -73,18 +88,7 @@ class MHC(StreamFamily):
     )
     reference = "Xie et al. (DeepSeek-AI) 2025, mHC: Manifold-Constrained Hyper-Connections"
     no_decay = frozenset({"b_pre", "b_post", "B_res"})
-    fields = {
-        "sinkhorn_iters": 20,
-        "sinkhorn_temperature": 1.0,
-        "mhc_bias": 8.0,  # |b_pre| and -B_res off-diagonal at init
-    }
-
-    @classmethod
-    def validate(cls, config) -> None:
-        super().validate(config)
-        check_number(config, "sinkhorn_iters", 1, integer=True)
-        check_number(config, "sinkhorn_temperature", 0.0, exclusive=True)
-        check_number(config, "mhc_bias", 0.0, meaning="|b_pre| and -B_res off-diagonal at init")
+    Config = MHCConfig
 
     @property
     def width(self) -> int:
@@ -94,8 +98,8 @@ class MHC(StreamFamily):
     # ------------------------------------------------------------ parameters
     def create_block_params(self, mod, ident):
         n, d = self.n, self.spec.d_model
-        s0 = float(self.spec.r("hc_scale_init"))
-        bias = float(self.spec.r("mhc_bias"))
+        s0 = float(self.cfg.hc_scale_init)
+        bias = float(self.cfg.mhc_bias)
 
         gate_init = nn.initializers.constant(s0)
         return {
@@ -134,12 +138,12 @@ class MHC(StreamFamily):
         post = 2.0 * jax.nn.sigmoid(p["a_post"][sub] * u[..., n : 2 * n] + p["b_post"][sub])
         r_btst = p["a_res"][sub] * u[..., 2 * n :].reshape(*u.shape[:-1], n, n) + p["B_res"][sub]
         p_btst = sinkhorn(
-            r_btst, int(self.spec.r("sinkhorn_iters")), float(self.spec.r("sinkhorn_temperature"))
+            r_btst, int(self.cfg.sinkhorn_iters), float(self.cfg.sinkhorn_temperature)
         )
         return (jnp.moveaxis(pre, -1, 0), jnp.moveaxis(post, -1, 0), jnp.moveaxis(p_btst, -2, 0))
 
     def _fused_pre(self, p, state, sub: int):
-        iters, temp = int(self.spec.r("sinkhorn_iters")), float(self.spec.r("sinkhorn_temperature"))
+        iters, temp = int(self.cfg.sinkhorn_iters), float(self.cfg.sinkhorn_temperature)
         return fused.mhc_pre(p, sub, state, iters, temp, self.spec.norm_eps)
 
     def read(self, p, state, site):
@@ -184,7 +188,7 @@ class MHC(StreamFamily):
 
         The RMS of ``f`` (``2 n d``) is a norm and left out, as in ``costs``."""
         n, d = self.n, self.spec.d_model
-        iters = int(self.spec.r("sinkhorn_iters"))
+        iters = int(self.cfg.sinkhorn_iters)
         per = 2 * n * d * self.width + sinkhorn_flops(n, iters) + 2 * n * d + 2 * n * n * d
         per += 2 * n * d
         return float(2 * self.spec.depth * per)
@@ -192,6 +196,6 @@ class MHC(StreamFamily):
     def describe(self) -> dict:
         return {
             **super().describe(),
-            "sinkhorn_iters": int(self.spec.r("sinkhorn_iters")),
-            "mhc_bias": float(self.spec.r("mhc_bias")),
+            "sinkhorn_iters": int(self.cfg.sinkhorn_iters),
+            "mhc_bias": float(self.cfg.mhc_bias),
         }

@@ -21,7 +21,7 @@ import math
 import jax.numpy as jnp
 
 from depthbench.model.residual.base import ResidualFamily, gate, norm_param, rms_norm
-from depthbench.model.residual.fields import check_number
+from depthbench.model.residual.fields import FamilyConfig, check_number
 
 _NORM = ("attn_norm", "mlp_norm")
 
@@ -32,21 +32,25 @@ def post_ln_blocks(depth: int, fraction: float) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class MixLNConfig(FamilyConfig):
+    mix_ln_fraction: float = 0.25  # the first round(fraction * L) blocks are post_ln
+
+    def validate(self, config) -> None:
+        check_number("mix_ln_fraction", self.mix_ln_fraction, 0.0, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
 class MixLN(ResidualFamily):
     name = "mix_ln"
     description = "Mix-LN: post-LN in the first round(0.25 L) blocks, pre-LN in the rest"
     reference = ("Li et al. 2025, Mix-LN: Unleashing the Power of Deeper Layers by Combining "
                  "Pre-LN and Post-LN (arXiv 2412.13795)")
     pre_norm = False
-    fields = {"mix_ln_fraction": 0.25}  # the first round(fraction * L) blocks are post_ln
-
-    @classmethod
-    def validate(cls, config) -> None:
-        check_number(config, "mix_ln_fraction", 0.0, 1.0)
+    Config = MixLNConfig
 
     @property
     def n_post(self) -> int:
-        return post_ln_blocks(self.spec.depth, float(self.spec.r("mix_ln_fraction")))
+        return post_ln_blocks(self.spec.depth, float(self.cfg.mix_ln_fraction))
 
     def create_block_params(self, mod, ident):
         return {k: norm_param(mod, k, self.spec.d_model) for k in _NORM}
@@ -63,7 +67,7 @@ class MixLN(ResidualFamily):
         normed = rms_norm(total, p[_NORM[site.sub]], self.spec.norm_eps)
         return gate(active, jnp.where(post, normed, total).astype(state.dtype), state)
 
-    # One norm per sublayer, like pre_ln: extra_block_params() stays 0.
+    # One norm per sublayer, like pre_ln: no parameters beyond pre_ln's.
 
     def describe(self) -> dict:
         return {**super().describe(), "post_ln_blocks": self.n_post}

@@ -28,7 +28,11 @@ Algorithm 1; reference code hustvl/MoDA):
   finds MoDA better with post-norm, and the authors' companion paper is
   "Post-LayerNorm is back", arXiv 2601.19895): ``x <- N(x + F(x))``, no
   pre-norm, as post_ln; ``"pre"``: ``x <- x + F(N(x))``, the original
-  benchmark's.
+  benchmark's.  Both choices are variants (``moda+pre_norm+unrotated_query``
+  is the original benchmark's moda).
+
+The joint softmax is ``moda_attention.attention_with_depth``; the family
+hands it to the backbone's attention sublayer (``DepthAttention``).
 
 Only slots a later attention reads are kept: ``L - 1`` of each kind, so the
 last block writes nothing (its MLP does not even compute its extra linear:
@@ -63,7 +67,17 @@ from depthbench.model.residual.base import (
     rms_norm,
     with_axes,
 )
-from depthbench.model.residual.fields import check_choice, check_number
+from depthbench.model.residual.capabilities import (
+    AnalysisProbes,
+    BankSlots,
+    CostTerms,
+    DepthAttention,
+    DepthBanks,
+    Variants,
+)
+from depthbench.model.residual.fields import FamilyConfig, check_choice, check_number
+from depthbench.model.residual.moda_attention import attention_with_depth
+from depthbench.shapes import resolve_shape
 
 BTKMH = ("activation_batch", "activation_length", "activation_kv_heads", "activation_sources", None)
 _POST_NORM = ("attn_post_norm", "mlp_post_norm")
@@ -132,34 +146,39 @@ def after(values, y):
 
 
 @dataclasses.dataclass(frozen=True)
-class MoDA(ResidualFamily):
+class MoDAConfig(FamilyConfig, Variants):
+    moda_kv_heads: int = 2  # heads of the MLP's depth K/V projection; 0 = the model's KV heads
+    moda_depth_query: str = "rotated"  # "rotated" (the reference kernel) | "unrotated"
+    moda_norm: str = "post"  # "post": x <- N(x + F(x)) (the paper's best) | "pre"
+
+    variants = {
+        "pre_norm": {"moda_norm": "pre"},
+        "post_norm": {"moda_norm": "post"},
+        "unrotated_query": {"moda_depth_query": "unrotated"},
+    }
+
+    def validate(self, config) -> None:
+        check_choice("moda_norm", self.moda_norm, NORMS)
+        check_choice("moda_depth_query", self.moda_depth_query, DEPTH_QUERIES)
+        check_number("moda_kv_heads", self.moda_kv_heads, 0, integer=True,
+                     meaning="depth K/V heads of the MLP projection; 0 = model's KV heads")
+        shape = resolve_shape(config)
+        heads = int(self.moda_kv_heads) or shape.n_kv_heads
+        if shape.n_heads % heads:
+            raise ConfigError(f"config.model.residual.moda_kv_heads: {heads} must divide the "
+                              f"{shape.n_heads} attention heads")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes):
     name = "moda"
     description = (
         "mixture-of-depths attention: one softmax over the causal sequence keys and "
         "the same token's keys from earlier sublayers"
     )
     reference = "Zhu et al. 2026, Mixture-of-Depths Attention (arXiv 2603.15619; hustvl/MoDA)"
-    fields = {
-        "moda_kv_heads": 2,  # heads of the MLP's depth K/V projection; 0 = the model's KV heads
-        "moda_depth_query": "rotated",  # "rotated" (the reference kernel) | "unrotated"
-        "moda_norm": "post",  # "post": x <- N(x + F(x)) (the paper's best) | "pre"
-    }
+    Config = MoDAConfig
     sharding_rules = (("activation_sources", None),)  # the depth-KV caches' slot axis
-
-    @classmethod
-    def validate(cls, config) -> None:
-        r = config.model.residual
-        check_choice(config, "moda_norm", NORMS)
-        check_choice(config, "moda_depth_query", DEPTH_QUERIES)
-        check_number(config, "moda_kv_heads", 0, integer=True,
-                     meaning="depth K/V heads of the MLP projection; 0 = model's KV heads")
-        from depthbench.model.spec import ModelSpec
-
-        spec = ModelSpec.from_config(config)
-        heads = int(r.moda_kv_heads) or spec.n_kv_heads
-        if spec.n_heads % heads:
-            raise ConfigError(f"config.model.residual.moda_kv_heads: {heads} must divide the "
-                              f"{spec.n_heads} attention heads")
 
     # ------------------------------------------------------------ layout
     @property
@@ -170,15 +189,15 @@ class MoDA(ResidualFamily):
     @property
     def kv_heads(self) -> int:
         """``H``: heads of the MLP's depth key/value projection."""
-        return int(self.spec.r("moda_kv_heads")) or self.spec.n_kv_heads
+        return int(self.cfg.moda_kv_heads) or self.spec.n_kv_heads
 
     @property
     def pre_norm(self) -> bool:  # type: ignore[override]
-        return self.spec.r("moda_norm") == "pre"
+        return self.cfg.moda_norm == "pre"
 
     @property
     def rotated_query(self) -> bool:
-        return self.spec.r("moda_depth_query") == "rotated"
+        return self.cfg.moda_depth_query == "rotated"
 
     # ------------------------------------------------------------ parameters
     def create_block_params(self, mod, ident):
@@ -206,11 +225,21 @@ class MoDA(ResidualFamily):
                 "valid": jnp.zeros((m,), bool)}
 
     def read(self, p, state, site):
-        if site.sub == 0 and self.n_slots > 0:
-            valid = state["valid"][: state["ka"].shape[3]]  # the caches may be cut (bank_extent)
-            groups = ((state["ka"], state["va"], valid), (state["kf"], state["vf"], valid))
-            return state["x"], {"depth_kv": (groups, self.rotated_query)}
         return state["x"], {}
+
+    def attention(self, p, state, site):
+        """The joint softmax over the sequence keys and the depth caches (the
+        rotated or the pre-RoPE query meets the depth keys: ``moda_depth_query``)."""
+        if self.n_slots == 0:
+            return None
+        valid = state["valid"][: state["ka"].shape[3]]  # the caches may be cut (bank_extent)
+        groups = ((state["ka"], state["va"], valid), (state["kf"], state["vf"], valid))
+        rotated = self.rotated_query
+
+        def attend(q, qr, kr, v):
+            return attention_with_depth(qr, kr, v, qr if rotated else q, groups)
+
+        return attend
 
     def _depth_kv(self, p, x_in_btd):
         s = self.spec
@@ -252,7 +281,7 @@ class MoDA(ResidualFamily):
         slots = pos[None]
         # Never written before; put_slot sets the slot, and the depth attention
         # masks the slots not yet written (``valid``): overwrite.
-        return {k: (3, slots, True, True) for k in ("ka", "va", "kf", "vf")}
+        return {k: BankSlots(3, slots, True, True) for k in ("ka", "va", "kf", "vf")}
 
     def bank_extent(self, positions: int) -> dict[str, int]:
         """Blocks ``[0, p)`` read slots ``< p - 1`` and write slots ``< p``."""
@@ -262,10 +291,8 @@ class MoDA(ResidualFamily):
     def readout(self, g, state, final_norm):
         return final_norm(state["x"])
 
-    def depth_state(self, g, state):
-        return state["x"]
-
-    def lens_input(self, g, state):
+    # ------------------------------------------------------------ analysis probes
+    def boundary_state(self, p, g, state):
         return state["x"]
 
     def with_boundary_state(self, state, z):
@@ -317,10 +344,10 @@ class MoDA(ResidualFamily):
     def layout(self) -> str:
         """``kv=16+2,post-norm,rotated-q``: depth K/V heads (attention + MLP), norm
         placement, the query the depth keys meet."""
-        return (f"kv={self.spec.n_kv_heads}+{self.kv_heads},{self.spec.r('moda_norm')}-norm,"
-                f"{self.spec.r('moda_depth_query')}-q")
+        return (f"kv={self.spec.n_kv_heads}+{self.kv_heads},{self.cfg.moda_norm}-norm,"
+                f"{self.cfg.moda_depth_query}-q")
 
     def describe(self) -> dict:
         return {**super().describe(), "depth_slots": 2 * self.n_slots,
-                "depth_kv_heads": self.kv_heads, "norm": self.spec.r("moda_norm"),
-                "depth_query": self.spec.r("moda_depth_query")}
+                "depth_kv_heads": self.kv_heads, "norm": self.cfg.moda_norm,
+                "depth_query": self.cfg.moda_depth_query}

@@ -10,19 +10,22 @@ imports ``my_families`` (comma-separate several) after the built-ins, and the
 module registers its classes.
 
 From the families' declarations the registry assembles what used to be
-written out centrally: the ``model.residual`` section of the config schema
-(:func:`residual_defaults`) and the family rows of the sharding table
-(:func:`sharding_rules`).
+written out centrally: each family's typed config, ``config.model.residual``
+(:func:`family_config`), the family rows of the sharding table
+(:func:`sharding_rules`) and the analysis switches (:func:`analysis_options`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from typing import Any
 
 from depthbench.errors import ConfigError
 from depthbench.model.residual.base import ResidualFamily
+from depthbench.model.residual.capabilities import AnalysisOptions, Variants
+from depthbench.model.residual.fields import FamilyConfig
 
 # The built-in families, "module:Class" under depthbench.model.residual, in the
 # order every listing, sweep and table uses.  A new family is one line here.
@@ -55,15 +58,36 @@ def _merge(what: str, table: dict, items, owner: str) -> None:
         table.setdefault(key, (value, owner))
 
 
+def _check_config(cls: type[ResidualFamily]) -> None:
+    """The family's ``Config`` is a frozen FamilyConfig dataclass of bool, int,
+    float and str fields, its variants set its own fields with their types."""
+    config = cls.Config
+    if not (isinstance(config, type) and issubclass(config, FamilyConfig)
+            and dataclasses.is_dataclass(config) and config.__dataclass_params__.frozen):
+        raise TypeError(f"register: {cls.name}.Config is not a frozen FamilyConfig dataclass")
+    types = config.field_types()
+    for name, kind in types.items():
+        if kind not in (bool, int, float, str):
+            raise TypeError(f"register: {cls.name}.Config.{name} is a {kind}, not bool, int, "
+                            "float or str")
+    for variant, values in (config.variants if issubclass(config, Variants) else {}).items():
+        try:
+            config.from_fields(values, cls.name)
+        except ConfigError as e:
+            raise TypeError(f"register: {cls.name} variant {variant!r}: {e}") from None
+
+
 def register(cls: type[ResidualFamily]) -> type[ResidualFamily]:
     """Add a family (usable as a class decorator).  Its ``name`` must be new, and
-    the fields and sharding rules it shares with registered families must agree."""
+    the fields and sharding rules it shares with registered families must agree
+    (a shared field has one type and one default)."""
     if not (isinstance(cls, type) and issubclass(cls, ResidualFamily)) or not cls.name:
         raise TypeError(f"register: {cls!r} is not a ResidualFamily subclass with a name")
     if cls.name in FAMILIES and FAMILIES[cls.name] is not cls:
         raise ValueError(f"register: a family named {cls.name!r} is already registered")
+    _check_config(cls)
     fields, rules = _field_table(), _rule_table()
-    _merge("field", fields, cls.config_fields().items(), cls.name)
+    _merge("field", fields, _typed_fields(cls), cls.name)
     _merge("sharding rule", rules, cls.sharding_rules, cls.name)
     FAMILIES[cls.name] = cls
     return cls
@@ -85,20 +109,29 @@ def get(name: str) -> type[ResidualFamily]:
 
 
 def build(spec) -> ResidualFamily:
-    """The family of ``spec`` (a ModelSpec), its fields missing from the spec
-    taking the family's declared defaults."""
-    cls = get(spec.family)
-    given = dict(spec.residual)
-    missing = {k: v for k, v in cls.config_fields().items() if k not in given}
-    if missing:
-        spec = spec.replace(residual=tuple(sorted({**given, **missing}.items())))
-    return cls(spec)
+    """The family of ``spec`` (a ModelSpec); a spec without a config takes the
+    family's defaults."""
+    return get(spec.family)(spec)
+
+
+def family_config(name: str, fields: dict[str, Any]) -> FamilyConfig:
+    """Family ``name``'s typed config with ``fields`` (the others default): a
+    field it does not declare, or a value of another type, is one ConfigError."""
+    return get(name).Config.from_fields(fields, name)
+
+
+def _typed_fields(cls: type[ResidualFamily]):
+    """(name, (type, default)) of the family's fields: what two families sharing
+    a field must agree on."""
+    types = cls.Config.field_types()
+    return [(name, (types[name].__name__, default))
+            for name, default in cls.config_fields().items()]
 
 
 def _field_table() -> dict[str, tuple[Any, str]]:
     table: dict[str, tuple[Any, str]] = {}
     for cls in FAMILIES.values():
-        _merge("field", table, cls.config_fields().items(), cls.name)
+        _merge("field", table, _typed_fields(cls), cls.name)
     return table
 
 
@@ -109,20 +142,24 @@ def _rule_table() -> dict[str, tuple[Any, str]]:
     return table
 
 
-def residual_defaults() -> dict[str, Any]:
-    """The ``model.residual`` section of the schema: every registered family's
-    fields with their defaults, in registry order."""
-    return {name: value for name, (value, _) in _field_table().items()}
-
-
 def sharding_rules() -> tuple[tuple[str, Any], ...]:
     """The families' logical-axis rules, in registry order (each name once)."""
     return tuple((name, axes) for name, (axes, _) in _rule_table().items())
 
 
+def analysis_options() -> dict[str, tuple[str, ...]]:
+    """Every analysis switch a registered family declares, with its values (the
+    first the default); two families declaring one switch must agree."""
+    table: dict[str, tuple[Any, str]] = {}
+    for cls in FAMILIES.values():
+        if issubclass(cls, AnalysisOptions):
+            _merge("analysis option", table, cls.analysis_options.items(), cls.name)
+    return {name: values for name, (values, _) in table.items()}
+
+
 for _entry in _BUILTIN:
     _module, _class = _entry.split(":")
-    register(getattr(importlib.import_module(f"{__name__.rpartition('.')[0]}.{_module}"), _class))
+    register(vars(importlib.import_module(f"{__name__.rpartition('.')[0]}.{_module}"))[_class])
 
 # Families from outside the package: modules named in DEPTHBENCH_FAMILIES.
 for _name in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):

@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 
 from depthbench.model.residual.base import ResidualFamily, gate, norm_param, rms_norm
+from depthbench.model.residual.capabilities import CostTerms
 
 _POST = ("attn_post_norm", "mlp_post_norm")  # N' of the attention and MLP sublayers
 
 
 @dataclasses.dataclass(frozen=True)
-class SandwichLN(ResidualFamily):
+class SandwichLN(ResidualFamily, CostTerms):
     name = "sandwich_ln"
     description = "Peri-LN / sandwich: x <- x + N'(F(N(x))), a second RMSNorm on every output"
     reference = ("Kim et al. 2025, Peri-LN: Revisiting Layer Normalization in the Transformer "

@@ -9,6 +9,9 @@ summed at the readout), and read out with ``config.model.residual.readout``:
 * ``norm_then_sum``: ``sum_s N_out(H[s])`` (the original benchmark's default);
 * ``sum_then_norm``: ``N_out(sum_s H[s])`` (the HC paper's form).
 
+Both are variants of both families (``hc+sum_then_norm``): the default makes
+the initial logits ``n`` times pre_ln's, the other form is its control.
+
 Sums over streams run in fp32.  The families define the routing (``read``,
 ``write``) and their parameters.
 """
@@ -23,8 +26,9 @@ import operator
 import jax
 import jax.numpy as jnp
 
-from depthbench.model.residual.base import ResidualFamily, axis_sum, rms_normalize, with_axes
-from depthbench.model.residual.fields import check_choice, check_number
+from depthbench.model.residual.base import ResidualFamily, axis_sum, with_axes
+from depthbench.model.residual.capabilities import AnalysisProbes, CostTerms, Variants
+from depthbench.model.residual.fields import FamilyConfig, check_choice, check_number
 
 READOUTS = ("norm_then_sum", "sum_then_norm")
 NBTD = ("activation_streams", "activation_batch", "activation_length", "activation_embed")
@@ -114,33 +118,40 @@ def add_weighted(base_ubtd: jax.Array, w_ubt: jax.Array, y_btd: jax.Array) -> ja
 
 
 @dataclasses.dataclass(frozen=True)
-class StreamFamily(ResidualFamily):
+class StreamConfig(FamilyConfig, Variants):
+    """The fields hc and mhc share."""
+
+    hc_n: int = 4  # expansion: the number of streams
+    hc_scale_init: float = 0.01  # hc: s_a, s_b; mhc: a_pre, a_post, a_res
+    readout: str = "norm_then_sum"  # "norm_then_sum" | "sum_then_norm"
+
+    variants = {mode: {"readout": mode} for mode in ("sum_then_norm", "norm_then_sum")}
+
+    def validate(self, config) -> None:
+        check_number("hc_n", self.hc_n, 1, 64, integer=True, meaning="number of streams")
+        check_number("hc_scale_init", self.hc_scale_init, -math.inf,
+                     meaning="initial routing gate")
+        check_choice("readout", self.readout, READOUTS)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamFamily(ResidualFamily, CostTerms, AnalysisProbes):
     """Base of hc and mhc: ``n`` streams, ``1/sqrt(n)`` output init, stream readout."""
 
-    fields = {
-        "hc_n": 4,  # expansion: the number of streams
-        "hc_scale_init": 0.01,  # hc: s_a, s_b; mhc: a_pre, a_post, a_res
-        "readout": "norm_then_sum",  # "norm_then_sum" | "sum_then_norm"
-    }
+    Config = StreamConfig
     sharding_rules = (
         ("streams", None),  # the stream index of routing parameters
         ("routing", None),  # routing coefficients (n + 1 or n^2 + 2n columns)
         ("activation_streams", None),  # the n streams of the state
     )
 
-    @classmethod
-    def validate(cls, config) -> None:
-        check_number(config, "hc_n", 1, 64, integer=True, meaning="number of streams")
-        check_number(config, "hc_scale_init", -math.inf, meaning="initial routing gate")
-        check_choice(config, "readout", READOUTS)
-
     @property
     def n(self) -> int:
-        return int(self.spec.r("hc_n"))
+        return int(self.cfg.hc_n)
 
     @property
     def readout_mode(self) -> str:
-        return str(self.spec.r("readout"))
+        return str(self.cfg.readout)
 
     def init_scale(self, matrix: str) -> float:
         return 1.0 / math.sqrt(self.n) if matrix in ("o", "down") else 1.0
@@ -154,26 +165,18 @@ class StreamFamily(ResidualFamily):
             return stream_sum(final_norm(state).astype(jnp.float32)).astype(state.dtype)
         return final_norm(stream_sum(state.astype(jnp.float32)).astype(state.dtype))
 
-    def depth_state(self, g, state):
+    # ------------------------------------------------------------ analysis probes
+    def boundary_state(self, p, g, state):
         """The ``n`` streams concatenated: ``[B, T, n*d]`` (stream-major)."""
         n, b, t, d = state.shape
         return jnp.moveaxis(state, 0, 2).reshape(b, t, n * d)
 
     def with_boundary_state(self, state, z):
-        """The streams from their concatenation (inverse of :meth:`depth_state`)."""
+        """The streams from their concatenation (inverse of :meth:`boundary_state`)."""
         n, b, t, d = state.shape
         return jnp.moveaxis(z.reshape(b, t, n, d), 2, 0).astype(state.dtype)
 
-    def lens_input(self, g, state):
-        """``r`` with ``N_out(r)`` proportional to what the readout feeds the head:
-        the stream sum for ``sum_then_norm``; for ``norm_then_sum`` the sum of the
-        unit-RMS streams (the readout is that times ``N_out``'s weight, so
-        ``N_out(r)`` differs from it only by one scalar per token)."""
-        if self.readout_mode == "norm_then_sum":
-            unit = rms_normalize(state.astype(jnp.float32), self.spec.norm_eps)
-            return stream_sum(unit).astype(state.dtype)
-        return stream_sum(state.astype(jnp.float32)).astype(state.dtype)
-
+    # ------------------------------------------------------------ costs
     def state_floats_per_token(self) -> int:
         """``n`` streams of ``d``."""
         return self.n * self.spec.d_model

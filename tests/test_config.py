@@ -373,7 +373,7 @@ def test_an_old_run_directory_loads_for_analysis(tmp_path):
 def test_an_old_completep_run_keeps_its_identity():
     """A completep run written with ``train.lr_rule = "completep"`` is the run
     today's config (``"family"``) describes: it resumes, its sweep skips it."""
-    from depthbench import runs
+    from depthbench.rundir import identity
 
     saved = _legacy("completep")
     now = config.apply_overrides(config.load("micro"), {
@@ -381,5 +381,5 @@ def test_an_old_completep_run_keeps_its_identity():
         **{k: v for k, v in config.flatten(saved).items()
            if k.startswith(("train.", "data.", "model.")) and not k.startswith("model.residual.")
            and k not in ("model.family", "train.lr_rule")}})
-    assert runs.config_changes(saved, now.to_dict()) == []
-    assert runs.config_changes(saved, config.apply_overrides(now, ["train.lr_rule=none"]).to_dict())
+    assert identity.config_changes(saved, now.to_dict()) == []
+    assert identity.config_changes(saved, config.apply_overrides(now, ["train.lr_rule=none"]).to_dict())

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from toy_corpus import write_progressions
+from toy_corpus import tiny_run_overrides
 
 from depthbench import config as config_lib
 from depthbench import sweep as sweeplib
@@ -44,16 +44,7 @@ def get_sweep():
 def overrides(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    write_progressions(tmp_path / "shard.npy", 300)
-    return [
-        "model.suite=", "model.d_model=32", "model.d_ff=64", "model.depth=2", "model.n_heads=2",
-        "model.vocab_size=64", "model.remat_policy=none",
-        "data.corpus=tokens", f"data.paths={tmp_path / 'shard.npy'}", "data.eos_id=0",
-        "data.val_fraction=0.1", "data.val_windows=4", f"data.cache_dir={tmp_path / 'cache'}",
-        f"train.steps={STEPS}", "train.batch_size=4", "train.seq_len=16", "train.log_every=1",
-        f"train.eval_every={EVERY}", f"train.checkpoint_every={EVERY}",
-        f"train.layer_stats_every={EVERY}",
-    ]
+    return tiny_run_overrides(tmp_path, STEPS, EVERY)
 
 
 def wandb_records(path: Path) -> list:
@@ -95,7 +86,8 @@ def _history(records) -> dict[int, dict[str, float]]:
 def test_a_sweep_run_logs_its_config_metrics_and_block_stats_to_wandb(overrides, tmp_path):
     spec = tmp_path / "wandb_sweep.py"
     spec.write_text(SPEC)
-    sweep = sweeplib.expand(spec, [*overrides, "train.wandb=offline"])
+    given = [o for o in overrides if not o.startswith("train.lr=")]  # the sweep's field
+    sweep = sweeplib.expand(spec, [*given, "train.wandb=offline"])
     workdir = tmp_path / "my_sweep"
     outcome = sweeplib.run_sweep(sweep, workdir, progress=False)
     (name,) = outcome.trained
@@ -135,22 +127,17 @@ def test_wandb_is_a_runtime_field():
     assert identity.is_runtime_field("train.wandb")
 
 
-def test_a_bad_mode_is_one_line_and_writes_nothing(tmp_path, capsys):
+@pytest.mark.parametrize("mode, without_wandb, said", [
+    ("yes", False, "'yes' is not one of '', 'offline', 'online'"),
+    ("offline", True, "'offline' needs the wandb package: pip install 'depthbench[wandb]'"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, mode,
+                                                  without_wandb, said):
+    if without_wandb:
+        monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
     workdir = tmp_path / "run"
     assert cli_main(["train", "--config", str(config_lib.base_spec_path()), "--workdir",
-                     str(workdir), "--config.train.wandb=yes"]) == 2
+                     str(workdir), f"--config.train.wandb={mode}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["depthbench: error: config.train.wandb: 'yes' is not one of '', 'offline', "
-                   "'online'"]
-    assert not workdir.exists()
-
-
-def test_without_the_package_asking_for_wandb_names_the_extra(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
-    workdir = tmp_path / "run"
-    assert cli_main(["train", "--config", str(config_lib.base_spec_path()), "--workdir",
-                     str(workdir), "--config.train.wandb=offline"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["depthbench: error: config.train.wandb: 'offline' needs the wandb package: "
-                   "pip install 'depthbench[wandb]'"]
+    assert err == [f"depthbench: error: config.train.wandb: {said}"]
     assert not workdir.exists()

@@ -148,8 +148,8 @@ def _num(x) -> bool:
 
 
 def _family_panels(curves: Sequence[dict]):
-    """(figure, {(suite, family): axes}, colour of an aspect ratio): one panel per
-    (suite, family) of ``curves``, titled; colours on a log scale of aspect ratio."""
+    """(figure, [(panel axes, its curves widest first, their colours)]): one titled
+    panel per (suite, family) of ``curves``, coloured by aspect ratio (log scale)."""
     from matplotlib import colormaps
     from matplotlib.colors import LogNorm
 
@@ -161,12 +161,16 @@ def _family_panels(curves: Sequence[dict]):
     norm = LogNorm(vmin=min(ars), vmax=max(ars) * (1.0001 if min(ars) == max(ars) else 1.0))
     cmap = colormaps["viridis"]
     one_suite = len({suite for suite, _ in panels}) == 1
-    axes = {}
+    out = []
     for k, (suite, family) in enumerate(panels):
-        ax = axes[suite, family] = fig.add_subplot(nrows, ncols, k + 1)
+        ax = fig.add_subplot(nrows, ncols, k + 1)
         ax.set_title(family if one_suite else f"{family} ({suite})", fontsize=10)
         ax.grid(True, alpha=0.3)
-    return fig, axes, lambda ar: cmap(0.85 * norm(ar))  # viridis' top end is too pale
+        mine = sorted((c for c in curves if (c["suite"], c["family"]) == (suite, family)),
+                      key=lambda c: -c["aspect_ratio"])
+        # viridis' top end is too pale
+        out.append((ax, mine, [cmap(0.85 * norm(c["aspect_ratio"])) for c in mine]))
+    return fig, out
 
 
 def _shared_ylim(axes, losses: Sequence[float]) -> None:
@@ -181,11 +185,9 @@ def training_curves(curves: Sequence[dict], path: str | epath.Path) -> bool:
     """One panel per family: loss vs step per aspect ratio (colour), val dots."""
     if not curves:
         return False
-    fig, axes, colour = _family_panels(curves)
-    for (suite, family), ax in axes.items():
-        for c in sorted((c for c in curves if (c["suite"], c["family"]) == (suite, family)),
-                        key=lambda c: -c["aspect_ratio"]):
-            col = colour(c["aspect_ratio"])
+    fig, panels = _family_panels(curves)
+    for ax, mine, colours in panels:
+        for c, col in zip(mine, colours, strict=True):
             ax.plot(c["step"], c["loss"], color=col, lw=1.0,
                     label=f"AR {c['aspect_ratio']:.3g} (L{c['depth']})")
             if c["val_step"]:
@@ -195,7 +197,7 @@ def training_curves(curves: Sequence[dict], path: str | epath.Path) -> bool:
         ax.set_ylabel("loss")
         ax.legend(fontsize=7)
     losses = [v for c in curves for v in c["loss"][len(c["loss"]) // 10:]]
-    _shared_ylim(axes.values(), losses + [v for c in curves for v in c["val_loss"]])
+    _shared_ylim([p[0] for p in panels], losses + [v for c in curves for v in c["val_loss"]])
     _save(fig, path)
     return True
 
@@ -211,28 +213,26 @@ def loss_vs_flops(curves: Sequence[dict], budgets: dict, path: str | epath.Path,
     curves = [c for c in curves if len(c["flops"])]
     if not curves:
         return False
-    fig, axes, colour = _family_panels(curves)
-    for (suite, family), ax in axes.items():
-        for c in sorted((c for c in curves if (c["suite"], c["family"]) == (suite, family)),
-                        key=lambda c: -c["aspect_ratio"]):
-            col = colour(c["aspect_ratio"])
+    fig, panels = _family_panels(curves)
+    for ax, mine, colours in panels:
+        for c, col in zip(mine, colours, strict=True):
             ax.plot(c["flops"], c["raw"], color=col, lw=0.7, alpha=0.45)
             ax.plot(c["flops"], c["fit"], color=col, lw=1.8, marker="o" if len(c["fit"]) < 8
                     else None, ms=4, label=f"AR {c['aspect_ratio']:.3g} (L{c['depth']})")
-        budget, depth, loss = budgets.get((suite, family), (None, None, None))
+        budget, depth, loss = budgets.get((mine[0]["suite"], mine[0]["family"]),
+                                          (None, None, None))
         if budget is not None:
             ax.axvline(budget, color="grey", ls=":", lw=1.2)
-        if loss is not None:
-            ar = next(c["aspect_ratio"] for c in curves
-                      if (c["suite"], c["family"], c["depth"]) == (suite, family, depth))
-            ax.plot([budget], [loss], "*", color=colour(ar), ms=15, mec="black", mew=0.8,
-                    zorder=5)
+        won = [col for c, col in zip(mine, colours, strict=True) if c["depth"] == depth]
+        if loss is not None and won:
+            ax.plot([budget], [loss], "*", color=won[0], ms=15, mec="black", mew=0.8, zorder=5)
         ax.set_xscale("log")
         ax.set_xlabel("training FLOPs (log scale)")
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
     tail = [v for c in curves for v in c["fit"][len(c["fit"]) // 10:]]
-    _shared_ylim(axes.values(), tail + [v for c in curves for v in c["raw"][len(c["raw"]) // 10:]])
+    tail += [v for c in curves for v in c["raw"][len(c["raw"]) // 10:]]
+    _shared_ylim([p[0] for p in panels], tail)
     _save(fig, path)
     return True
 

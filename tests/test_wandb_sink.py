@@ -24,8 +24,6 @@ from depthbench.rundir import identity
 from depthbench.rundir.io import read_jsonl
 from depthbench.train import wandb_sink
 
-wandb = pytest.importorskip("wandb")  # the `wandb` extra
-
 STEPS, EVERY = 8, 4
 SPEC = """
 from depthbench.config import base_config
@@ -84,6 +82,7 @@ def _history(records) -> dict[int, dict[str, float]]:
 
 
 def test_a_sweep_run_logs_its_config_metrics_and_block_stats_to_wandb(overrides, tmp_path):
+    pytest.importorskip("wandb", reason="needs the wandb extra (pip install -e '.[wandb]')")
     spec = tmp_path / "wandb_sweep.py"
     spec.write_text(SPEC)
     given = [o for o in overrides if not o.startswith("train.lr=")]  # the sweep's field

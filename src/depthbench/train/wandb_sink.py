@@ -18,8 +18,9 @@ What the W&B run holds:
   are one group; its id: derived from the run directory and its config, so
   a resumed run continues the same W&B run.  W&B cannot drop rows the way
   TensorBoard purges them: rows that an interrupted session logged after its
-  last checkpoint are logged again by the resumed session (the same values
-  on CPU, where a resume is exact), and W&B keeps the first.
+  last checkpoint are logged again by the resumed session at the same steps
+  (with the same values on CPU, where a resume is exact); online, W&B ignores
+  a step below the run's current one.
 
 The project is ``$WANDB_PROJECT``, else ``depthbench``; the entity and the
 credentials are W&B's own settings (``WANDB_ENTITY``, ``wandb login``).

@@ -94,8 +94,8 @@ def test_equal_budget_is_the_smallest_total_and_the_winner_the_lowest_loss_at_it
 TOKENS_PER_STEP = 2048  # the synthetic rows: 200 steps, 409,600 tokens
 # (family, depth) -> validation loss at steps 100 and 200.
 VAL = {("pre_ln", 2): (4.0, 3.0), ("hc", 2): (3.8, 3.5),
-       ("pre_ln", 4): (4.2, 3.2), ("hc", 4): (3.5, 2.9)}
-MICRO_AR = {2: 76.0, 4: 30.0}
+       ("pre_ln", 4): (4.2, 3.2), ("hc", 4): (3.5, 2.9), ("hc", 10): (3.6, 3.3)}
+MICRO_AR = {2: 76.0, 4: 30.0, 10: 8.0}
 
 
 def _write_sweep(path, val_steps=(100, 200)):
@@ -153,6 +153,9 @@ def test_report_section_and_results_csv_have_the_known_numbers(tmp_path):
     hc4 = rows["hc-L4"]
     assert hc4["speedup_tokens"] is None and hc4["speedup_note"] == "pre_ln never reaches it"
     assert hc4["reverse_speedup_tokens"] == pytest.approx(200 / 150)
+    hc10 = rows["hc-L10"]
+    assert hc10["speedup_note"] == "no finished pre_ln run at this shape"
+    assert hc10["speedup_tokens"] is None and hc10["fitted_final_loss"] == 3.3
     # Equal FLOPs: the budget is the cheaper shape's total; the other shape's
     # loss is its validation curve at the same FLOPs.
     fpt2, fpt4 = _fpt("pre_ln", 2), _fpt("pre_ln", 4)

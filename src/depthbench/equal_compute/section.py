@@ -11,8 +11,9 @@ For every finished run of a sweep (definitions in :mod:`.curves`):
   steps), so that all runs are compared on one kind of curve;
 * its speedup over pre_ln: pre_ln's tokens (FLOPs) to reach the run's final
   fitted loss on the curve of pre_ln's best run at the same shape, over the
-  run's own; or why there is none (pre_ln never reaches it, no pre_ln run at
-  that shape), with the reverse speedup in its place;
+  run's own; or why there is none (pre_ln never reaches it, no finished
+  pre_ln run at that shape), with the reverse speedup in its place when
+  pre_ln never reaches it;
 * per family, each shape's loss at the largest FLOPs budget all its shapes
   reached (their best learning rate's runs), so the aspect ratio that wins
   at equal FLOPs stands beside the one that wins at equal tokens.
@@ -174,7 +175,7 @@ def analyse(workdir: epath.Path, rows: Sequence[dict], summary: Mapping[str, Seq
     for row in rows:
         suite = row.get("suite") or ""
         baseline = baselines.get(suite, {}).get(int(row["depth"]),
-                                                f"no {BASELINE} run at this shape")
+                                                f"no finished {BASELINE} run at this shape")
         columns[row["name"]] = _row_columns(
             row, curves.get(row["name"]) if _finished(row) else None,
             flops_per_token.get(row["name"]), baseline, by_family.get((suite, row["family"])))

@@ -1,4 +1,5 @@
-"""Sweep plots (PNG): loss vs aspect ratio, training curves, costs vs aspect ratio.
+"""Sweep plots (PNG): loss vs aspect ratio, training curves, loss vs training FLOPs,
+costs vs aspect ratio.
 
 Drawn with matplotlib's object API on an Agg canvas (no pyplot, no global
 backend switch), written through bytes so a sweep directory may be a bucket.
@@ -146,10 +147,9 @@ def _num(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def training_curves(curves: Sequence[dict], path: str | epath.Path) -> bool:
-    """One panel per family: loss vs step per aspect ratio (colour), val dots."""
-    if not curves:
-        return False
+def _family_panels(curves: Sequence[dict]):
+    """(figure, [(panel axes, its curves widest first, their colours)]): one titled
+    panel per (suite, family) of ``curves``, coloured by aspect ratio (log scale)."""
     from matplotlib import colormaps
     from matplotlib.colors import LogNorm
 
@@ -160,30 +160,79 @@ def training_curves(curves: Sequence[dict], path: str | epath.Path) -> bool:
     ars = [c["aspect_ratio"] for c in curves]
     norm = LogNorm(vmin=min(ars), vmax=max(ars) * (1.0001 if min(ars) == max(ars) else 1.0))
     cmap = colormaps["viridis"]
-    all_losses = [v for c in curves for v in c["loss"][len(c["loss"]) // 10:]]
-    all_losses += [v for c in curves for v in c["val_loss"]]
-    axes = []
+    one_suite = len({suite for suite, _ in panels}) == 1
+    out = []
     for k, (suite, family) in enumerate(panels):
         ax = fig.add_subplot(nrows, ncols, k + 1)
-        axes.append(ax)
-        for c in sorted((c for c in curves if (c["suite"], c["family"]) == (suite, family)),
-                        key=lambda c: -c["aspect_ratio"]):
-            col = cmap(0.85 * norm(c["aspect_ratio"]))  # viridis' top end is too pale
+        ax.set_title(family if one_suite else f"{family} ({suite})", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        mine = sorted((c for c in curves if (c["suite"], c["family"]) == (suite, family)),
+                      key=lambda c: -c["aspect_ratio"])
+        # viridis' top end is too pale
+        out.append((ax, mine, [cmap(0.85 * norm(c["aspect_ratio"])) for c in mine]))
+    return fig, out
+
+
+def _shared_ylim(axes, losses: Sequence[float]) -> None:
+    if losses:
+        lo, hi = min(losses), max(losses)
+        pad = 0.05 * max(hi - lo, 1e-3)
+        for ax in axes:
+            ax.set_ylim(lo - pad, hi + pad)
+
+
+def training_curves(curves: Sequence[dict], path: str | epath.Path) -> bool:
+    """One panel per family: loss vs step per aspect ratio (colour), val dots."""
+    if not curves:
+        return False
+    fig, panels = _family_panels(curves)
+    for ax, mine, colours in panels:
+        for c, col in zip(mine, colours, strict=True):
             ax.plot(c["step"], c["loss"], color=col, lw=1.0,
                     label=f"AR {c['aspect_ratio']:.3g} (L{c['depth']})")
             if c["val_step"]:
                 ax.plot(c["val_step"], c["val_loss"], "o", color=col, ms=4, mec="black",
                         mew=0.5)
-        ax.set_title(family if len(set(p[0] for p in panels)) == 1 else f"{family} ({suite})",
-                     fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
-        ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-        if all_losses:
-            lo, hi = min(all_losses), max(all_losses)
-            pad = 0.05 * max(hi - lo, 1e-3)
-            ax.set_ylim(lo - pad, hi + pad)
+    losses = [v for c in curves for v in c["loss"][len(c["loss"]) // 10:]]
+    _shared_ylim([p[0] for p in panels], losses + [v for c in curves for v in c["val_loss"]])
+    _save(fig, path)
+    return True
+
+
+def loss_vs_flops(curves: Sequence[dict], budgets: dict, path: str | epath.Path,
+                  ylabel: str) -> bool:
+    """One panel per family: loss vs training FLOPs (log scale) per aspect ratio
+    (colour), the logged loss thin and its monotone fit thick; a dotted line at
+    the family's equal-FLOPs budget and a star where the winning shape meets it.
+
+    ``curves``: dicts with suite, family, depth, aspect_ratio, flops, raw, fit;
+    ``budgets``: {(suite, family): (budget FLOPs, winning depth, its loss)}."""
+    curves = [c for c in curves if len(c["flops"])]
+    if not curves:
+        return False
+    fig, panels = _family_panels(curves)
+    for ax, mine, colours in panels:
+        for c, col in zip(mine, colours, strict=True):
+            ax.plot(c["flops"], c["raw"], color=col, lw=0.7, alpha=0.45)
+            ax.plot(c["flops"], c["fit"], color=col, lw=1.8, marker="o" if len(c["fit"]) < 8
+                    else None, ms=4, label=f"AR {c['aspect_ratio']:.3g} (L{c['depth']})")
+        budget, depth, loss = budgets.get((mine[0]["suite"], mine[0]["family"]),
+                                          (None, None, None))
+        if budget is not None:
+            ax.axvline(budget, color="grey", ls=":", lw=1.2)
+        won = [col for c, col in zip(mine, colours, strict=True) if c["depth"] == depth]
+        if loss is not None and won:
+            ax.plot([budget], [loss], "*", color=won[0], ms=15, mec="black", mew=0.8, zorder=5)
+        ax.set_xscale("log")
+        ax.set_xlabel("training FLOPs (log scale)")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+    tail = [v for c in curves for v in c["fit"][len(c["fit"]) // 10:]]
+    tail += [v for c in curves for v in c["raw"][len(c["raw"]) // 10:]]
+    _shared_ylim([p[0] for p in panels], tail)
     _save(fig, path)
     return True
 
@@ -227,4 +276,5 @@ def costs_vs_aspect(cost_rows: Sequence[dict], path: str | epath.Path) -> bool:
     return True
 
 
-__all__ = ["costs_vs_aspect", "load_curves", "loss_vs_aspect", "training_curves"]
+__all__ = ["costs_vs_aspect", "load_curves", "loss_vs_aspect", "loss_vs_flops",
+           "training_curves"]

@@ -29,6 +29,7 @@ from etils import epath
 
 from depthbench import reference, shapes, variants
 from depthbench import sweep as sweeplib
+from depthbench.equal_compute import section as equal_compute_section
 from depthbench.errors import ConfigError
 from depthbench.formatting import fmt_count, fmt_lr
 from depthbench.rundir import damage
@@ -37,7 +38,9 @@ from depthbench.rundir.names import MANIFEST, REPORT_FILE, RESULT_FILE, RESULTS_
 
 _INT_COLUMNS = ("depth", "d_model", "params", "seq_len", "steps", "tokens", "diverged_at_step")
 _FLOAT_COLUMNS = ("aspect_ratio", "lr", "final_val_loss", "tokens_per_sec", "mfu",
-                  "wall_seconds")
+                  "wall_seconds", *equal_compute_section.FLOAT_COLUMNS)
+# results.csv as the report writes it: the sweep's columns, then the equal-compute ones.
+CSV_COLUMNS = (*sweeplib.RESULT_COLUMNS, *equal_compute_section.COLUMNS)
 
 
 # --------------------------------------------------------------------- rows
@@ -281,27 +284,39 @@ def costs_table(cost_rows: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
     return headers, body
 
 
+def _spec_of(workdir: epath.Path, row: dict):
+    """(ModelSpec, seq_len) of a row: its recorded config, else its suite's shape
+    at the row's seq_len; None for a damaged run, a rule-made shape with no
+    recorded config, or a family this checkout does not know."""
+    from depthbench.model.spec import ModelSpec
+
+    run = None if row.get("damage") else run_of(workdir / row["name"])
+    try:
+        if run is not None:
+            return ModelSpec.from_config(run.config), int(run.config.train.seq_len)
+        if row.get("suite"):
+            shape = shapes.suite(row["suite"]).shape(int(row["depth"]))
+            return (ModelSpec.from_shape(shape, family=row["family"]),
+                    int(row.get("seq_len") or 2048))
+    except (ConfigError, KeyError):
+        pass
+    return None
+
+
 def cost_rows(workdir: epath.Path, rows: Sequence[dict]) -> list[dict]:
     """depthbench.costs for every (family, suite, depth) of the sweep, at its seq_len."""
     from depthbench import costs
-    from depthbench.model.spec import ModelSpec
 
     seen, out = set(), []
     for r in rows:
         key = (r.get("suite") or "", r["family"], r["depth"])
         if key in seen:
             continue
-        run = None if r.get("damage") else run_of(workdir / r["name"])
+        found = _spec_of(workdir, r)
+        if found is None:
+            continue
+        spec, seq_len = found
         try:
-            if run is not None:
-                spec = ModelSpec.from_config(run.config)
-                seq_len = int(run.config.train.seq_len)
-            elif r.get("suite"):
-                spec = ModelSpec.from_shape(shapes.suite(r["suite"]).shape(int(r["depth"])),
-                                            family=r["family"])
-                seq_len = int(r.get("seq_len") or 2048)
-            else:
-                continue  # a rule-made shape with no recorded config: nothing to cost
             row = costs.cost_row(spec, seq_len)
         except (ConfigError, KeyError):
             continue  # a family this checkout does not know
@@ -310,9 +325,26 @@ def cost_rows(workdir: epath.Path, rows: Sequence[dict]) -> list[dict]:
     return out
 
 
+def train_flops_per_token(workdir: epath.Path, rows: Sequence[dict]) -> dict[str, float]:
+    """{run name: the cost model's training FLOPs per token} of every run that
+    can be costed (:func:`depthbench.costs.train_flops_per_token`); none for a
+    damaged run, whose tokens are not trusted either."""
+    from depthbench import costs
+
+    out = {}
+    for r in rows:
+        found = None if r.get("damage") else _spec_of(workdir, r)
+        if found is not None:
+            try:
+                out[r["name"]] = float(costs.train_flops_per_token(*found))
+            except (ConfigError, KeyError):
+                continue  # a family this checkout does not know
+    return out
+
+
 def markdown(workdir: str, rows: Sequence[dict], summary: dict[str, list[FamilyRow]],
              costs_rows: Sequence[dict], plots: dict[str, str | None],
-             sections: Sequence[str] = ()) -> str:
+             sections: Sequence[str] = (), equal_compute: Sequence[str] = ()) -> str:
     counts = {s: sum(shown_status(r) == s for r in rows) for s in sweeplib.STATUSES}
     status = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     out = [f"# depthbench sweep report: `{workdir}`", "",
@@ -358,6 +390,7 @@ def markdown(workdir: str, rows: Sequence[dict], summary: dict[str, list[FamilyR
                 "causal attention halved; LM head excluded), bf16 KV cache per sequence, "
                 "residual-state activation bytes per token (depthbench.costs).", ""]
         out += [_md_table(*costs_table(costs_rows), align="l"), ""]
+    out += list(equal_compute)  # the "Loss at equal compute" section's lines
     from depthbench.analysis import report_section  # runs analysed by `depthbench analyze`
 
     out += report_section.markdown_lines(workdir, rows, _md_table)
@@ -381,6 +414,7 @@ class Report:
     summary: dict[str, list[FamilyRow]]
     files: dict[str, str]  # what -> path
     warnings: list[str] = dataclasses.field(default_factory=list)  # one line each
+    equal_compute: equal_compute_section.EqualCompute | None = None
 
 
 def _warnings(workdir: epath.Path, rows: Sequence[dict]) -> list[str]:
@@ -432,11 +466,23 @@ def write_report(workdir: str | epath.Path, *, plots: bool = True) -> Report:
     downstream, downstream_files = report_section.section(workdir, summary, _md_table,
                                                                   draw=plots)
     files.update(downstream_files)
-    atomic_write(workdir / RESULTS_CSV, sweeplib.rows_to_csv(rows))
-    text = markdown(str(workdir), rows, summary, costs_rows, drawn, downstream)
+    compute = equal_compute_section.analyse(workdir, rows, summary,
+                                            train_flops_per_token(workdir, rows))
+    rows = [{**r, **compute.columns[r["name"]]} for r in rows]
+    compute_plot, why = None, "--no-plots"
+    if plots:
+        path = workdir / equal_compute_section.PLOT
+        if equal_compute_section.draw(compute, summary, path):
+            compute_plot, files["loss_vs_flops"] = path.name, str(path)
+        else:
+            why = "no finished run has both a curve and a cost"
+    compute_lines = equal_compute_section.markdown_lines(compute, rows, summary, _md_table,
+                                                         compute_plot, why)
+    atomic_write(workdir / RESULTS_CSV, sweeplib.rows_to_csv(rows, CSV_COLUMNS))
+    text = markdown(str(workdir), rows, summary, costs_rows, drawn, downstream, compute_lines)
     atomic_write(workdir / REPORT_FILE, text)
     files["report"] = str(workdir / REPORT_FILE)
-    return Report(rows, summary, files, _warnings(workdir, rows))
+    return Report(rows, summary, files, _warnings(workdir, rows), compute)
 
 
 def summary_json(report: Report) -> dict:
@@ -449,8 +495,11 @@ def summary_json(report: Report) -> dict:
             }
             for fr in family_rows
         }
-    return {"summary": out, "files": report.files}
+    compute = report.equal_compute
+    return {"summary": out, "files": report.files,
+            "equal_compute": equal_compute_section.summary_json(compute) if compute else None}
 
 
-__all__ = ["Cell", "FamilyRow", "Report", "cost_rows", "load_rows", "loss_table", "lr_table",
-           "markdown", "parse_csv", "reference_table", "summarize", "write_report"]
+__all__ = ["CSV_COLUMNS", "Cell", "FamilyRow", "Report", "cost_rows", "load_rows", "loss_table",
+           "lr_table", "markdown", "parse_csv", "reference_table", "summarize",
+           "train_flops_per_token", "write_report"]

@@ -1,8 +1,9 @@
 """`depthbench report DIR`: tables and plots of a sweep directory, or of one run.
 
 For a sweep, writes DIR/report.md, DIR/results.csv (refreshed from the run
-directories), DIR/loss_vs_aspect.png, DIR/training_curves.png and
-DIR/costs_vs_aspect.png, and prints the loss table.  For a run directory
+directories, with the equal-compute columns appended: docs/EQUAL_COMPUTE.md),
+DIR/loss_vs_aspect.png, DIR/training_curves.png, DIR/costs_vs_aspect.png and
+DIR/loss_vs_flops.png, and prints the loss table.  For a run directory
 (`depthbench train --workdir DIR`), writes DIR/report.md, DIR/loss_curves.png
 and DIR/layer_stats.png (see depthbench.run_report) and prints the summary.
 A damaged record (a result.json, config.json, sweep_run.json or log that

@@ -98,6 +98,7 @@ def get_config() -> ml_collections.ConfigDict:
     t.keep_checkpoints = 2
     t.max_loss = 20.0  # a loss above this counts as divergence
     t.layer_stats_every = 100  # per-block residual RMS / update norms to TensorBoard
+    t.wandb = ""  # "" | "offline" | "online": W&B as a second sink (train/wandb_sink.py); runtime
 
     # ------------------------------------------------------------------- eval
     # Downstream evaluation after a sweep trains each run (docs/EVAL.md); runtime

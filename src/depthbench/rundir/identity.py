@@ -40,6 +40,7 @@ RUNTIME_FIELDS = (
     "train.log_every",
     "train.eval_every",
     "train.layer_stats_every",
+    "train.wandb",  # a second metrics sink (train/wandb_sink.py)
     "analysis.",
 )
 

@@ -35,6 +35,8 @@ from depthbench.rundir.lock import RunLock
 from depthbench.rundir.names import FAILURE_FILE, MANIFEST, RESULT_FILE, RESULTS_CSV, RUN_RECORD
 from depthbench.sweep.expand import Run, Sweep
 
+# `depthbench report` appends the equal-compute columns (report.CSV_COLUMNS); a
+# sweep rewriting results.csv writes these alone until the next report.
 RESULT_COLUMNS = (
     "name", "family", "suite", "depth", "d_model", "aspect_ratio", "lr", "params", "seq_len",
     "steps", "tokens", "final_val_loss", "tokens_per_sec", "mfu", "diverged_at_step",

@@ -38,7 +38,7 @@ from depthbench.errors import ConfigError
 from depthbench.model.spec import ModelSpec
 from depthbench.rundir import identity, io, lock
 from depthbench.rundir.names import CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE, RESULT_FILE
-from depthbench.train import record
+from depthbench.train import record, wandb_sink
 from depthbench.train import state as state_lib
 from depthbench.train import summary as summary_lib
 from depthbench.train.checkpoint import Checkpoints
@@ -61,6 +61,7 @@ def run(config, workdir: str | Path, *, progress: bool = True) -> dict:
         raise ConfigError(f"--workdir: {str(workdir)!r} is a URL; runs write to a filesystem "
                           "path (shared by all hosts: NFS, Lustre, a gcsfuse mount of a bucket)")
     workdir = Path(workdir).expanduser().resolve()
+    wandb_sink.mode_of(config)  # a bad mode or a missing package: before anything is written
     parallel.maybe_initialize_distributed(config.parallel.distributed)
     done = identity.check_run_dir(config, workdir)
     if done is not None:
@@ -133,7 +134,8 @@ class _Session:
         self.start = self.step = int(jax.device_get(self.state.step))
         self.val = [parallel.host_batch_to_global(b, self.mesh)
                     for b in data.val_batches(config, prepared)]
-        self.writer = MetricsWriter(workdir, self.start, enabled=self.main, warn=_warn)
+        self.writer = MetricsWriter(workdir, self.start, enabled=self.main, warn=_warn,
+                                    wandb=wandb_sink.mode_of(config))
         self.clock = record.Clock(float(meta.get("train_seconds", 0.0)),
                             int(meta.get("timed_tokens", 0)))
         self.wall_before = float(meta.get("wall_seconds", 0.0))

@@ -7,7 +7,9 @@ grad_norm, tokens, tokens_per_sec, mfu and, at eval steps, val_loss);
 per statistic a list over blocks or depth states: ``state_rms``,
 ``update_rms``, ``update_ratio``, see ``train/step.py:layer_stats``).  The
 TensorBoard events hold the same scalars under ``train/`` and ``eval/`` and
-the per-block statistics under ``layers/<stat>/<index>``.
+the per-block statistics under ``layers/<stat>/<index>``; with ``train.wandb``
+set, Weights & Biases gets the same scalars under the same names
+(:mod:`~depthbench.train.wandb_sink`).
 
 A resumed run continues from its checkpoint step, so anything logged after
 that step by the interrupted session is dropped: each log is rewritten
@@ -29,14 +31,15 @@ from depthbench.rundir.names import LAYER_STATS_FILE, METRICS_FILE, TB_DIR
 
 
 class MetricsWriter:
-    """Appends to the run's JSON-lines logs and writes TensorBoard scalars
+    """Appends to the run's JSON-lines logs and writes TensorBoard scalars, and
+    W&B's when ``wandb`` is a mode of :mod:`~depthbench.train.wandb_sink`
     (process 0 only; ``warn``: where a damaged log set aside is named)."""
 
     def __init__(self, workdir: str | Path, start_step: int = 0, *, enabled: bool = True,
-                 warn=None):
+                 warn=None, wandb: str = ""):
         self.enabled = enabled
         self.path = Path(workdir) / METRICS_FILE
-        self._tb = None
+        self._tb = self._wandb = None
         self._failed = False  # a write failed (disk full): closing may fail the same way
         if not enabled:
             return
@@ -47,6 +50,14 @@ class MetricsWriter:
         tb_dir = Path(workdir) / TB_DIR
         purge = start_step + 1 if tb_dir.exists() else None
         self._tb = SummaryWriter(str(tb_dir), purge_step=purge, flush_secs=30)
+        if wandb:
+            from depthbench.train.wandb_sink import WandbSink
+
+            try:
+                self._wandb = WandbSink(wandb, Path(workdir))
+            except BaseException:
+                self.close()  # W&B could not start: the run stops before its first step
+                raise
 
     def _append(self, log: JsonlLog, row: dict) -> None:
         try:
@@ -64,11 +75,18 @@ class MetricsWriter:
         if not self.enabled:
             return row
         self._append(self._metrics, row)
-        for key, value in row.items():
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                group = "eval" if key.startswith("val_") else "train"
-                self._tb.add_scalar(f"{group}/{key}", value, step)
+        self._scalars(step, {
+            f"{'eval' if key.startswith('val_') else 'train'}/{key}": value
+            for key, value in row.items()
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)})
         return row
+
+    def _scalars(self, step: int, scalars: dict[str, float]) -> None:
+        """The same tagged scalars to TensorBoard and to W&B."""
+        for tag, value in scalars.items():
+            self._tb.add_scalar(tag, value, step)
+        if self._wandb is not None:
+            self._wandb.log(step, scalars)
 
     def layer_stats(self, step: int, stats: dict[str, np.ndarray]) -> None:
         """Per-depth curves: one layer_stats.jsonl row ``{"step", stat: [value per
@@ -78,9 +96,8 @@ class MetricsWriter:
             return
         values = {name: np.asarray(v, dtype=np.float64).ravel() for name, v in stats.items()}
         self._append(self._stats, {"step": int(step), **json_safe(values)})
-        for name, vector in values.items():
-            for i, v in enumerate(vector):
-                self._tb.add_scalar(f"layers/{name}/{i:03d}", float(v), step)
+        self._scalars(step, {f"layers/{name}/{i:03d}": float(v)
+                             for name, vector in values.items() for i, v in enumerate(vector)})
 
     def flush(self) -> None:
         if self.enabled:
@@ -97,3 +114,6 @@ class MetricsWriter:
         except OSError:
             if not self._failed:
                 raise  # else: the write that failed has been reported already
+        finally:
+            if self._wandb is not None:
+                self._wandb.close()

@@ -1,0 +1,90 @@
+"""Weights & Biases as an optional second metrics sink beside TensorBoard.
+
+``train.wandb`` turns it on: ``""`` (off, the default), ``"offline"`` (W&B
+writes the run into ``RUN_DIR/wandb/``; upload it later with ``wandb sync``)
+or ``"online"``.  It is a runtime field: switching it never blocks resuming.
+Asking for it without the ``wandb`` package is one line naming the extra
+(``pip install 'depthbench[wandb]'``), before anything is written.
+
+What the W&B run holds:
+
+* its config: the run's ``config.json`` (the config and what it resolved to:
+  shape, parameter count, FLOPs per token, mesh);
+* every metrics row under TensorBoard's names (``train/loss``,
+  ``eval/val_loss`` ...) and the per-block statistics as
+  ``layers/<stat>/<index>``, at the training step;
+* its name: the run directory's; its group: the sweep directory's name when
+  a sweep trains the run (``sweep_run.json`` is there), so a sweep's runs
+  are one group; its id: derived from the run directory and its config, so
+  a resumed run continues the same W&B run.  W&B cannot drop rows the way
+  TensorBoard purges them: rows that an interrupted session logged after its
+  last checkpoint are logged again by the resumed session at the same steps
+  (with the same values on CPU, where a resume is exact); online, W&B ignores
+  a step below the run's current one.
+
+The project is ``$WANDB_PROJECT``, else ``depthbench``; the entity and the
+credentials are W&B's own settings (``WANDB_ENTITY``, ``wandb login``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from depthbench.errors import ConfigError
+from depthbench.rundir import io
+from depthbench.rundir.names import CONFIG_FILE, RUN_RECORD
+
+MODES = ("", "offline", "online")
+EXTRA = "pip install 'depthbench[wandb]'"
+
+
+def mode_of(config) -> str:
+    """The config's ``train.wandb``, checked: one of MODES, and the package is
+    installed when it is not "" (ConfigError otherwise, exit status 2)."""
+    mode = config.train.get("wandb", "")
+    if mode not in MODES:
+        raise ConfigError(f"config.train.wandb: {mode!r} is not one of "
+                          f"{', '.join(repr(m) for m in MODES)}")
+    if mode:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise ConfigError(f"config.train.wandb: {mode!r} needs the wandb package: "
+                              f"{EXTRA}") from None
+    return mode
+
+
+def run_id(workdir: Path, saved: dict) -> str:
+    """The same id for every session of one run (its directory and config)."""
+    text = f"{workdir}\n{json.dumps(saved, sort_keys=True, default=str)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class WandbSink:
+    """One run's W&B run: started with the run's config, fed scalars, finished."""
+
+    def __init__(self, mode: str, workdir: Path):
+        import wandb
+
+        saved = io.read_json(workdir / CONFIG_FILE) or {}
+        group = workdir.parent.name if (workdir / RUN_RECORD).exists() else None
+        try:
+            self.run = wandb.init(
+                mode=mode, dir=str(workdir), project=os.environ.get("WANDB_PROJECT", "depthbench"),
+                name=workdir.name, group=group, id=run_id(workdir, saved), resume="allow",
+                config=saved,
+                # Its own console capture would fight the progress bar and stdout's summary.
+                settings=wandb.Settings(console="off", quiet=True))
+        except Exception as e:  # a login, network or settings problem: before any step
+            raise ConfigError(f"config.train.wandb: {mode!r}: W&B could not start the run "
+                              f"({type(e).__name__}: {e})") from e
+
+    def log(self, step: int, scalars: dict[str, Any]) -> None:
+        self.run.log(scalars, step=step)
+
+    def close(self) -> None:
+        self.run.finish()

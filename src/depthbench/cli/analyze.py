@@ -105,6 +105,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     from depthbench.analysis.names import ANALYSIS_OPTIONS, CAUSAL_RATIOS, METRICS
+    from depthbench.cli.validators import positive_int
 
     parser = subparsers.add_parser(
         "analyze", help="depth analyses of a trained run (angular distance, causal and swap "
@@ -112,12 +113,15 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="a run directory")
     parser.add_argument("--metrics", help=f"comma-separated subset of: {', '.join(METRICS)}")
-    parser.add_argument("--windows", type=int, default=16, help="held-out windows (default 16)")
-    parser.add_argument("--seq-len", type=int, default=128, help="tokens per window (128)")
-    parser.add_argument("--chunk", type=int, default=8,
+    parser.add_argument("--windows", type=positive_int, default=16,
+                        help="held-out windows (default 16)")
+    parser.add_argument("--seq-len", type=positive_int, default=128,
+                        help="tokens per window (128)")
+    parser.add_argument("--chunk", type=positive_int, default=8,
                         help="interventions (skips, swaps, stand-ins) evaluated at once (8)")
-    parser.add_argument("--window-chunk", type=int, default=8, help="windows per forward (8)")
-    parser.add_argument("--jacobian-windows", type=int, default=2,
+    parser.add_argument("--window-chunk", type=positive_int, default=8,
+                        help="windows per forward (8)")
+    parser.add_argument("--jacobian-windows", type=positive_int, default=2,
                         help="windows for the block Jacobians (2)")
     parser.add_argument("--causal-ratio", choices=CAUSAL_RATIOS, default=CAUSAL_RATIOS[0])
     for name, values in ANALYSIS_OPTIONS.items():

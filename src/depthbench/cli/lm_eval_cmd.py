@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from depthbench.cli.validators import non_negative_int, positive_int
+
 EPILOG = """\
 examples:
   depthbench lm-eval --model depthbench --model_args run=runs/demo --batch_size 16 \\
@@ -41,9 +43,7 @@ def passthrough(lm_eval_args: list[str]) -> int:
     try:
         args = _depthbench_model_args(lm_eval_args)
         if args is not None:
-            if not args.get("run"):
-                raise ConfigError("--model_args: run=RUN_DIR is required for the depthbench "
-                                  "model")
+            check_model_args(args, lm_backend.MODEL_ARGS)
             lm_backend.preload(args["run"], args.get("step"))
     except ConfigError as e:
         sys.stderr.write(f"depthbench: error: {e}\n")
@@ -57,6 +57,39 @@ def passthrough(lm_eval_args: list[str]) -> int:
     finally:
         sys.argv = saved
     return 0
+
+
+def check_model_args(args: dict[str, str], allowed: tuple[str, ...]) -> None:
+    """The depthbench model's ``--model_args``, checked before lm-eval starts: known
+    names, a run, and counts that are counts (lm-eval would fail on them later,
+    inside its own traceback, or not at all)."""
+    from depthbench.errors import ConfigError
+
+    unknown = [k for k in args if k not in allowed]
+    if unknown:
+        raise ConfigError(f"--model_args: {unknown[0]!r} is not an argument of the depthbench "
+                          f"model; allowed: {', '.join(allowed)}")
+    if not args.get("run"):
+        raise ConfigError("--model_args: run=RUN_DIR is required for the depthbench model")
+    checks = {"step": non_negative_int, "max_length": positive_int, "max_gen_toks": positive_int,
+              "batch_size": _batch_size, "add_bos_token": _flag}
+    for key, check in checks.items():
+        if key in args:
+            try:
+                check(args[key])
+            except argparse.ArgumentTypeError as e:
+                raise ConfigError(f"--model_args: {key}: {e}") from None
+
+
+def _batch_size(text: str) -> None:
+    """lm-eval's forms: N, auto, auto:N."""
+    if text != "auto":
+        positive_int(text.removeprefix("auto:"))
+
+
+def _flag(text: str) -> None:
+    if text.lower() not in ("1", "0", "true", "false", "yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def _depthbench_model_args(lm_eval_args: list[str]) -> dict[str, str] | None:

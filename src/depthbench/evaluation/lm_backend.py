@@ -40,6 +40,9 @@ from tqdm import tqdm
 
 from depthbench.evaluation.scoring import Scorer
 
+# What ``--model_args`` may set (``depthbench lm-eval`` refuses anything else).
+MODEL_ARGS = ("run", "step", "batch_size", "max_length", "max_gen_toks", "add_bos_token")
+
 # Runs loaded before lm-eval started (``depthbench lm-eval`` loads the run first,
 # so that a bad or damaged run is one line before lm-eval prints anything).
 _PRELOADED: dict[tuple[str, int | None], Any] = {}

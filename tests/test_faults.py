@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import logging
 import os
 import random
 import re
@@ -385,7 +386,7 @@ def test_the_fault_table_covers_the_issue():
 @pytest.mark.slow  # real processes: start-up and compilation
 @pytest.mark.parametrize("fault", [f for f in FAULTS if f.command == "train"],
                          ids=lambda f: f.name)
-def test_train_fault_loses_nothing(fault, reference, overrides, tmp_path):
+def test_train_fault_loses_nothing(fault, reference, overrides, tmp_path, caplog):
     workdir = fault.start(reference, tmp_path) if fault.start else tmp_path / "run"
     sealed = {s: _snapshot(workdir / "checkpoints" / str(s)) for s in _steps(workdir)}
     config_json = (workdir / "config.json").read_text() if sealed else None
@@ -416,8 +417,14 @@ def test_train_fault_loses_nothing(fault, reference, overrides, tmp_path):
     if config_json is not None:
         assert (workdir / "config.json").read_text() == config_json
     assert not (workdir / "result.json").exists()
-    # With room again (and no signal) the same command finishes the run exactly.
-    _assert_same_as(reference, workdir, loop.run(_config(overrides), workdir, progress=False))
+    # With room again (and no signal) the same command finishes the run exactly,
+    # without a word from the libraries (Orbax removing a failed save's leftovers).
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        result = loop.run(_config(overrides), workdir, progress=False)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    _assert_same_as(reference, workdir, result)
+    assert not [p for p in workdir.rglob("*") if "tmp" in p.name]  # no temporary leftovers
 
 
 @pytest.mark.slow  # real processes: start-up and compilation

@@ -54,10 +54,14 @@ from depthbench.train.state import TrainState
 
 class _QuietStorageErrors(logging.Filter):
     """Drop Orbax's background-thread tracebacks for a full disk: the run
-    reports that failure itself, as one line naming the step and directory."""
+    reports that failure itself, as one line naming the step and directory.
+    Also its note on removing the temporary directory such a failed save left,
+    when the re-run saves that step again (the resume is the expected outcome)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
+        if "Removing existing directory since it is not finalized" in text:
+            return False
         if record.exc_info and record.exc_info[1] is not None:
             text += str(record.exc_info[1])
         return not faults.is_storage_error(ValueError(text))

@@ -46,7 +46,9 @@ def passthrough(lm_eval_args: list[str]) -> int:
             check_model_args(args, lm_backend.MODEL_ARGS)
             lm_backend.preload(args["run"], args.get("step"))
     except ConfigError as e:
-        sys.stderr.write(f"depthbench: error: {e}\n")
+        text = str(e)  # load_run names its step option --step; here it is a model arg
+        text = "--model_args: step" + text[6:] if text.startswith("--step:") else text
+        sys.stderr.write(f"depthbench: error: {text}\n")
         return EXIT_BAD_INPUT
     saved = sys.argv
     sys.argv = ["lm-eval", *lm_eval_args]

@@ -35,16 +35,28 @@ from depthbench.cli import main as cli_main
 SPEC_HEAD = ("from depthbench.config import base_config\n\n"
              "def get_config():\n    return base_config()\n\n")
 
-SWEEP_SPECS = {  # file name: the body of get_sweep()
-    "sweep_raises.py": "raise RuntimeError('no sweep today')",
-    "sweep_dict.py": "return {'train.lr': 0.1}",
-    "sweep_none.py": "return None",
-    "sweep_empty.py": "return []",
-    "sweep_float_text.py": "return [{'train.lr': 'fast'}]",
-    "sweep_int_list.py": "return [{'model.depth': [8]}]",
-    "sweep_twins.py": "return [{'train.seed': 1}, {'train.seed': 1}]",
-    "sweep_two.py": "return [{'train.seed': 0}, {'train.seed': 1}]",
-}
+TWO_RUNS = "return [{'train.seed': 0}, {'train.seed': 1}]"
+
+# Sweep specs that fail: (file, body of get_sweep(), id, pattern of the line);
+# each case runs `sweep --config FILE --workdir DIR --list`.
+BAD_SWEEP_SPECS = [
+    ("sweep_raises.py", "raise RuntimeError('no sweep today')", "get_sweep() raises",
+     r"config: get_sweep\(\) in '\S+sweep_raises\.py' failed: RuntimeError: no sweep today$"),
+    ("sweep_dict.py", "return {'train.lr': 0.1}", "get_sweep() returns a dict",
+     r"get_sweep\(\) in '\S+' must return a list of dicts \{'section\.field': value\}, "
+     r"got dict$"),
+    ("sweep_none.py", "return None", "get_sweep() returns None",
+     r"get_sweep\(\) in '\S+' must return a list of dicts .*, got NoneType$"),
+    ("sweep_empty.py", "return []", "get_sweep() returns no runs",
+     r"config: get_sweep\(\) in '\S+sweep_empty\.py' returned no runs$"),
+    ("sweep_float_text.py", "return [{'train.lr': 'fast'}]", "a float field set to text",
+     r"sweep run 0 \(train\.lr='fast'\): --config\.train\.lr: expected a number, got 'fast'$"),
+    ("sweep_int_list.py", "return [{'model.depth': [8]}]", "an integer field set to a list",
+     r"sweep run 0 \(\S+\): config\.model\.depth: expected int, got \[8\]$"),
+    ("sweep_twins.py", "return [{'train.seed': 1}, {'train.seed': 1}]",
+     "two runs with one name",
+     r"runs 0 and 1 have the same name 'seed1' \(identical overrides\?\)$"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +74,7 @@ def disk(tmp_path_factory) -> Path:
     (root / "sweep_get_config_raises.py").write_text(
         "def get_config():\n    raise KeyError('model')\n\n"
         "def get_sweep():\n    return [{'train.seed': 0}]\n")
-    for name, body in SWEEP_SPECS.items():
+    for name, body, _, _ in [*BAD_SWEEP_SPECS, ("sweep_two.py", TWO_RUNS, "", "")]:
         (root / name).write_text(f"{SPEC_HEAD}def get_sweep():\n    {body}\n")
     tables = {"bytes": b"garbage\x00\xff\n,,,\n", "columns": b"name,family\nx,y\n"}
     for name, text in tables.items():
@@ -101,8 +113,29 @@ OUT_OF_REACH = r"--budget: a total budget of 1e\+30 parameters is out of reach a
 A_FILE = r"'\S+/a_file' is a file, not a directory$"
 PLAIN_NAME = r"--name: expected a name without path components \(no '/' or '\\', not '\.' or"
 
+# Counts given as something else: (argv(disk, *option), option, value); the line is
+# `--option: expected a positive integer, got 'value'`, said by the parser.
+NOT_COUNTS = [
+    (lambda d, *o: ["shapes", "--budget", "400M", "--depths", "16", *o], "--kv-heads", "0"),
+    (lambda d, *o: ["shapes", "--suite", "micro", *o], "--vocab", "1.5"),
+    (lambda d, *o: ["costs", "--suite", "micro", *o], "--seq-len", "-5"),
+    (lambda d, *o: ["families", *o], "--depth", "x"),
+    (lambda d, *o: _sweep(d, "quickstart", *o), "--max-runs", "-1"),
+    (lambda d, *o: _sweep(d, "quickstart", *o), "--max-runs", "two"),
+    (_analyze, "--chunk", "0"),
+    (_analyze, "--window-chunk", "-1"),
+    (_analyze, "--jacobian-windows", "-2"),
+    (_analyze, "--windows", "x"),
+    (_nll, "--batch-size", "0"),
+    (_nll, "--max-length", "0"),
+    (_nll, "--limit", "0"),
+]
+
 # (id, argv(disk), pattern of the one stderr line)
 CASES = [
+    *((f"{argv(Path('d'))[0]}: {option} {value}", lambda d, a=argv, o=option, v=value: a(d, o, v),
+       rf"^depthbench: error: {option}: expected a positive integer, got '{re.escape(value)}'$")
+      for argv, option, value in NOT_COUNTS),
     # ------------------------------------------------------------- the parser
     ("an option but no command", lambda d: ["--bogus"],
      r"^depthbench: error: unrecognized arguments: --bogus; give a COMMAND first"),
@@ -116,11 +149,6 @@ CASES = [
     ("shapes: --fix not a choice", lambda d: ["shapes", "--budget", "400M", "--depths", "16",
                                               "--fix", "sideways"],
      r"--fix: invalid choice: 'sideways' \(choose from 'total', 'backbone'\)$"),
-    ("shapes: --kv-heads 0", lambda d: ["shapes", "--budget", "400M", "--depths", "16",
-                                        "--kv-heads", "0"],
-     r"--kv-heads: expected a positive integer, got '0'$"),
-    ("shapes: --vocab a fraction", lambda d: ["shapes", "--suite", "micro", "--vocab", "1.5"],
-     r"--vocab: expected a positive integer, got '1\.5'$"),
     ("shapes: heads that do not split a suite's width",
      lambda d: ["shapes", "--suite", "micro", "--heads", "7"],
      r"--heads: 7 heads must split d_model 152 into even head dimensions$"),
@@ -129,8 +157,6 @@ CASES = [
     # ------------------------------------------------------------------ costs
     ("costs: a budget no shape reaches", lambda d: ["costs", "--budget", "1e30", "--depths",
                                                     "16", "--seq-len", "128"], OUT_OF_REACH),
-    ("costs: --seq-len negative", lambda d: ["costs", "--suite", "micro", "--seq-len", "-5"],
-     r"--seq-len: expected a positive integer, got '-5'$"),
     ("costs: an empty --family", lambda d: ["costs", "--suite", "micro", "--seq-len", "64",
                                             "--family", ""],
      r"--family: '' is not one of pre_ln, .*, all$"),
@@ -138,8 +164,6 @@ CASES = [
                                                   "64", "--depths", "99"],
      r"--depths: suite 'micro' has no depth 99; allowed: "),
     # --------------------------------------------------------------- families
-    ("families: --depth not a number", lambda d: ["families", "--depth", "x"],
-     r"--depth: expected a positive integer, got 'x'$"),
     ("families: --d-model negative", lambda d: ["families", "--d-model", "-32"],
      r"--d-model: expected a positive multiple of 32, got '-32'$"),
     ("families: --d-model in exponent form", lambda d: ["families", "--d-model", "1e3"],
@@ -162,27 +186,10 @@ CASES = [
     ("sweep: --workdir under a file",
      lambda d: _sweep(d, "quickstart", "--dry-run", workdir="a_file/sweep"), "--workdir: "
      + r"'\S+/a_file/sweep': " + A_FILE),
-    ("sweep: --max-runs -1", lambda d: _sweep(d, "quickstart", "--max-runs", "-1"),
-     r"--max-runs: expected a positive integer, got '-1'$"),
-    ("sweep: --max-runs two", lambda d: _sweep(d, "quickstart", "--max-runs", "two"),
-     r"--max-runs: expected a positive integer, got 'two'$"),
-    ("sweep: get_sweep() raises", lambda d: _sweep(d, "sweep_raises.py", "--dry-run"),
-     r"config: get_sweep\(\) in '\S+sweep_raises\.py' failed: RuntimeError: no sweep today$"),
     ("sweep: get_config() raises", lambda d: _sweep(d, "sweep_get_config_raises.py", "--list"),
      r"config: get_config\(\) in '\S+' failed: KeyError: 'model'$"),
-    ("sweep: get_sweep() returns a dict", lambda d: _sweep(d, "sweep_dict.py", "--list"),
-     r"get_sweep\(\) in '\S+' must return a list of dicts \{'section\.field': value\}, got dict$"),
-    ("sweep: get_sweep() returns None", lambda d: _sweep(d, "sweep_none.py", "--list"),
-     r"get_sweep\(\) in '\S+' must return a list of dicts .*, got NoneType$"),
-    ("sweep: get_sweep() returns no runs", lambda d: _sweep(d, "sweep_empty.py", "--list"),
-     r"config: get_sweep\(\) in '\S+sweep_empty\.py' returned no runs$"),
-    ("sweep: a float field set to text", lambda d: _sweep(d, "sweep_float_text.py", "--dry-run"),
-     r"sweep run 0 \(train\.lr='fast'\): --config\.train\.lr: expected a number, got 'fast'$"),
-    ("sweep: an integer field set to a list",
-     lambda d: _sweep(d, "sweep_int_list.py", "--dry-run"),
-     r"sweep run 0 \(\S+\): config\.model\.depth: expected int, got \[8\]$"),
-    ("sweep: two runs with one name", lambda d: _sweep(d, "sweep_twins.py", "--list"),
-     r"runs 0 and 1 have the same name 'seed1' \(identical overrides\?\)$"),
+    *((f"sweep: {what}", lambda d, spec=spec: _sweep(d, spec, "--list"), pattern)
+      for spec, _, what, pattern in BAD_SWEEP_SPECS),
     ("sweep: --only not an index", lambda d: _sweep(d, "sweep_two.py", "--only", "a", "--list"),
      r"--only: expected comma-separated run indices like 0,5, got 'a'$"),
     # ----------------------------------------------------------------- report
@@ -197,14 +204,6 @@ CASES = [
      lambda d: ["report", str(d / "sweep_manifest_only"), "--no-plots"],
      r"report: '\S+/results\.csv' does not exist; run `depthbench sweep --workdir \S+` first$"),
     # ---------------------------------------------------------------- analyze
-    ("analyze: --chunk 0", lambda d: _analyze(d, "--chunk", "0"),
-     r"^depthbench: error: --chunk: expected a positive integer, got '0'$"),
-    ("analyze: --window-chunk negative", lambda d: _analyze(d, "--window-chunk", "-1"),
-     r"--window-chunk: expected a positive integer, got '-1'$"),
-    ("analyze: --jacobian-windows negative", lambda d: _analyze(d, "--jacobian-windows", "-2"),
-     r"--jacobian-windows: expected a positive integer, got '-2'$"),
-    ("analyze: --windows not a number", lambda d: _analyze(d, "--windows", "x"),
-     r"--windows: expected a positive integer, got 'x'$"),
     ("analyze: one-token windows", lambda d: _analyze(d, "--seq-len", "1"),
      r"--windows/--seq-len: need >= 1 window of >= 2 tokens, got 4 x 1$"),
     ("analyze: more windows than the split holds", lambda d: _analyze(d, "--windows", "400"),
@@ -223,12 +222,6 @@ CASES = [
      lambda d: ["analyze", "--compare", _run(d), "--metric", "loss"],
      r"--metric: 'loss' not one of angular_distance, "),
     # ------------------------------------------------------------------- eval
-    ("eval: --batch-size 0", lambda d: _nll(d, "--batch-size", "0"),
-     r"--batch-size: expected a positive integer, got '0'$"),
-    ("eval: --max-length 0", lambda d: _nll(d, "--max-length", "0"),
-     r"--max-length: expected a positive integer, got '0'$"),
-    ("eval: --limit 0", lambda d: _nll(d, "--limit", "0"),
-     r"--limit: expected a positive integer, got '0'$"),
     ("eval: --name with path components", lambda d: _nll(d, "--name", "../../x"),
      PLAIN_NAME + r" '\.\.'\), got '\.\./\.\./x'$"),
     ("eval: an empty --name", lambda d: _nll(d, "--name", ""), PLAIN_NAME + r" '\.\.'\), got ''$"),
@@ -355,3 +348,19 @@ def test_bad_input_in_a_process(case, disk, tmp_path):
 
     err = _unchanged(disk, run)
     _one_line(result["code"], result["out"], err, pattern)  # no absl/Orbax line, no traceback
+
+
+def test_analyze_from_python_refuses_what_the_parser_refuses(disk):
+    """The notebook calls analyze() without the parser: the same counts are refused
+    there, naming the command-line option (not a ValueError from range())."""
+    from depthbench.analysis.analyze import analyze
+    from depthbench.analysis.run import load_run
+    from depthbench.analysis.windows import held_out_windows
+    from depthbench.errors import ConfigError
+
+    run = load_run(disk / "run")
+    windows = held_out_windows(run, 2, 16)
+    for keyword, flag in (("chunk", "--chunk"), ("window_chunk", "--window-chunk"),
+                          ("jacobian_windows", "--jacobian-windows")):
+        with pytest.raises(ConfigError, match=rf"^{flag}: expected a positive integer, got 0$"):
+            analyze(run, windows, ["angular_distance"], progress=False, **{keyword: 0})

@@ -222,6 +222,9 @@ CASES = [
      lambda d: ["analyze", "--compare", _run(d), "--metric", "loss"],
      r"--metric: 'loss' not one of angular_distance, "),
     # ------------------------------------------------------------------- eval
+    ("eval: a batch no memory holds", lambda d: _nll(d, "--batch-size", str(10**9)),
+     r"--batch-size: 1000000000 sequences of 16 tokens need \d+ GiB for their logits alone "
+     r"\(vocabulary 320\); the devices have \d+ GiB: lower the batch size$"),
     ("eval: --name with path components", lambda d: _nll(d, "--name", "../../x"),
      PLAIN_NAME + r" '\.\.'\), got '\.\./\.\./x'$"),
     ("eval: an empty --name", lambda d: _nll(d, "--name", ""), PLAIN_NAME + r" '\.\.'\), got ''$"),
@@ -269,6 +272,16 @@ CASES = [
     ("lm-eval: add_bos_token not a flag",
      lambda d: _lm_eval(d, f"run={_run(d)},add_bos_token=maybe"),
      r"--model_args: add_bos_token: expected true or false, got 'maybe'$"),
+    ("lm-eval: batch_size in exponent form", lambda d: _lm_eval(d, f"run={_run(d)},batch_size=1e9"),
+     r"--model_args: batch_size: expected a positive integer, got '1e9'$"),
+    ("lm-eval: batch_size beyond memory",
+     lambda d: _lm_eval(d, f"run={_run(d)},batch_size={10**9}"),
+     r"--model_args: batch_size: 1000000000 sequences of 16 tokens need \d+ GiB for their "
+     r"logits alone"),
+    ("lm-eval: max_gen_toks beyond the context",
+     lambda d: _lm_eval(d, f"run={_run(d)},max_length=24,max_gen_toks=24"),
+     r"--model_args: max_gen_toks: 24 must be below max_length 24 \(the context the model "
+     r"sees\)$"),
     ("lm-eval: step not checkpointed", lambda d: _lm_eval(d, f"run={_run(d)},step=3"),
      r"--model_args: step: 3 is not one of the checkpointed steps \[7\]$"),
     ("lm-eval: no run", lambda d: _lm_eval(d, "step=7"),

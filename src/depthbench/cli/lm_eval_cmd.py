@@ -44,10 +44,13 @@ def passthrough(lm_eval_args: list[str]) -> int:
         args = _depthbench_model_args(lm_eval_args)
         if args is not None:
             check_model_args(args, lm_backend.MODEL_ARGS)
-            lm_backend.preload(args["run"], args.get("step"))
+            lm_backend.preload(args["run"], args.get("step"), args.get("batch_size", 8),
+                               args.get("max_length"), args.get("max_gen_toks"))
     except ConfigError as e:
-        text = str(e)  # load_run names its step option --step; here it is a model arg
-        text = "--model_args: step" + text[6:] if text.startswith("--step:") else text
+        text = str(e)  # the loader and the scorer name `eval`'s options; here: model args
+        for option, arg in (("--step:", "step:"), ("--batch-size:", "batch_size:")):
+            if text.startswith(option):
+                text = f"--model_args: {arg}{text[len(option):]}"
         sys.stderr.write(f"depthbench: error: {text}\n")
         return EXIT_BAD_INPUT
     saved = sys.argv

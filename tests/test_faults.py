@@ -458,3 +458,19 @@ def test_sweep_fault_loses_nothing(fault, reference, reference_seed1, overrides,
         rows = list(csv.DictReader(f))
     assert sorted(r["name"] for r in rows) == sorted(runs) and {r["status"] for r in rows} == {
         "done"}
+
+
+@pytest.mark.slow  # a real process: start-up and compilation
+def test_full_disk_under_a_reader_is_one_line_and_changes_nothing(reference, tmp_path):
+    """analyze's analysis.json cannot be written: one line, exit 4, the run as it was."""
+    workdir = tmp_path / "run"
+    shutil.copytree(reference[0], workdir)
+    before = _snapshot(workdir)
+    done = _drive(tmp_path, {"limit": 64, "after": "depthbench.analysis.analyze:analyze"},
+                  ["analyze", str(workdir), "--windows", "2", "--seq-len", "16", "--metrics",
+                   "angular_distance", "--no-plots", "--no-progress"])
+    assert done.returncode == 4, done.stderr[-3000:]
+    _check_stderr(done.stderr, (rf"^depthbench: error: could not write {workdir}/analysis/"
+                                r"analysis\.json \(File too large\); free space and re-run the "
+                                r"same command$",))
+    assert _snapshot(workdir) == before  # no half-written analysis.json, no temporary twin

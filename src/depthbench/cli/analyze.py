@@ -43,7 +43,7 @@ def _run(args: argparse.Namespace) -> int:
         args.run_dir, _metrics(args.metrics), windows=args.windows, seq_len=args.seq_len,
         options=options, plots=not args.no_plots, chunk=args.chunk,
         window_chunk=args.window_chunk, causal_ratio=args.causal_ratio,
-        jacobian_windows=args.jacobian_windows)
+        jacobian_windows=args.jacobian_windows, progress=not args.no_progress)
     print(summary(result))
     for path in written:
         print(f"wrote {path}")
@@ -128,6 +128,7 @@ def register(subparsers) -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", choices=values, default=None,
                             help=f"default {values[0]} (the original benchmark's)")
     parser.add_argument("--no-plots", action="store_true", help="analysis.json only")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--compare", nargs="+", metavar="DIR", default=None,
                         help="analysed run directories to draw side by side (with --metric)")
     parser.add_argument("--metric", default="logit_lens", help="metric for --compare")

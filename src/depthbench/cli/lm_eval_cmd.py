@@ -3,9 +3,12 @@ model registered (for lm-eval releases that do not read the ``lm_eval.models``
 entry point, 0.4.13 included).
 
 Everything after ``lm-eval`` goes to lm-eval unchanged; its exit status is
-returned.  With ``--model depthbench`` the run (``--model_args run=DIR[,step=N]``)
-is loaded first, through the integrity-checked restore: a missing or damaged
-run is one ``depthbench: error:`` line and exit status 2 before lm-eval starts.
+returned.  With ``--model depthbench`` the model args are checked (known names,
+counts that are counts) and the run (``--model_args run=DIR[,step=N]``) is
+loaded first, through the integrity-checked restore: an unknown or bad model
+arg, a batch no memory holds, a missing or damaged run is one
+``depthbench: error:`` line and exit status 2 before lm-eval starts.  lm-eval's
+own errors (an unknown task) stay lm-eval's.
 """
 
 from __future__ import annotations

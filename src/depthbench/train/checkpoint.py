@@ -68,6 +68,7 @@ class _QuietStorageErrors(logging.Filter):
 
 
 _QUIET = _QuietStorageErrors()
+_HOOKED = False  # _drop_closed_loop_reports has installed its hook in this process
 
 
 def _drop_closed_loop_reports() -> None:
@@ -92,9 +93,6 @@ def _drop_closed_loop_reports() -> None:
 
     sys.unraisablehook = hook
     _HOOKED = True
-
-
-_HOOKED = False
 
 
 def resume_hint(directory: Path) -> str:

@@ -11,15 +11,20 @@ limits) run ``depthbench`` in a subprocess.
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import json
+import logging
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -180,7 +185,15 @@ def test_no_intact_checkpoint_is_one_line_and_exit_2(reference, overrides, tmp_p
     assert _snapshot(workdir) == before  # nothing moved, nothing restarted from scratch
 
 
-# -------------------------------------------------------------- real processes
+# ------------------------------------------------------- faults, table-driven
+#
+# Each fault runs `depthbench` in a real process (signals, kill -9 and a full disk
+# need one) through a driver that injects it at a chosen moment, then checks
+# what the user saw (exit status, the exact lines on stderr, no traceback, no
+# noise) and what survived on disk; then the same command runs again (in this
+# process, with room and without signals) and must reproduce the uninterrupted
+# run bitwise: nothing was lost.  The readers' half of the table (analyze,
+# eval, lm-eval, report, load_run under each damage) is tests/test_reader_faults.py.
 
 
 def _env():
@@ -189,57 +202,61 @@ def _env():
 
 
 _DRIVER = textwrap.dedent("""
-    import os, signal, sys
+    # python driver.py KEY=VALUE ... -- DEPTHBENCH ARGS: one fault, then depthbench's main.
+    #   signal=NAME at_save=K   send NAME right after the K-th checkpoint save started
+    #                           (saves are asynchronous: the write is in flight)
+    #   limit=BYTES at_save=K   from the K-th save on, no file may grow past BYTES: writes
+    #                           fail with EFBIG through the real write paths (Python's
+    #                           files, TensorStore's C++ writers), as on a full disk
+    #   limit=BYTES after=M:F   the same, once function F of module M has returned
+    #   limit=BYTES             the same, from the start
+    import importlib, os, resource, signal, sys
     import orbax.checkpoint as ocp
     from depthbench.cli import main
-    at, sig = int(sys.argv[1]), getattr(signal, sys.argv[2])
-    real = ocp.CheckpointManager.save
+
+    cut = sys.argv.index("--")
+    opts = dict(a.split("=", 1) for a in sys.argv[1:cut])
+
+    def full_disk():
+        n = int(opts["limit"])
+        resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))  # Python ignores SIGXFSZ
+
+    if "limit" in opts and "at_save" not in opts and "after" not in opts:
+        full_disk()
+    real_save, saves = ocp.CheckpointManager.save, []
 
     def save(self, step, *a, **k):
-        out = real(self, step, *a, **k)  # asynchronous: the write is now in flight
-        if step == at:
-            os.kill(os.getpid(), sig)
+        saves.append(step)
+        now = len(saves) == int(opts.get("at_save", 0))
+        if now and "limit" in opts:
+            full_disk()
+        out = real_save(self, step, *a, **k)
+        if now and "signal" in opts:
+            os.kill(os.getpid(), getattr(signal, opts["signal"]))
         return out
 
     ocp.CheckpointManager.save = save
-    sys.exit(main(sys.argv[3:]))
+    if "after" in opts:
+        module_name, name = opts["after"].split(":")
+        module = importlib.import_module(module_name)
+        real = getattr(module, name)
+
+        def then_full(*a, **k):
+            out = real(*a, **k)
+            full_disk()
+            return out
+
+        setattr(module, name, then_full)
+    sys.exit(main(sys.argv[cut + 1:]))
 """)
 
 
-def _drive(tmp_path, at: int, sig: str, argv) -> subprocess.CompletedProcess:
+def _drive(tmp_path: Path, opts: dict, argv) -> subprocess.CompletedProcess:
     driver = tmp_path / "driver.py"
     driver.write_text(_DRIVER)
-    return subprocess.run([sys.executable, str(driver), str(at), sig, *argv], env=_env(),
-                          capture_output=True, text=True, timeout=300)
-
-
-@pytest.mark.slow  # a real process: start-up and compilation
-def test_sigterm_during_a_checkpoint_write(reference, overrides, tmp_path):
-    """SIGTERM while step 16 is being written: the write completes, the run
-    stops there (exit 0), every checkpoint is intact, and the resume is exact."""
-    workdir = tmp_path / "run"
-    proc = _drive(tmp_path, 2 * EVERY, "SIGTERM", _argv(overrides, workdir))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "received SIGTERM" in proc.stderr
-    assert f"preempted at step {2 * EVERY}" in proc.stdout
-    assert _steps(workdir) == [EVERY, 2 * EVERY]
-    for step in _steps(workdir):
-        step_dir = workdir / "checkpoints" / str(step)
-        assert (step_dir / "integrity.json").exists() and check_integrity(step_dir) is None
-    _assert_same_as(reference, workdir, loop.run(_config(overrides), workdir, progress=False))
-
-
-@pytest.mark.slow  # a real process: start-up and compilation
-def test_kill_9_during_a_checkpoint_write(reference, overrides, tmp_path):
-    """kill -9 while step 16 is being written: step 8 stays usable and the
-    re-run reproduces the uninterrupted losses."""
-    workdir = tmp_path / "run"
-    proc = _drive(tmp_path, 2 * EVERY, "SIGKILL", _argv(overrides, workdir))
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    assert EVERY in _steps(workdir)
-    assert check_integrity(workdir / "checkpoints" / str(EVERY)) is None
-    assert not (workdir / "result.json").exists()
-    _assert_same_as(reference, workdir, loop.run(_config(overrides), workdir, progress=False))
+    return subprocess.run([sys.executable, str(driver), *(f"{k}={v}" for k, v in opts.items()),
+                           "--", *argv], env=_env(), capture_output=True, text=True,
+                          timeout=600)
 
 
 def _kill_when_logged(proc: subprocess.Popen, metrics: Path, step: int) -> int:
@@ -255,17 +272,16 @@ def _kill_when_logged(proc: subprocess.Popen, metrics: Path, step: int) -> int:
     return read_jsonl(metrics)[-1]["step"]
 
 
-@pytest.mark.slow  # a real process: start-up and compilation
-def test_kill_9_at_a_random_step_then_rerun_is_bitwise(reference, overrides, tmp_path):
-    step = random.Random().randrange(2, STEPS - 1)
-    workdir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "depthbench", *_argv(overrides, workdir)],
-                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    killed_at = _kill_when_logged(proc, workdir / "metrics.jsonl", step)
-    assert proc.returncode == -signal.SIGKILL, f"kill at step {step}: {proc.stderr.read()[-2000:]}"
-    assert killed_at < STEPS and not (workdir / "result.json").exists(), f"step {step}"
-    result = loop.run(_config(overrides), workdir, progress=False)
-    _assert_same_as(reference, workdir, result)
+def _killed_before_the_last_checkpoint(reference, tmp_path) -> Path:
+    """A run killed after its checkpoint at step 24 (its log runs on to step 32)."""
+    workdir = _interrupted_copy(reference, tmp_path)
+    shutil.rmtree(workdir / "checkpoints" / str(STEPS))
+    return workdir
+
+
+def _room_for_two_more_rows(workdir: Path) -> int:
+    rows = (workdir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    return len("".join(rows[:STEPS - EVERY + 2]).encode())
 
 
 SWEEP_SPEC = """
@@ -279,119 +295,183 @@ def get_sweep():
 """
 
 
-@pytest.mark.slow  # a real process: start-up and compilation
-def test_a_killed_sweep_resumes_without_retraining_or_losing_rows(overrides, tmp_path):
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """One fault: the command and the state it starts from, what is injected, and
+    what must hold after it."""
+
+    name: str
+    command: str  # "train" (one run) or "sweep" (two runs: seeds 0 and 1)
+    opts: dict | Callable[[Path], dict]  # the driver's options (of the workdir); {} = none
+    rc: int
+    stderr: tuple[str, ...]  # regexes, one per non-empty stderr line, in order
+    kept: tuple[int, ...] | None = None  # train: the checkpoint steps left (None: any)
+    start: Callable | None = None  # train: (reference, tmp_path) -> workdir; None = new
+    extra: tuple[str, ...] = ()  # more overrides for the faulty command only
+    kill_at_step: int | None = None  # kill -9 from outside once this step is logged
+
+
+_CKPT = r"depthbench: error: checkpoints: could not write step {step} to \S+/checkpoints "
+_RESUME = (r"the checkpoint of step {step} is intact: free space and re-run the same command "
+           r"to resume from it$")
+_OVER = (r"no checkpoint was written yet: free space and re-run the same command to start "
+         r"the run over$")
+_SIGNAL = r"^received {sig}: saving a checkpoint at the next step boundary"
+_FIRST_DONE = r"^seed0: done  val_loss \d"  # the sweep's line for its finished first run
+
+FAULTS = [
+    Fault("SIGTERM during a checkpoint write", "train", {"signal": "SIGTERM", "at_save": 2},
+          rc=0, stderr=(_SIGNAL.format(sig="SIGTERM"),), kept=(EVERY, 2 * EVERY)),
+    Fault("SIGINT during a checkpoint write", "train", {"signal": "SIGINT", "at_save": 2},
+          rc=0, stderr=(_SIGNAL.format(sig="SIGINT"),), kept=(EVERY, 2 * EVERY)),
+    Fault("kill -9 during a checkpoint write", "train", {"signal": "SIGKILL", "at_save": 2},
+          rc=-signal.SIGKILL, stderr=()),
+    Fault("kill -9 at a random step", "train", {}, rc=-signal.SIGKILL, stderr=(),
+          kill_at_step=random.Random().randrange(2, STEPS - 1)),
+    Fault("full disk writing the first checkpoint", "train", {"limit": 32_000, "at_save": 1},
+          rc=4, stderr=(_CKPT.format(step=EVERY) + r"\(File too large\); " + _OVER,), kept=()),
+    Fault("full disk writing a later checkpoint", "train", {"limit": 32_000, "at_save": 4},
+          rc=4, stderr=(_CKPT.format(step=STEPS) + r"\(File too large\); "
+                        + _RESUME.format(step=STEPS - EVERY),),
+          kept=(STEPS - 2 * EVERY, STEPS - EVERY)),
+    Fault("full disk writing a checkpoint of a resumed run", "train", {"limit": 32_000},
+          rc=4, stderr=(r"resuming \S+ from step 24$", _CKPT.format(step=STEPS)
+                        + r"\(File too large\); " + _RESUME.format(step=STEPS - EVERY),),
+          kept=(STEPS - EVERY,), start=_killed_before_the_last_checkpoint),
+    Fault("full disk writing metrics", "train",
+          lambda workdir: {"limit": _room_for_two_more_rows(workdir)}, rc=4,
+          stderr=(r"resuming \S+ from step 24$",
+                  r"depthbench: error: metrics: could not write \S+/metrics\.jsonl "
+                  r"\(File too large\); " + _RESUME.format(step=STEPS - EVERY)),
+          kept=(STEPS - EVERY,), start=_killed_before_the_last_checkpoint,
+          extra=("train.checkpoint_every=1000",)),
+    Fault("full disk writing result.json", "train",
+          {"limit": 64, "after": "depthbench.train.record:result"}, rc=4,
+          stderr=(r"depthbench: error: could not write \S+/result\.json \(File too large\); "
+                  + _RESUME.format(step=STEPS),), kept=(STEPS - EVERY, STEPS)),
+    # A sweep's two runs save at steps 8, 16, 24, 32 each: save 6 is the second's step 16.
+    Fault("SIGTERM mid-sweep", "sweep", {"signal": "SIGTERM", "at_save": 6}, rc=1,
+          stderr=(_FIRST_DONE, _SIGNAL.format(sig="SIGTERM"),
+                  r"^seed1: stopped at step 16 \(signal\); re-run the sweep to resume it$")),
+    Fault("kill -9 mid-sweep", "sweep", {"signal": "SIGKILL", "at_save": 6},
+          rc=-signal.SIGKILL, stderr=(_FIRST_DONE,)),
+    Fault("full disk mid-sweep", "sweep", {"limit": 32_000, "at_save": 6}, rc=4,
+          stderr=(_FIRST_DONE, _CKPT.format(step=2 * EVERY) + r"\(File too large\); "
+                  + _RESUME.format(step=EVERY),)),
+]
+
+
+def _check_stderr(stderr: str, patterns: tuple[str, ...]) -> None:
+    """Exactly the expected lines: no traceback, no library noise, nothing else."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == len(patterns), stderr[-3000:]
+    for line, pattern in zip(lines, patterns, strict=True):
+        assert re.search(pattern, line), f"{line!r} !~ {pattern!r}"
+
+
+@pytest.fixture(scope="module")
+def reference_seed1(overrides, tmp_path_factory):
+    """The sweep's second run, uninterrupted."""
+    workdir = tmp_path_factory.mktemp("ref1") / "run"
+    result = loop.run(_config(overrides, "train.seed=1"), workdir, progress=False)
+    return workdir, result
+
+
+def test_the_fault_table_covers_the_issue():
+    names = {f.name for f in FAULTS}
+    assert len(names) == len(FAULTS) >= 12
+    assert {"SIGTERM during a checkpoint write", "kill -9 mid-sweep",
+            "full disk writing the first checkpoint"} <= names
+
+
+@pytest.mark.slow  # real processes: start-up and compilation
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f.command == "train"],
+                         ids=lambda f: f.name)
+def test_train_fault_loses_nothing(fault, reference, overrides, tmp_path, caplog):
+    workdir = fault.start(reference, tmp_path) if fault.start else tmp_path / "run"
+    sealed = {s: _snapshot(workdir / "checkpoints" / str(s)) for s in _steps(workdir)}
+    config_json = (workdir / "config.json").read_text() if sealed else None
+    argv = _argv(overrides, workdir, *fault.extra)
+    if fault.kill_at_step is not None:
+        proc = subprocess.Popen([sys.executable, "-m", "depthbench", *argv], env=_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        killed_at = _kill_when_logged(proc, workdir / "metrics.jsonl", fault.kill_at_step)
+        assert killed_at < STEPS, f"killed at step {killed_at}, after the end"
+        returncode, stderr = proc.returncode, proc.stderr.read()
+    else:
+        opts = fault.opts(workdir) if callable(fault.opts) else fault.opts
+        done = _drive(tmp_path, opts, argv)
+        returncode, stderr = done.returncode, done.stderr
+    assert returncode == fault.rc, stderr[-3000:]
+    _check_stderr(stderr, fault.stderr)
+    # What survived: the checkpoints said, each sealed and intact; those from before
+    # the fault not changed by a byte; no half-written step listed; no result.json.
+    if fault.kept is not None:
+        assert _steps(workdir) == list(fault.kept)
+    for step in _steps(workdir):
+        step_dir = workdir / "checkpoints" / str(step)
+        if fault.rc != -signal.SIGKILL or step != max(_steps(workdir)):
+            assert (step_dir / "integrity.json").exists() and check_integrity(step_dir) is None
+    for step, snap in sealed.items():
+        if step in _steps(workdir):
+            assert _snapshot(workdir / "checkpoints" / str(step)) == snap
+    if config_json is not None:
+        assert (workdir / "config.json").read_text() == config_json
+    assert not (workdir / "result.json").exists()
+    # With room again (and no signal) the same command finishes the run exactly,
+    # without a word from the libraries (Orbax removing a failed save's leftovers).
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        result = loop.run(_config(overrides), workdir, progress=False)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    _assert_same_as(reference, workdir, result)
+    assert not [p for p in workdir.rglob("*") if "tmp" in p.name]  # no temporary leftovers
+
+
+@pytest.mark.slow  # real processes: start-up and compilation
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f.command == "sweep"],
+                         ids=lambda f: f.name)
+def test_sweep_fault_loses_nothing(fault, reference, reference_seed1, overrides, tmp_path,
+                                   capsys):
     spec = tmp_path / "sweep_spec.py"
     spec.write_text(SWEEP_SPEC.format(base=BASE, overrides=[f"--config.{o}" for o in overrides]))
     workdir = tmp_path / "sweep"
-    argv = [sys.executable, "-m", "depthbench", "sweep", "--config", str(spec),
-            "--workdir", str(workdir), "--no-progress"]
-    proc = subprocess.Popen(argv, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    runs = sorted(p for p in workdir.glob("*") if p.is_dir()) if workdir.exists() else []
-    deadline = time.monotonic() + 300
-    while proc.poll() is None and time.monotonic() < deadline:  # kill inside the second run
-        runs = sorted(p for p in workdir.iterdir() if p.is_dir()) if workdir.exists() else []
-        done = [p for p in runs if (p / "result.json").exists()]
-        if len(done) == 1 and any(len(read_jsonl(p / "metrics.jsonl")) > EVERY + 2
-                                  for p in runs if p not in done):
-            proc.kill()
-            break
-        time.sleep(0.01)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()[-2000:]
-    first = [p for p in runs if (p / "result.json").exists()]
-    assert len(first) == 1
-    finished_before = {p.name: _snapshot(p) for p in first}
+    argv = ["sweep", "--config", str(spec), "--workdir", str(workdir), "--no-progress"]
+    done = _drive(tmp_path, fault.opts, argv)
+    assert done.returncode == fault.rc, done.stderr[-3000:]
+    _check_stderr(done.stderr, fault.stderr)
+    runs = {p.name: p for p in workdir.iterdir() if p.is_dir()}
+    assert len(runs) == 2
+    first, second = sorted(runs.values(), key=lambda p: "seed1" in p.name)
+    assert (first / "result.json").exists() and not (second / "result.json").exists()
+    assert EVERY in _steps(second)  # the second run's first checkpoint survived
+    finished_before = _snapshot(first)
     rows_before = (workdir / "results.csv").read_text().splitlines()
+    assert len(rows_before) == 1 + 2 and any(r.startswith(first.name + ",") for r in rows_before)
 
-    rerun = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=300)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    for name, snap in finished_before.items():  # not retrained: not a byte changed
-        assert _snapshot(workdir / name) == snap
-    rows = (workdir / "results.csv").read_text().splitlines()
-    assert rows[0] == rows_before[0] and len(rows) == 1 + 2
-    for row in rows_before[1:]:
-        name = row.split(",")[0]
-        assert any(r.startswith(name + ",") for r in rows)
-    for run in (p for p in workdir.iterdir() if p.is_dir()):
-        result = json.loads((run / "result.json").read_text())
-        assert result["status"] == "finished" and result["steps"] == STEPS
-        steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl")]
-        assert steps == list(range(1, STEPS + 1))  # one uninterrupted log per run
-
-
-# ------------------------------------------------------------------ full disk
-
-
-def _depthbench_with_file_size_limit(limit: int, argv) -> subprocess.CompletedProcess:
-    """``depthbench argv`` where no file may grow past ``limit`` bytes: writes
-    beyond it fail with EFBIG, through the real write paths (Python's own
-    files, TensorStore's C++ writers), as on a full disk."""
-    launcher = ("import resource, runpy, sys\n"
-                f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
-                "sys.argv = ['depthbench', *sys.argv[1:]]\n"  # Python ignores SIGXFSZ
-                "runpy.run_module('depthbench', run_name='__main__')\n")
-    return subprocess.run([sys.executable, "-c", launcher, *argv], env=_env(),
-                          capture_output=True, text=True, timeout=300)
-
-
-def _the_error_line(stderr: str) -> str:
-    """The run's one error line.  depthbench itself prints exactly one line; Orbax's
-    and TensorStore's background writers may still print their own reports
-    (asyncio "Task exception was never retrieved", C++ tracebacks of callbacks that
-    found the event loop closed) racing the exit.  Those come from other threads
-    and cannot be silenced from Python, so only depthbench's own lines are counted."""
-    # stripped: another thread's indented traceback may be mid-line when ours lands
-    ours = [ln.strip() for ln in stderr.splitlines() if ln.strip().startswith("depthbench")]
-    errors = [line for line in ours if line.startswith("depthbench: error: ")]
-    assert len(errors) == 1 and ours == errors, stderr[-3000:]
-    return errors[0]
-
-
-def _killed_before_the_last_checkpoint(reference, tmp_path) -> Path:
-    """A run killed after its checkpoint at step 24 (its log runs on to step 32)."""
-    workdir = _interrupted_copy(reference, tmp_path)
-    shutil.rmtree(workdir / "checkpoints" / str(STEPS))
-    return workdir
+    capsys.readouterr()
+    assert cli_main(argv) == 0, capsys.readouterr().err[-3000:]
+    assert _snapshot(first) == finished_before  # not retrained: not a byte changed
+    for run_dir, ref in ((first, reference), (second, reference_seed1)):
+        result = json.loads((run_dir / "result.json").read_text())
+        _assert_same_as(ref, run_dir, result)
+    with (workdir / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["name"] for r in rows) == sorted(runs) and {r["status"] for r in rows} == {
+        "done"}
 
 
 @pytest.mark.slow  # a real process: start-up and compilation
-def test_full_disk_while_writing_a_checkpoint(reference, overrides, tmp_path):
-    workdir = _killed_before_the_last_checkpoint(reference, tmp_path)
-    kept = STEPS - EVERY
-    sealed = _snapshot(workdir / "checkpoints" / str(kept))
-    limit = 32_000
-    assert _largest_data_file(workdir / "checkpoints" / str(kept)).stat().st_size > limit
-    proc = _depthbench_with_file_size_limit(limit, _argv(overrides, workdir))
-    assert proc.returncode == 4, proc.stderr[-3000:]
-    last = _the_error_line(proc.stderr)
-    assert last == (f"depthbench: error: checkpoints: could not write step {STEPS} to "
-                    f"{workdir / 'checkpoints'} (File too large); earlier checkpoints are intact: "
-                    "free space and re-run the same command to resume"), proc.stderr[-3000:]
-    assert _snapshot(workdir / "checkpoints" / str(kept)) == sealed
-    assert _steps(workdir) == [kept]  # no half-written step left as a checkpoint
-    assert not (workdir / "result.json").exists()
-    # With room again, the same command resumes and finishes exactly.
-    _assert_same_as(reference, workdir, loop.run(_config(overrides), workdir, progress=False))
-
-
-@pytest.mark.slow  # a real process: start-up and compilation
-def test_full_disk_while_writing_metrics(reference, overrides, tmp_path):
-    workdir = _killed_before_the_last_checkpoint(reference, tmp_path)
-    sealed = _snapshot(workdir / "checkpoints")
-    config_json = (workdir / "config.json").read_text()
-    rows = (workdir / "metrics.jsonl").read_text().splitlines(keepends=True)
-    limit = len("".join(rows[:STEPS - EVERY + 2]).encode())  # room for two more rows
-    proc = _depthbench_with_file_size_limit(
-        limit, _argv(overrides, workdir, "train.checkpoint_every=1000"))
-    assert proc.returncode == 4, proc.stderr[-3000:]
-    last = _the_error_line(proc.stderr)
-    assert last == (f"depthbench: error: metrics: could not write {workdir / 'metrics.jsonl'} "
-                    "(File too large); earlier checkpoints are intact: free space and re-run the "
-                    "same command to resume"), proc.stderr[-3000:]
-    assert [r["step"] for r in read_jsonl(workdir / "metrics.jsonl")] == list(
-        range(1, STEPS - EVERY + 3))  # the row torn by the full disk is not read
-    assert _snapshot(workdir / "checkpoints") == sealed
-    assert (workdir / "config.json").read_text() == config_json
-    assert not (workdir / "result.json").exists()
-    _assert_same_as(reference, workdir, loop.run(_config(overrides), workdir, progress=False))
+def test_full_disk_under_a_reader_is_one_line_and_changes_nothing(reference, tmp_path):
+    """analyze's analysis.json cannot be written: one line, exit 4, the run as it was."""
+    workdir = tmp_path / "run"
+    shutil.copytree(reference[0], workdir)
+    before = _snapshot(workdir)
+    done = _drive(tmp_path, {"limit": 64, "after": "depthbench.analysis.analyze:analyze"},
+                  ["analyze", str(workdir), "--windows", "2", "--seq-len", "16", "--metrics",
+                   "angular_distance", "--no-plots", "--no-progress"])
+    assert done.returncode == 4, done.stderr[-3000:]
+    _check_stderr(done.stderr, (rf"^depthbench: error: could not write {workdir}/analysis/"
+                                r"analysis\.json \(File too large\); free space and re-run the "
+                                r"same command$",))
+    assert _snapshot(workdir) == before  # no half-written analysis.json, no temporary twin

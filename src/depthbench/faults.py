@@ -25,14 +25,15 @@ _TENSORSTORE_CODE = re.compile(r"os_error_code='(\d+)'")
 
 
 class StorageError(OSError):
-    """A write failed for lack of space (or a read-only disk); ``str()`` is one line."""
+    """A write failed for lack of space (or a read-only disk); ``str()`` is one line:
+    what failed, the reason, and what to do (``hint``)."""
 
-    def __init__(self, code: int, message: str):
-        super().__init__(code, message)
-        self.message = message
+    def __init__(self, code: int, what: str, hint: str):
+        super().__init__(code, what)
+        self.what, self.hint = what, hint
 
     def __str__(self) -> str:
-        return self.message
+        return f"{self.what} ({os.strerror(self.errno)}); {self.hint}"
 
 
 def os_error_code(e: BaseException) -> int | None:
@@ -52,7 +53,11 @@ def is_storage_error(e: BaseException) -> bool:
     return os_error_code(e) in STORAGE_ERRNOS
 
 
-def storage_error(e: BaseException, what: str, hint: str) -> StorageError:
-    """``what`` (e.g. "metrics: could not write /x/metrics.jsonl") + the reason + ``hint``."""
+def storage_error(e: BaseException, what: str | None, hint: str) -> StorageError:
+    """``what`` (e.g. "metrics: could not write /x/metrics.jsonl") + the reason + ``hint``.
+    ``what`` None: the one ``e`` already says (a StorageError's), else the file it names."""
     code = os_error_code(e) or errno.EIO
-    return StorageError(code, f"{what} ({os.strerror(code)}); {hint}")
+    if what is None:
+        filename = getattr(e, "filename", None)
+        what = getattr(e, "what", None) or f"could not write {filename or 'a file'}"
+    return StorageError(code, what, hint)

@@ -102,6 +102,13 @@ def from_rule(
             f"parameters (the narrowest shape, d_model {smallest.d_model}, already has "
             f"{count(smallest):.3g}); lower the depth or raise config.model.budget"
         )
+    widest = make(max_head_dim)
+    if count(widest) < budget / 1.5:
+        raise ConfigError(
+            f"config.model.budget: a {fix} budget of {budget:.3g} parameters is out of reach at "
+            f"depth {depth} (the widest shape, d_model {widest.d_model}, has "
+            f"{count(widest):.3g}); lower the budget or raise config.model.depth"
+        )
     best = min(
         (make(h) for h in range(2, max_head_dim + 1, 2)), key=lambda s: abs(count(s) - budget)
     )

@@ -61,6 +61,10 @@ def analyze(run, windows_bt, metrics=None, *, chunk: int = 8, window_chunk: int 
     once; ``window_chunk``: windows per forward pass."""
     t0 = time.time()
     wanted = resolve_metrics(metrics)
+    for flag, value in (("--chunk", chunk), ("--window-chunk", window_chunk),
+                        ("--jacobian-windows", jacobian_windows)):
+        if value < 1:  # the command line checks these too; this is for callers in Python
+            raise ConfigError(f"{flag}: expected a positive integer, got {value}")
     if causal_ratio not in CAUSAL_RATIOS:
         raise ConfigError(f"--causal-ratio: {causal_ratio!r} not one of {', '.join(CAUSAL_RATIOS)}")
     windows = np.asarray(windows_bt, np.int32)

@@ -72,7 +72,12 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line and exit 2 like every bad input."""
 
     def error(self, message: str) -> None:  # noqa: D401
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        # Like every other bad input: `depthbench: error: --option: what is allowed`.
+        message = message.removeprefix("argument ")
+        command = self.prog.removeprefix("depthbench").strip()
+        if command and not message.startswith("-"):
+            message = f"{command}: {message}"
+        sys.stderr.write(f"depthbench: error: {message}\n")
         raise SystemExit(EXIT_BAD_INPUT)
 
 
@@ -109,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if not getattr(args, "func", None):
+        if args.command is None and argv:  # `depthbench --bogus`: options but no command
+            parser.error(f"unrecognized arguments: {' '.join(extra)}; give a COMMAND first "
+                         "(depthbench --help lists them)")
         parser.print_help()
-        return EXIT_BAD_INPUT if args.command is None and argv else 0
+        return 0
     # `--config.a.b=value` overrides are the only unknown arguments allowed.
     overrides = [a for a in extra if a.startswith("--config.")]
     unknown = [a for a in extra if not a.startswith("--config.")]
@@ -137,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (isinstance(e, faults.StorageError) or faults.is_storage_error(e)):
             raise
         if not isinstance(e, faults.StorageError):
-            e = faults.storage_error(e, f"could not write {e.filename or 'a file'}",
-                                     "free space and re-run the same command")
+            e = faults.storage_error(e, None, "free space and re-run the same command")
         sys.stderr.write(f"depthbench: error: {e}\n")
         return faults.EXIT_STORAGE
 

@@ -43,7 +43,7 @@ def _run(args: argparse.Namespace) -> int:
         args.run_dir, _metrics(args.metrics), windows=args.windows, seq_len=args.seq_len,
         options=options, plots=not args.no_plots, chunk=args.chunk,
         window_chunk=args.window_chunk, causal_ratio=args.causal_ratio,
-        jacobian_windows=args.jacobian_windows)
+        jacobian_windows=args.jacobian_windows, progress=not args.no_progress)
     print(summary(result))
     for path in written:
         print(f"wrote {path}")
@@ -105,6 +105,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     from depthbench.analysis.names import CAUSAL_RATIOS, METRICS
+    from depthbench.cli.validators import positive_int
     from depthbench.model.residual import registry
 
     parser = subparsers.add_parser(
@@ -113,18 +114,22 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="a run directory")
     parser.add_argument("--metrics", help=f"comma-separated subset of: {', '.join(METRICS)}")
-    parser.add_argument("--windows", type=int, default=16, help="held-out windows (default 16)")
-    parser.add_argument("--seq-len", type=int, default=128, help="tokens per window (128)")
-    parser.add_argument("--chunk", type=int, default=8,
+    parser.add_argument("--windows", type=positive_int, default=16,
+                        help="held-out windows (default 16)")
+    parser.add_argument("--seq-len", type=positive_int, default=128,
+                        help="tokens per window (128)")
+    parser.add_argument("--chunk", type=positive_int, default=8,
                         help="interventions (skips, swaps, stand-ins) evaluated at once (8)")
-    parser.add_argument("--window-chunk", type=int, default=8, help="windows per forward (8)")
-    parser.add_argument("--jacobian-windows", type=int, default=2,
+    parser.add_argument("--window-chunk", type=positive_int, default=8,
+                        help="windows per forward (8)")
+    parser.add_argument("--jacobian-windows", type=positive_int, default=2,
                         help="windows for the block Jacobians (2)")
     parser.add_argument("--causal-ratio", choices=CAUSAL_RATIOS, default=CAUSAL_RATIOS[0])
     for name, values in registry.analysis_options().items():  # the families' own switches
         parser.add_argument(f"--{name.replace('_', '-')}", choices=values, default=None,
                             help=f"default {values[0]} (the original benchmark's)")
     parser.add_argument("--no-plots", action="store_true", help="analysis.json only")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--compare", nargs="+", metavar="DIR", default=None,
                         help="analysed run directories to draw side by side (with --metric)")
     parser.add_argument("--metric", default="logit_lens", help="metric for --compare")

@@ -13,6 +13,7 @@ import sys
 
 from depthbench import costs
 from depthbench.cli.shapes import add_shape_arguments, fmt_count, select_shapes, table
+from depthbench.cli.validators import positive_int
 from depthbench.config import ConfigError
 from depthbench.model.residual import registry
 from depthbench.model.spec import ModelSpec
@@ -111,12 +112,7 @@ def _human(rows: list[dict], title: str) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     families = _families(args.family)
-    try:
-        seq_len = int(args.seq_len)
-    except ValueError:
-        seq_len = 0
-    if seq_len < 1:
-        raise ConfigError(f"--seq-len: expected a positive integer, got {args.seq_len!r}")
+    seq_len = args.seq_len
     sel = select_shapes(args)
     blocks = []
     for family in families:
@@ -164,7 +160,8 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_shape_arguments(parser)
-    parser.add_argument("--seq-len", required=True, metavar="T", help="sequence length in tokens")
+    parser.add_argument("--seq-len", required=True, metavar="T", type=positive_int,
+                        help="sequence length in tokens")
     parser.add_argument(
         "--family",
         default="pre_ln",

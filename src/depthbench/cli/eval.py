@@ -69,6 +69,8 @@ def summary(result: dict) -> str:
 
 
 def register(subparsers) -> None:
+    from depthbench.cli.validators import non_negative_int, plain_name, positive_int
+
     p = subparsers.add_parser(
         "eval", help="downstream evaluation of a run (NLL suite, lm-eval task sets)",
         description=__doc__.split("\n\n")[0], epilog=EPILOG,
@@ -77,15 +79,18 @@ def register(subparsers) -> None:
     p.add_argument("--suite", help="nll-code-stem-math | commonsense | bbh-reasoning")
     p.add_argument("--tasks", help="comma-separated lm-eval task names (instead of --suite)")
     p.add_argument("--only", help="nll-code-stem-math: comma-separated subset of its tasks")
-    p.add_argument("--name", help="result name (RUN_DIR/eval/NAME.json); default: the suite")
+    p.add_argument("--name", type=plain_name,
+                   help="result name (RUN_DIR/eval/NAME.json); default: the suite")
     p.add_argument("--data-dir", help="local records: DIR/<task>.jsonl or DIR/<task>.parquet")
     p.add_argument("--include-path", help="extra lm-eval task YAMLs (as lm-eval's own flag)")
-    p.add_argument("--limit", type=int, help="at most this many records per task")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per model call (8)")
-    p.add_argument("--max-length", type=int,
+    p.add_argument("--limit", type=positive_int, help="at most this many records per task")
+    p.add_argument("--batch-size", type=positive_int, default=8,
+                   help="sequences per model call (8)")
+    p.add_argument("--max-length", type=positive_int,
                    help="context window in tokens (default: the run's train.seq_len)")
-    p.add_argument("--num-fewshot", type=int, help="lm-eval suites: override the tasks' shots")
-    p.add_argument("--step", type=int, help="checkpoint step (default: latest)")
+    p.add_argument("--num-fewshot", type=non_negative_int,
+                   help="lm-eval suites: override the tasks' shots")
+    p.add_argument("--step", type=non_negative_int, help="checkpoint step (default: latest)")
     p.add_argument("--json", action="store_true", help="print the result JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_run)

@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 from depthbench import shapes
+from depthbench.cli.validators import positive_int
 from depthbench.costs import terms
 from depthbench.errors import ConfigError
 from depthbench.formatting import table
@@ -34,13 +35,14 @@ Set a family with --config.model.family=NAME.
 """
 
 
-def _width(text: str, flag: str, multiple: int) -> int:
+def _width(text: str) -> int:
+    """--d-model: 16 heads of even head_dim, so a positive multiple of 32."""
     try:
-        value = int(text)
-    except ValueError:
+        value = positive_int(text)
+    except argparse.ArgumentTypeError:
         value = 0
-    if value < 1 or value % multiple:
-        raise ConfigError(f"{flag}: expected a positive multiple of {multiple}, got {text!r}")
+    if not value or value % 32:
+        raise argparse.ArgumentTypeError(f"expected a positive multiple of 32, got {text!r}")
     return value
 
 
@@ -64,9 +66,7 @@ def family_rows(d_model: int, depth: int) -> list[dict]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    # 16 heads of even head_dim: the width must be a multiple of 32.
-    d_model = _width(args.d_model, "--d-model", 32)
-    depth = _width(args.depth, "--depth", 1)
+    d_model, depth = args.d_model, args.depth
     rows = family_rows(d_model, depth)
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
@@ -124,12 +124,14 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--d-model",
-        default="1024",
+        default=1024,
+        type=_width,
         metavar="D",
         help="width at which extra parameters are counted (default 1024)",
     )
     parser.add_argument(
-        "--depth", default="24", metavar="L", help="depth for depth-dependent extras (default 24)"
+        "--depth", default=24, type=positive_int, metavar="L",
+        help="depth for depth-dependent extras (default 24)"
     )
     parser.add_argument("--json", action="store_true", help="print a JSON list instead")
     parser.set_defaults(func=_run)

@@ -3,15 +3,20 @@ model registered (for lm-eval releases that do not read the ``lm_eval.models``
 entry point, 0.4.13 included).
 
 Everything after ``lm-eval`` goes to lm-eval unchanged; its exit status is
-returned.  With ``--model depthbench`` the run (``--model_args run=DIR[,step=N]``)
-is loaded first, through the integrity-checked restore: a missing or damaged
-run is one ``depthbench: error:`` line and exit status 2 before lm-eval starts.
+returned.  With ``--model depthbench`` the model args are checked (known names,
+counts that are counts) and the run (``--model_args run=DIR[,step=N]``) is
+loaded first, through the integrity-checked restore: an unknown or bad model
+arg, a batch no memory holds, a missing or damaged run is one
+``depthbench: error:`` line and exit status 2 before lm-eval starts.  lm-eval's
+own errors (an unknown task) stay lm-eval's.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from depthbench.cli.validators import non_negative_int, positive_int
 
 EPILOG = """\
 examples:
@@ -41,12 +46,15 @@ def passthrough(lm_eval_args: list[str]) -> int:
     try:
         args = _depthbench_model_args(lm_eval_args)
         if args is not None:
-            if not args.get("run"):
-                raise ConfigError("--model_args: run=RUN_DIR is required for the depthbench "
-                                  "model")
-            lm_backend.preload(args["run"], args.get("step"))
+            check_model_args(args, lm_backend.MODEL_ARGS)
+            lm_backend.preload(args["run"], args.get("step"), args.get("batch_size", 8),
+                               args.get("max_length"), args.get("max_gen_toks"))
     except ConfigError as e:
-        sys.stderr.write(f"depthbench: error: {e}\n")
+        text = str(e)  # the loader and the scorer name `eval`'s options; here: model args
+        for option, arg in (("--step:", "step:"), ("--batch-size:", "batch_size:")):
+            if text.startswith(option):
+                text = f"--model_args: {arg}{text[len(option):]}"
+        sys.stderr.write(f"depthbench: error: {text}\n")
         return EXIT_BAD_INPUT
     saved = sys.argv
     sys.argv = ["lm-eval", *lm_eval_args]
@@ -57,6 +65,39 @@ def passthrough(lm_eval_args: list[str]) -> int:
     finally:
         sys.argv = saved
     return 0
+
+
+def check_model_args(args: dict[str, str], allowed: tuple[str, ...]) -> None:
+    """The depthbench model's ``--model_args``, checked before lm-eval starts: known
+    names, a run, and counts that are counts (lm-eval would fail on them later,
+    inside its own traceback, or not at all)."""
+    from depthbench.errors import ConfigError
+
+    unknown = [k for k in args if k not in allowed]
+    if unknown:
+        raise ConfigError(f"--model_args: {unknown[0]!r} is not an argument of the depthbench "
+                          f"model; allowed: {', '.join(allowed)}")
+    if not args.get("run"):
+        raise ConfigError("--model_args: run=RUN_DIR is required for the depthbench model")
+    checks = {"step": non_negative_int, "max_length": positive_int, "max_gen_toks": positive_int,
+              "batch_size": _batch_size, "add_bos_token": _flag}
+    for key, check in checks.items():
+        if key in args:
+            try:
+                check(args[key])
+            except argparse.ArgumentTypeError as e:
+                raise ConfigError(f"--model_args: {key}: {e}") from None
+
+
+def _batch_size(text: str) -> None:
+    """lm-eval's forms: N, auto, auto:N."""
+    if text != "auto":
+        positive_int(text.removeprefix("auto:"))
+
+
+def _flag(text: str) -> None:
+    if text.lower() not in ("1", "0", "true", "false", "yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def _depthbench_model_args(lm_eval_args: list[str]) -> dict[str, str] | None:

@@ -73,6 +73,8 @@ def _locate(workdir: str) -> Path | None:
     if "://" in workdir:
         return None  # sweeps in buckets: the sweep report reads them
     path = Path(workdir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"report: {workdir!r} is a file; give a sweep or run directory")
     if not path.is_dir():
         raise ConfigError(f"report: directory {workdir!r} does not exist")
     if run_report.is_run_dir(path):

@@ -13,6 +13,7 @@ import json
 import sys
 
 from depthbench import shapes
+from depthbench.cli.validators import positive_int
 from depthbench.errors import ConfigError
 from depthbench.formatting import fmt_count, parse_count, table
 
@@ -66,29 +67,23 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--vocab",
         metavar="V",
+        type=positive_int,
         help=f"vocabulary size (default: the suite's, or {shapes.PAPER_VOCAB} with --budget)",
     )
-    parser.add_argument("--heads", metavar="H", help="query heads (default: the suite's, or 16)")
     parser.add_argument(
-        "--kv-heads", metavar="H", help="key/value heads for GQA (default: the suite's, or --heads)"
+        "--heads", metavar="H", type=positive_int, help="query heads (default: the suite's, or 16)"
+    )
+    parser.add_argument(
+        "--kv-heads",
+        metavar="H",
+        type=positive_int,
+        help="key/value heads for GQA (default: the suite's, or --heads)",
     )
     parser.add_argument(
         "--fix",
         choices=("total", "backbone"),
         help="with --budget: the count the budget holds (default total)",
     )
-
-
-def _positive_int(flag: str, text: str | None, default: int) -> int:
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"{flag}: expected a positive integer, got {text!r}")
-    return value
 
 
 def parse_depths(text: str) -> list[int]:
@@ -140,10 +135,9 @@ def select_shapes(args: argparse.Namespace) -> Selection:
                     f"{', '.join(map(str, by_depth))} (or use --budget for the shape rule)"
                 )
             rows = [by_depth[d] for d in depths]
-        vocab = _positive_int("--vocab", args.vocab, suite.vocab_size)
-        heads = _positive_int("--heads", args.heads, suite.n_heads)
-        default_kv = suite.n_kv_heads if heads == suite.n_heads else heads
-        kv = _positive_int("--kv-heads", args.kv_heads, default_kv)
+        vocab = args.vocab or suite.vocab_size
+        heads = args.heads or suite.n_heads
+        kv = args.kv_heads or (suite.n_kv_heads if heads == suite.n_heads else heads)
         rows = [
             dataclasses.replace(s, vocab_size=vocab, n_heads=heads, n_kv_heads=kv) for s in rows
         ]
@@ -157,9 +151,9 @@ def select_shapes(args: argparse.Namespace) -> Selection:
         if args.depths is None:
             raise ConfigError("--depths: required with --budget, e.g. --depths 16,24,70")
         depths = parse_depths(args.depths)
-        vocab = _positive_int("--vocab", args.vocab, shapes.PAPER_VOCAB)
-        heads = _positive_int("--heads", args.heads, 16)
-        kv = _positive_int("--kv-heads", args.kv_heads, heads)
+        vocab = args.vocab or shapes.PAPER_VOCAB
+        heads = args.heads or 16
+        kv = args.kv_heads or heads
         fix = args.fix or "total"
         try:
             rows = [

@@ -14,6 +14,7 @@ import signal
 import sys
 
 from depthbench import sweep as sweeplib
+from depthbench.cli.validators import directory, positive_int
 from depthbench.errors import ConfigError
 from depthbench.formatting import fmt_count, fmt_lr, table
 from depthbench.rundir.io import as_path
@@ -79,14 +80,16 @@ def _summary(rows: list[dict]) -> str:
 MAX_RUNS_ENV = "DEPTHBENCH_MAX_RUNS"
 
 
-def _max_runs(flag: str | None) -> int | None:
+def _max_runs(flag: int | str | None) -> int | None:
+    """--max-runs (the parser checks it), else $DEPTHBENCH_MAX_RUNS, else None."""
     text, where = (flag, "--max-runs") if flag is not None else (
         os.environ.get(MAX_RUNS_ENV), f"${MAX_RUNS_ENV}")
     if text is None or not str(text).strip():
         return None
-    if not str(text).strip().isdigit() or int(text) < 1:
-        raise ConfigError(f"{where}: expected a positive integer, got {text!r}")
-    return int(text)
+    try:
+        return positive_int(str(text))
+    except argparse.ArgumentTypeError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _at_most(runs: list[sweeplib.Run], workdir, limit: int | None) -> list[sweeplib.Run]:
@@ -170,7 +173,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--config", required=True, metavar="SPEC",
                         help="a sweep spec file with get_config() and get_sweep()")
-    parser.add_argument("--workdir", required=True, metavar="DIR",
+    parser.add_argument("--workdir", required=True, metavar="DIR", type=directory,
                         help="the sweep directory (local, NFS or gs://...)")
     parser.add_argument("--shard", metavar="i/N",
                         help="run only runs with index mod N == i (0 <= i < N)")
@@ -187,7 +190,7 @@ def register(subparsers) -> None:
     parser.add_argument("--no-lock", action="store_true",
                         help="do not claim runs; for multi-host jobs where every process "
                              "trains the same --run together")
-    parser.add_argument("--max-runs", metavar="N",
+    parser.add_argument("--max-runs", metavar="N", type=positive_int,
                         help="train at most N unfinished runs, then stop (the rest stay pending; "
                              f"default ${MAX_RUNS_ENV}, else all)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -11,6 +11,7 @@ import json
 import sys
 
 from depthbench import config as config_lib
+from depthbench.cli.validators import directory
 from depthbench.errors import EXIT_DIVERGED, EXIT_OK
 
 _EPILOG = """\
@@ -41,7 +42,7 @@ def register(subparsers) -> None:
     parser.add_argument("--config", required=True, metavar="SPEC",
                         help="experiment spec file, e.g. micro; fields can be "
                              "overridden with --config.section.field=value")
-    parser.add_argument("--workdir", required=True, metavar="DIR",
+    parser.add_argument("--workdir", required=True, metavar="DIR", type=directory,
                         help="run directory (created; an existing one is resumed); on several "
                              "hosts, a path they all share")
     parser.add_argument("--json", action="store_true",

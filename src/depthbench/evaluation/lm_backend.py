@@ -43,6 +43,9 @@ from tqdm import tqdm
 from depthbench.evaluation.prefix import prefix_token_id
 from depthbench.evaluation.scoring import Scorer
 
+# What ``--model_args`` may set (``depthbench lm-eval`` refuses anything else).
+MODEL_ARGS = ("run", "step", "batch_size", "max_length", "max_gen_toks", "add_bos_token")
+
 # Runs loaded before lm-eval started (``depthbench lm-eval`` loads the run first,
 # so that a bad or damaged run is one line before lm-eval prints anything).
 _PRELOADED: dict[tuple[str, int | None], Any] = {}
@@ -60,13 +63,24 @@ def _step(step: Any) -> int | None:
                           "integer)") from None
 
 
-def preload(run: str, step: Any = None) -> None:
+def preload(run: str, step: Any = None, batch_size: Any = 8, max_length: Any = None,
+            max_gen_toks: Any = None):
     """Load ``run`` now (``load_run``: the integrity-checked restore) for the
-    DepthbenchLM that lm-eval constructs later with the same ``run`` and ``step``."""
+    DepthbenchLM that lm-eval constructs later with the same ``run`` and ``step``,
+    and check what that model will be asked to hold (ConfigError before lm-eval
+    starts, not inside it)."""
     from depthbench.analysis.run import load_run
+    from depthbench.errors import ConfigError
+    from depthbench.evaluation.scoring import check_batch_fits
 
     key = (str(Path(run).expanduser().resolve()), _step(step))
-    _PRELOADED[key] = load_run(run, step=key[1])
+    loaded = load_run(run, step=key[1])
+    length = int(max_length or loaded.config.train.seq_len)
+    check_batch_fits(loaded, _int_or_default(batch_size, 8), length)
+    if max_gen_toks is not None and int(max_gen_toks) >= length:
+        raise ConfigError(f"--model_args: max_gen_toks: {max_gen_toks} must be below "
+                          f"max_length {length} (the context the model sees)")
+    _PRELOADED[key] = loaded
 
 
 def _open(run: Any, step: Any):

@@ -116,8 +116,18 @@ def evaluate(run_dir: str | Path, *, suite: str | None = None, tasks: list[str] 
         raise ConfigError(f"--suite: {suite!r} is unknown; allowed: {', '.join(SUITES)}")
     if only and suite != NLL_SUITE:
         raise ConfigError(f"--only: picks tasks of --suite {NLL_SUITE}; use --tasks for lm-eval")
+    # Options of the other kind of suite would be ignored without a word: refuse them.
+    lm_eval_only = {"--include-path": include_path, "--num-fewshot": num_fewshot}
+    nll_only = {"--data-dir": data_dir}
+    for flag, value in (lm_eval_only if suite == NLL_SUITE else nll_only).items():
+        if value is not None:
+            which = ("the lm-eval suites and --tasks" if flag in lm_eval_only
+                     else f"--suite {NLL_SUITE}")
+            raise ConfigError(f"{flag}: applies only to {which}")
     if data_dir and not Path(data_dir).expanduser().is_dir():
         raise ConfigError(f"--data-dir: {str(data_dir)!r} is not a directory")
+    if include_path and not Path(include_path).expanduser().exists():
+        raise ConfigError(f"--include-path: {str(include_path)!r} does not exist")
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit: must be >= 1, got {limit}")
     start = time.time()

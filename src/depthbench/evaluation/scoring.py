@@ -32,6 +32,7 @@ Generation has no KV cache: each step reruns the bucketed forward pass
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 
 import jax
@@ -41,6 +42,7 @@ from flax import linen as nn
 from tqdm import tqdm
 
 from depthbench import parallel
+from depthbench.errors import ConfigError
 
 MIN_BUCKET = 16
 
@@ -99,6 +101,35 @@ def bucket_for(n: int, max_length: int) -> int:
     raise ValueError(f"length {n} exceeds max_length {max_length}")
 
 
+def _memory_bytes(mesh) -> int | None:
+    """What the mesh's devices can hold: their memory limits (accelerators), else
+    the host's physical memory (CPU devices report none); None if unknown."""
+    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in mesh.devices.flat]
+    if all(limits):
+        return int(sum(limits))
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def check_batch_fits(run, batch_size: int, max_length: int) -> int:
+    """The batch a Scorer of ``run`` compiles (``batch_size`` rounded up to the
+    mesh's batch shards), or ConfigError when its float32 logits alone, at the
+    shortest padded length, exceed the memory there is: every call would fail,
+    so the request is refused up front."""
+    shards = parallel.batch_shards(run.mesh)
+    batch = -(-max(1, int(batch_size)) // shards) * shards
+    length, vocab = min(MIN_BUCKET, int(max_length)), int(run.spec.vocab_size)
+    need, have = 4 * batch * length * vocab, _memory_bytes(run.mesh)
+    if have is not None and need > have:
+        raise ConfigError(
+            f"--batch-size: {batch} sequences of {length} tokens need {need / 2**30:.0f} GiB "
+            f"for their logits alone (vocabulary {vocab}); the devices have "
+            f"{have / 2**30:.0f} GiB: lower the batch size")
+    return batch
+
+
 class Scorer:
     """Scoring and greedy generation on ``run`` (see the module docstring)."""
 
@@ -106,8 +137,7 @@ class Scorer:
                  progress: bool = True):
         self.run = run
         self.max_length = int(max_length or run.config.train.seq_len)
-        shards = parallel.batch_shards(run.mesh)
-        self.batch_size = -(-max(1, int(batch_size)) // shards) * shards
+        self.batch_size = check_batch_fits(run, batch_size, self.max_length)
         self.progress = progress
         self.compiled_shapes: set[tuple[str, int, int]] = set()
         batch = parallel.batch_sharding(run.mesh)

@@ -23,6 +23,7 @@ the line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -93,8 +94,14 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
     """Write a file so that readers see the old or the new content, never half."""
     path = as_path(path)
     tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as e:  # a full disk: leave no half-written twin behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        e.filename = str(path)  # the file being written, not its temporary twin
+        raise
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:

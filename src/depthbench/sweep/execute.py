@@ -20,6 +20,7 @@ import jax
 import ml_collections
 from etils import epath
 
+from depthbench import faults
 from depthbench.errors import ConfigError
 from depthbench.parallel import distributed_reason, env_process_index
 from depthbench.rundir.io import as_path, atomic_write, is_local
@@ -109,9 +110,19 @@ def run_sweep(sweep: Sweep, workdir: str | os.PathLike, *, runs: Sequence[Run] |
         deferred = sweeper.train_in_order(runs, retry=False)
         if deferred and not sweeper.outcome.preempted:
             sweeper.train_in_order(deferred, retry=True)
-    finally:
+    except BaseException as e:
         sweeper.bar.close()
-        sweeper.refresh()
+        try:
+            sweeper.refresh()
+        except OSError as again:
+            if not faults.is_storage_error(again):
+                raise
+            # A full disk: rewriting results.csv failed too; the first failure is the
+            # one to report (the next sweep rewrites the table).
+            raise e from None
+        raise
+    sweeper.bar.close()
+    sweeper.refresh()
     return outcome
 
 
@@ -204,6 +215,18 @@ class _Sweeper:
         return status
 
 
+def _failed(run: Run, run_dir: epath.Path, outcome: SweepOutcome, bar, start: float,
+            e: Exception) -> str:
+    """Record a run whose trainer raised (its traceback in failure.txt); the sweep goes on."""
+    tb = traceback.format_exc()
+    if _lead_process(after_run=True):
+        atomic_write(run_dir / FAILURE_FILE, tb)
+    outcome.failed.append(run.name)
+    bar.write(f"{run.name}: FAILED after {time.time() - start:.0f} s: "
+              f"{type(e).__name__}: {e} (traceback in {run_dir / FAILURE_FILE})")
+    return "failed"
+
+
 def _train_one(run: Run, run_dir: epath.Path, runner: Runner, progress: bool,
                outcome: SweepOutcome, bar, lead: bool) -> str:
     """Train one claimed run; returns its status (done, diverged or failed)."""
@@ -214,14 +237,12 @@ def _train_one(run: Run, run_dir: epath.Path, runner: Runner, progress: bool,
         result = runner(run.config, str(run_dir), progress=progress)
     except ConfigError:
         raise  # bad input (data paths, a changed config): one line, exit 2, for every run alike
+    except OSError as e:
+        if faults.is_storage_error(e):
+            raise  # a full disk fails every run alike: one line, exit 4, re-run to resume
+        return _failed(run, run_dir, outcome, bar, start, e)
     except Exception as e:  # recorded, and the sweep goes on
-        tb = traceback.format_exc()
-        if _lead_process(after_run=True):
-            atomic_write(run_dir / FAILURE_FILE, tb)
-        outcome.failed.append(run.name)
-        bar.write(f"{run.name}: FAILED after {time.time() - start:.0f} s: "
-                  f"{type(e).__name__}: {e} (traceback in {run_dir / FAILURE_FILE})")
-        return "failed"
+        return _failed(run, run_dir, outcome, bar, start, e)
     if result.get("status") == "preempted":
         # SIGTERM/SIGINT reached the trainer: it checkpointed; stop the whole sweep.
         outcome.preempted = run.name

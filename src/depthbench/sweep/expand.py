@@ -105,10 +105,13 @@ def expand(spec: str | os.PathLike, cli_overrides: Iterable[str] = ()) -> Sweep:
     if not callable(getattr(module, "get_sweep", None)):
         raise ConfigError(f"config: spec file {str(spec)!r} has no get_sweep(); "
                           "`depthbench train` runs a spec without one")
-    base = module.get_config()
+    base = _call(module, "get_config", spec)
     if not isinstance(base, ml_collections.ConfigDict):
         raise ConfigError(f"config: get_config() in {str(spec)!r} must return a ConfigDict")
-    entries = list(module.get_sweep())
+    entries = _call(module, "get_sweep", spec)
+    if not isinstance(entries, (list, tuple)):
+        raise ConfigError(f"config: get_sweep() in {str(spec)!r} must return a list of dicts "
+                          f"{{'section.field': value}}, got {type(entries).__name__}")
     if not entries:
         raise ConfigError(f"config: get_sweep() in {str(spec)!r} returned no runs")
     for k, entry in enumerate(entries):
@@ -127,18 +130,38 @@ def expand(spec: str | os.PathLike, cli_overrides: Iterable[str] = ()) -> Sweep:
     base = config_lib.apply_overrides(base, cli_overrides)
     runs, seen = [], {}
     for k, entry in enumerate(entries):
-        name = run_name(entry)
-        if name in seen:
-            raise ConfigError(f"config: get_sweep() in {str(spec)!r}: runs {seen[name]} and {k} "
-                              f"have the same name {name!r} (identical overrides?)")
-        seen[name] = k
         try:
             config = config_lib.validate(
                 config_lib.apply_overrides(base, variants.expand_entry(entry)))
         except ConfigError as e:
-            raise ConfigError(f"sweep run {k} ({name}): {e}") from None
+            raise ConfigError(f"sweep run {k} ({_label(entry)}): {e}") from None
+        name = run_name(entry)  # after the checks: a value of the wrong type has no name
+        if name in seen:
+            raise ConfigError(f"config: get_sweep() in {str(spec)!r}: runs {seen[name]} and {k} "
+                              f"have the same name {name!r} (identical overrides?)")
+        seen[name] = k
         runs.append(Run(k, name, tuple(entry.items()), config))
     return Sweep(str(config_lib.spec_path(spec).resolve()), cli_overrides, tuple(runs))
+
+
+def _call(module, function: str, spec) -> Any:
+    """``module.function()``; a spec failing when called is bad input, as one failing
+    to load is (the config loader says the same of get_config)."""
+    try:
+        return getattr(module, function)()
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"config: {function}() in {str(spec)!r} failed: "
+                          f"{type(e).__name__}: {e}") from e
+
+
+def _label(entry: dict) -> str:
+    """A run's name for an error message, or its overrides where they give none."""
+    try:
+        return run_name(entry)
+    except (TypeError, ValueError):
+        return ", ".join(f"{k}={v!r}" for k, v in entry.items())
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -47,22 +48,62 @@ from depthbench import faults
 from depthbench.errors import ConfigError
 from depthbench.rundir.integrity import write_integrity
 from depthbench.rundir.names import DAMAGED_SUFFIX, INTEGRITY_FILE
-from depthbench.rundir.restore import newest_intact
+from depthbench.rundir.restore import finished_steps, newest_intact
 from depthbench.train.state import TrainState
 
 
 class _QuietStorageErrors(logging.Filter):
     """Drop Orbax's background-thread tracebacks for a full disk: the run
-    reports that failure itself, as one line naming the step and directory."""
+    reports that failure itself, as one line naming the step and directory.
+    Also its note on removing the temporary directory such a failed save left,
+    when the re-run saves that step again (the resume is the expected outcome)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
+        if "Removing existing directory since it is not finalized" in text:
+            return False
         if record.exc_info and record.exc_info[1] is not None:
             text += str(record.exc_info[1])
         return not faults.is_storage_error(ValueError(text))
 
 
 _QUIET = _QuietStorageErrors()
+_HOOKED = False  # _drop_closed_loop_reports has installed its hook in this process
+
+
+def _drop_closed_loop_reports() -> None:
+    """Stop TensorStore's reports of callbacks into a closed event loop (once per process).
+
+    When a write fails (a full disk), Orbax ends the save's event loop while
+    TensorStore still has writes of the same step in flight; as each finishes,
+    its completion callback finds the loop closed and Python reports the
+    ``RuntimeError('Event loop is closed')`` through ``sys.unraisablehook``:
+    dozens of tracebacks, from other threads, around the run's one line.  Only
+    that report is dropped; the failure itself is the run's StorageError."""
+    global _HOOKED
+    if _HOOKED:
+        return
+    previous = sys.unraisablehook
+
+    def hook(report) -> None:
+        e = report.exc_value
+        if not (report.object is None and isinstance(e, RuntimeError)
+                and str(e) == "Event loop is closed"):
+            previous(report)
+
+    sys.unraisablehook = hook
+    _HOOKED = True
+
+
+def resume_hint(directory: Path) -> str:
+    """What re-running after a failed write resumes from, as the checkpoints on
+    disk say (a step whose save failed is not listed as finished)."""
+    steps = sorted(finished_steps(directory))
+    if steps:
+        return (f"the checkpoint of step {steps[-1]} is intact: free space and re-run the same "
+                "command to resume from it")
+    return ("no checkpoint was written yet: free space and re-run the same command to start "
+            "the run over")
 
 
 class Checkpoints:
@@ -82,6 +123,7 @@ class Checkpoints:
             async_options=async_options)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         logging.getLogger("absl").addFilter(_QUIET)
+        _drop_closed_loop_reports()
         self._saved: int | None = None  # the last step saved by this process (maybe in flight)
 
     def save(self, step: int, state: TrainState, data_arg: Any, meta: dict) -> None:
@@ -112,10 +154,10 @@ class Checkpoints:
         except Exception as e:
             if not faults.is_storage_error(e):
                 raise
+            # The trainer replaces the hint with what a re-run resumes from (resume_hint).
             raise faults.storage_error(
                 e, f"checkpoints: could not write step {step} to {self.directory}",
-                "earlier checkpoints are intact: free space and re-run the same command "
-                "to resume") from e
+                "free space and re-run the same command") from e
 
     def _seal(self) -> None:
         """Write the integrity record of every finalized step this process saved
@@ -188,7 +230,16 @@ class Checkpoints:
     def close(self) -> None:
         try:
             self.wait()
-            self._seal()  # a synchronous manager may not call the callback
         finally:
-            self.manager.close()
-            logging.getLogger("absl").removeFilter(_QUIET)
+            # Orbax calls the callback before it renames the step into place, so the
+            # newest finalized step is sealed here (every step, for a synchronous
+            # manager), also when a later save failed.
+            try:
+                self._seal()
+            except OSError as e:
+                if not faults.is_storage_error(e):
+                    raise
+                # A full disk: the step stays unsealed; readers check it by restoring it.
+            finally:
+                self.manager.close()
+                logging.getLogger("absl").removeFilter(_QUIET)

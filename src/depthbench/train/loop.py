@@ -33,7 +33,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from depthbench import costs, data, parallel
+from depthbench import costs, data, faults, parallel
 from depthbench.errors import ConfigError
 from depthbench.model.spec import ModelSpec
 from depthbench.rundir import identity, io, lock
@@ -41,7 +41,7 @@ from depthbench.rundir.names import CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE, R
 from depthbench.train import record, wandb_sink
 from depthbench.train import state as state_lib
 from depthbench.train import summary as summary_lib
-from depthbench.train.checkpoint import Checkpoints
+from depthbench.train.checkpoint import Checkpoints, resume_hint
 from depthbench.train.compiled import compiled
 from depthbench.train.metrics import MetricsWriter
 from depthbench.train.preemption import Preemption
@@ -67,15 +67,23 @@ def run(config, workdir: str | Path, *, progress: bool = True) -> dict:
     if done is not None:
         return {**done, "already_done": True}
     preempt = Preemption()
-    # Installed before start-up: a signal during data preparation or
-    # compilation stops the run at its first step boundary.
-    with lock.training_claim(workdir, enabled=jax.process_index() == 0), preempt.installed():
-        session = _Session(config, workdir, progress, wall_start)
-        try:
-            session.train(preempt)
-        finally:
-            session.close()
-    return session.outcome()
+    try:
+        # Installed before start-up: a signal during data preparation or
+        # compilation stops the run at its first step boundary.
+        with lock.training_claim(workdir, enabled=jax.process_index() == 0), \
+                preempt.installed():
+            session = _Session(config, workdir, progress, wall_start)
+            try:
+                session.train(preempt)
+            finally:
+                session.close()
+        return session.outcome()
+    except OSError as e:
+        if not faults.is_storage_error(e):
+            raise
+        # Said once every write has ended (close() waited for saves in flight),
+        # so that the line is true about which checkpoint survived.
+        raise faults.storage_error(e, None, resume_hint(workdir / CHECKPOINT_DIR)) from e
 
 
 def _warn(message: str) -> None:

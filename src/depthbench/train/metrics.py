@@ -65,9 +65,9 @@ class MetricsWriter:
         except OSError as e:
             # A row torn by a full disk is dropped on resume (the torn-line rule).
             self._failed = True
+            # The trainer replaces the hint with what a re-run resumes from.
             raise faults.storage_error(e, f"metrics: could not write {log.path}",
-                                       "earlier checkpoints are intact: free space and re-run "
-                                       "the same command to resume") from e
+                                       "free space and re-run the same command") from e
 
     def log(self, step: int, scalars: dict[str, Any]) -> dict:
         """One jsonl row (``step`` first) and the same scalars in TensorBoard."""

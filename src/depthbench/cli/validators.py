@@ -1,0 +1,65 @@
+"""Option values checked when the command line is parsed (argparse ``type=``).
+
+Each helper turns the option's text into its value or raises
+``argparse.ArgumentTypeError`` with what is allowed; the command's parser
+prints that as its one ``depthbench: error: --option: ...`` line (exit
+status 2) before anything is loaded or written.  Checks that need the
+option's context (a suite's depths, a run's steps) stay with the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["directory", "non_negative_int", "plain_name", "positive_int"]
+
+
+def _integer(text: str, lowest: int, what: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = lowest - 1
+    if value < lowest:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A count: 1, 2, ..."""
+    return _integer(text, 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    """0, 1, 2, ... (a number of shots, a step)."""
+    return _integer(text, 0, "an integer >= 0")
+
+
+def plain_name(text: str) -> str:
+    """A name that becomes one file name inside a run directory: no path
+    components, so nothing is written outside it."""
+    if not text.strip() or text in (".", "..") or any(c in text for c in "/\\\0"):
+        raise argparse.ArgumentTypeError(
+            f"expected a name without path components (no '/' or '\\', not '.' or '..'), "
+            f"got {text!r}")
+    return text
+
+
+def directory(text: str) -> str:
+    """A directory to read or create: absent, or a directory; never a file nor
+    a path through one.  URLs (``gs://...``) pass unchecked: the command says
+    whether it takes them."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a directory, got ''")
+    if "://" in text:
+        return text
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not path.exists() and not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: {str(parent)!r} is a file, not a "
+                                         "directory")
+    return text

@@ -14,7 +14,6 @@ import textwrap
 from depthbench import shapes
 from depthbench.cli.validators import positive_int
 from depthbench.costs import terms
-from depthbench.errors import ConfigError
 from depthbench.formatting import table
 from depthbench.model.residual import registry
 from depthbench.model.spec import ModelSpec

@@ -149,6 +149,18 @@ def test_cli_overrides_apply_to_every_run_but_not_to_swept_fields(spec_file):
         sweeplib.expand(spec_file, ["--config.train.lr=1e-2"])
 
 
+def test_a_family_field_from_the_command_line_goes_to_the_runs_whose_family_has_it(spec_file):
+    """The base config's family (pre_ln) has no ``hc_tanh``: the hc runs take it,
+    the pre_ln runs do not; a field no run's family has is refused."""
+    s = sweeplib.expand(spec_file, ["--config.model.residual.hc_tanh=false"])
+    fields = {r.config.model.family: r.config.model.residual.to_dict() for r in s.runs}
+    assert fields["pre_ln"] == {} and fields["hc"]["hc_tanh"] is False
+    with pytest.raises(ConfigError, match=r"--config.model.residual.moda_kv_heads: no run's "
+                                          r"family has that field \(the sweep's families: "
+                                          r"hc, pre_ln\)"):
+        sweeplib.expand(spec_file, ["--config.model.residual.moda_kv_heads=2"])
+
+
 def test_bad_sweeps_are_one_line_errors(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text(SPEC.replace("(2, 4)", "(2, 5)"))

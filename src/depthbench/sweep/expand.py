@@ -3,7 +3,8 @@
 A sweep spec is an experiment spec whose ``get_config()`` gives the shared
 settings and whose ``get_sweep()`` returns one override dict per run
 (``{"model.family": "hc", "model.depth": 8, "train.lr": 3e-3}``).  Overrides
-from the command line apply to every run; a run's own overrides win, and
+from the command line apply to every run (a family's field,
+``model.residual.*``, to the runs whose family has it); a run's own overrides win, and
 overriding a swept field on the command line is an error (it would silently
 do nothing).  ``--shard i/N``, ``--run NAME`` and ``--only I`` select runs.
 A family may carry variants (``"hc+sum_then_norm"``, :mod:`depthbench.variants`):
@@ -25,6 +26,7 @@ import ml_collections
 from depthbench import config as config_lib
 from depthbench import costs, shapes, variants
 from depthbench.errors import ConfigError
+from depthbench.model.residual import registry
 from depthbench.model.spec import ModelSpec
 from depthbench.sweep.naming import run_name
 
@@ -92,6 +94,9 @@ class Sweep:
         return chosen
 
 
+_RESIDUAL = "model.residual."
+
+
 def _override_key(text: str) -> str:
     text = text[2:] if text.startswith("--") else text
     text = text.removeprefix("config.")
@@ -127,12 +132,19 @@ def expand(spec: str | os.PathLike, cli_overrides: Iterable[str] = ()) -> Sweep:
         if key in swept:
             raise ConfigError(f"--config.{key}: the sweep sets it per run ({str(spec)!r} "
                               "get_sweep()); select runs with --run NAME instead")
-    base = config_lib.apply_overrides(base, cli_overrides)
-    runs, seen = [], {}
+    # A family's field from the command line goes to the runs whose family has it
+    # (the base config's family may not); one no run's family has is refused.
+    family_fields = [t for t in cli_overrides if _override_key(t).startswith(_RESIDUAL)]
+    base = config_lib.apply_overrides(
+        base, [t for t in cli_overrides if t not in family_fields])
+    runs, seen, used = [], {}, set()
     for k, entry in enumerate(entries):
         try:
-            config = config_lib.validate(
-                config_lib.apply_overrides(base, variants.expand_entry(entry)))
+            config = config_lib.apply_overrides(base, variants.expand_entry(entry))
+            own = registry.get(config.model.family).config_fields()
+            mine = [t for t in family_fields if _override_key(t)[len(_RESIDUAL):] in own]
+            used.update(mine)
+            config = config_lib.validate(config_lib.apply_overrides(config, mine))
         except ConfigError as e:
             raise ConfigError(f"sweep run {k} ({_label(entry)}): {e}") from None
         name = run_name(entry)  # after the checks: a value of the wrong type has no name
@@ -141,6 +153,11 @@ def expand(spec: str | os.PathLike, cli_overrides: Iterable[str] = ()) -> Sweep:
                               f"have the same name {name!r} (identical overrides?)")
         seen[name] = k
         runs.append(Run(k, name, tuple(entry.items()), config))
+    for text in family_fields:
+        if text not in used:
+            families = sorted({run.config.model.family for run in runs})
+            raise ConfigError(f"--config.{_override_key(text)}: no run's family has that field "
+                              f"(the sweep's families: {', '.join(families)})")
     return Sweep(str(config_lib.spec_path(spec).resolve()), cli_overrides, tuple(runs))
 
 

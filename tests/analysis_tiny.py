@@ -8,13 +8,12 @@ from pathlib import Path
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from paths import REPO
 
 from depthbench import config as config_lib
 from depthbench import parallel
 from depthbench.train import state as state_lib
 from depthbench.train.checkpoint import Checkpoints
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_config(family: str = "pre_ln", depth: int = 3, **overrides):
@@ -23,7 +22,7 @@ def tiny_config(family: str = "pre_ln", depth: int = 3, **overrides):
          "model.d_ff": 64, "model.n_heads": 4, "model.n_kv_heads": 2, "model.vocab_size": 64,
          "model.remat_policy": "none", "train.seq_len": 16, "train.batch_size": 2,
          **overrides}
-    return config_lib.load(ROOT / "experiments" / "micro.py", [f"{k}={v}" for k, v in o.items()])
+    return config_lib.load(REPO / "experiments" / "micro.py", [f"{k}={v}" for k, v in o.items()])
 
 
 def write_run(run_dir: Path, config, seed: int = 0, noise: float = 0.05, step: int = 7,

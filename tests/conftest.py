@@ -28,8 +28,7 @@ import os
 import shutil
 import tempfile
 
-import pytest
-from checkout_guard import created, snapshot
+from checkout_guard import CheckoutGuard
 from fast_xla import with_fast_flags
 from paths import REPO
 
@@ -42,40 +41,9 @@ if _CACHE_OWNER:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
-_CHECKOUT = pytest.StashKey[frozenset]()
-_LEFT_IN_CHECKOUT = pytest.StashKey[list]()
-
-
-def _controller(config) -> bool:
-    return not hasattr(config, "workerinput")  # pytest-xdist's workers have it
-
-
-def _session_tmp(config):
-    return config.option.basetemp  # a --basetemp put inside the checkout is the tests' own
-
-
-def pytest_sessionstart(session):
-    if _controller(session.config):
-        session.config.stash[_CHECKOUT] = snapshot(REPO, _session_tmp(session.config))
-
-
-def pytest_sessionfinish(session, exitstatus):
-    config = session.config
-    if _CHECKOUT not in config.stash:
-        return
-    left = created(config.stash[_CHECKOUT], snapshot(REPO, _session_tmp(config)))
-    if left:
-        config.stash[_LEFT_IN_CHECKOUT] = left
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def pytest_terminal_summary(terminalreporter, config):
-    left = config.stash.get(_LEFT_IN_CHECKOUT, [])
-    if left:
-        terminalreporter.write_line(
-            f"FAILED: tests left {len(left)} new path(s) in the checkout {REPO}: "
-            f"{', '.join(left)}; a test must write under its tmp_path, never into the "
-            "repository (remove them, then find the test)", red=True, bold=True)
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the controller (pytest-xdist's workers have it)
+        config.pluginmanager.register(CheckoutGuard(REPO), "depthbench-checkout-guard")
 
 
 def pytest_unconfigure(config):

@@ -34,7 +34,8 @@ def _describe(name: str, args: tuple) -> str:
     """What a patched call was about to start, for the message."""
     if name == "Popen":  # Popen._execute_child(self, args, executable, ...)
         command = args[1]
-        return "subprocess " + (command if isinstance(command, str) else " ".join(map(str, command)))
+        return "subprocess " + (command if isinstance(command, str)
+                                else " ".join(map(str, command)))
     if name == "fork_exec":
         return "a child process (_posixsubprocess.fork_exec: multiprocessing or a spawn helper)"
     if name in ("fork", "forkpty"):

@@ -16,15 +16,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
 ROUTING = ("hc", "mhc", "attnres_block", "attnres_full", "moda")
 KERNEL_FAMILIES = ("hc", "mhc", "attnres_block", "attnres_full")
 
 
 def run(tmp_path: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bench.accelerator", "--dry", "--out",
-                           str(tmp_path), *args], cwd=ROOT, capture_output=True, text=True,
+                           str(tmp_path), *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, check=False)
 
 
@@ -58,7 +58,7 @@ def number(cell: str) -> float:
 @pytest.fixture(scope="module")
 def dry(tmp_path_factory):
     out = tmp_path_factory.mktemp("accelerator")
-    results = ROOT / "bench" / "results"
+    results = REPO / "bench" / "results"
     before = sorted(results.iterdir())
     proc = run(out)
     assert sorted(results.iterdir()) == before, "the dry run wrote into the checkout"

@@ -1,9 +1,10 @@
 """The benchmarks' table header names the environment settings that change step times."""
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's bench/
+from paths import REPO
+
+sys.path.insert(0, str(REPO))  # the repository's bench/
 
 from bench import common  # noqa: E402
 

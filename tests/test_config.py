@@ -4,6 +4,7 @@ naming the field."""
 from pathlib import Path
 
 import pytest
+from paths import FIXTURES
 
 from depthbench import config, configs
 from depthbench.config import ConfigError
@@ -325,7 +326,7 @@ def test_validation_reaches_the_familys_checks():
 
 # ------------------------------------------- run directories written before
 
-LEGACY = Path(__file__).parent / "fixtures" / "legacy_config"
+LEGACY = FIXTURES / "legacy_config"
 
 
 def _legacy(family: str) -> dict:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from pathlib import Path
 
 import numpy as np
 import pytest
 from eval_tiny import RECORDS, tiny_run, write_records
+from paths import REPO
 
 from depthbench import load_run
 from depthbench.cli import main as cli_main
@@ -207,7 +207,7 @@ def test_offline_records_script_writes_every_task_in_the_suites_schema(tmp_path)
 
     from depthbench.evaluation import records as records_lib
 
-    script = Path(__file__).parents[1] / "scripts" / "offline_eval_records.py"
+    script = REPO / "scripts" / "offline_eval_records.py"
     make = runpy.run_path(str(script))["main"]
     for out in (tmp_path / "a", tmp_path / "b"):
         assert make([str(out)]) == 0

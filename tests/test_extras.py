@@ -13,14 +13,14 @@ metadata only.
 from __future__ import annotations
 
 import importlib.metadata
-from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from paths import REPO
 
 tomllib = pytest.importorskip("tomllib")
 
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+PYPROJECT = REPO / "pyproject.toml"
 EXTRAS = {"gpu": ("cuda12", "jax-cuda12-plugin"), "gpu-cuda13": ("cuda13", "jax-cuda13-plugin"),
           "tpu": ("tpu", "libtpu")}
 

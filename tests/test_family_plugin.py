@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from paths import REPO
 
 from depthbench import config as config_lib
 from depthbench import costs, parallel, variants
@@ -24,8 +25,6 @@ from depthbench.model.residual import registry
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer
 from depthbench.shapes import Shape
-
-REPO = Path(__file__).resolve().parents[1]
 
 # The whole family: one module.  x <- x + toy_scale * g_j * F(N(x)) with a
 # learned gain g_j per sublayer (init 1) on a logical axis of its own; a

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from paths import REPO
 
 from depthbench import hostmem
 from depthbench.errors import ConfigError
@@ -164,7 +165,7 @@ def test_bad_setting_is_one_line_and_exit_2(tmp_path):
     for command in ([sys.executable, "-m", "depthbench", "shapes"],
                     [sys.executable, "-m", "bench.peer", "--quick"]):
         done = subprocess.run(command, env=env, capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.dirname(__file__)))
+                              cwd=REPO)
         assert done.returncode == 2, done.stderr
         assert done.stderr.strip().count("\n") == 0
         assert ("$DEPTHBENCH_MALLOC: 'always' is not one of system, mimalloc, keep"

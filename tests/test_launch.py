@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch"
 SCRIPTS = ["tpu_sweep.sh", "gpu_sweep.sh", "local_sweep.sh", "local_multiprocess.sh"]
 SPEC = "experiments/quickstart.py"

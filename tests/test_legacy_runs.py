@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import paths
 import pytest
 from toy_corpus import write_progressions
 
@@ -26,7 +27,7 @@ from depthbench.digest import file_sha256 as file_digest
 from depthbench.rundir.io import read_jsonl
 from depthbench.train import loop
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "legacy_runs"
+FIXTURES = paths.FIXTURES / "legacy_runs"
 SPEC = FIXTURES / "legacy_spec.py"
 
 

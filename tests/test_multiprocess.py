@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fast_xla import subprocess_flags
+from paths import REPO
 
 from depthbench.rundir.io import read_jsonl
 
-REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch" / "local_multiprocess.sh"
 STEPS, EVERY = 32, 8
 DEPTHBENCH = [sys.executable, "-m", "depthbench"]

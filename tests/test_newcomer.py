@@ -14,10 +14,10 @@ import shlex
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import REPO
 from readme_blocks import parse
 
 from depthbench import config as config_lib
@@ -29,7 +29,6 @@ from depthbench.rundir.io import read_jsonl
 from depthbench.train import loop
 from depthbench.train.metrics import MetricsWriter
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS, EVERY = 8, 4
 
 

@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import REPO
 from readme_blocks import Block, Command, parse, parts, problem
 
-REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 INSTALL = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'"
 SMOKE_ENV = {"DEPTHBENCH_OVERRIDES": "train.steps=3", "DEPTHBENCH_MAX_RUNS": "1"}

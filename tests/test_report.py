@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from matplotlib import colormaps
 from matplotlib import image as mpimg
+from paths import REPO
 
 from depthbench import plots, reference, report, shapes
 from depthbench import sweep as sweeplib
@@ -168,7 +169,7 @@ def test_paper_suite_is_compared_with_the_published_losses(tmp_path):
 
 
 def test_reference_data_matches_the_spec():
-    spec = Path(__file__).resolve().parents[1] / "docs" / "spec" / "shapes_and_recipe.md"
+    spec = REPO / "docs" / "spec" / "shapes_and_recipe.md"
     text = spec.read_text().split("## Published reference numbers")[1]
     table = {}
     for line in text.splitlines():

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import FIXTURES
 
 from depthbench import sweep as sweeplib
 from depthbench.cli import main as cli_main
@@ -559,7 +560,7 @@ def test_identity_holds_only_the_chosen_familys_residual_fields():
     hc = apply_overrides(base_config(), ["model.family=hc"]).to_dict()
     saved, now = copy.deepcopy(hc), copy.deepcopy(hc)
     # Every family's residual fields, as main wrote them before per-family configs.
-    legacy = Path(__file__).parent / "fixtures" / "legacy_config" / "hc" / "config.json"
+    legacy = FIXTURES / "legacy_config" / "hc" / "config.json"
     saved["model"]["residual"] = json.loads(legacy.read_text())["model"]["residual"]
     foreign = [k for k in saved["model"]["residual"] if k not in
                registry.get("hc").config_fields()]

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
+from paths import REPO
 
 from depthbench import config as config_lib
 from depthbench.rundir.io import read_jsonl
 from depthbench.shapes import suite
 from depthbench.train import loop
 
-MICRO = Path(__file__).resolve().parents[1] / "experiments" / "micro.py"
+MICRO = REPO / "experiments" / "micro.py"
 
 
 def test_micro_spec_is_the_documented_run():

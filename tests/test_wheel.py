@@ -12,8 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
 
 
 def _can_build_in_place() -> bool:

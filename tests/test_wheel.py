@@ -1,10 +1,15 @@
 """depthbench works from a wheel, not only from a checkout: build it, install it
-into a fresh virtual environment, and train from an unrelated directory."""
+into a fresh virtual environment, and train from an unrelated directory.
+
+The wheel is built from a copy of the checkout's files (setuptools writes
+``build/`` and ``*.egg-info`` beside the sources it builds), so the test leaves
+nothing in the checkout."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -32,12 +37,26 @@ def _run(args, **kw) -> str:
     return out.stdout
 
 
+def _copy_of_the_checkout(dest: Path) -> Path:
+    """The checkout's files as git sees them (tracked, and new ones not ignored;
+    no build outputs, virtual environments or runs) copied to ``dest``."""
+    listed = _run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others",
+                   "--exclude-standard"])
+    for name in filter(None, listed.split("\0")):
+        source = REPO / name
+        if source.is_file():  # not a file deleted from the work tree but still in the index
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
 @pytest.mark.slow
 def test_wheel_installs_and_trains_from_an_unrelated_directory(tmp_path):
     dist = tmp_path / "dist"
     in_place = ["--no-build-isolation"] if _can_build_in_place() else []
+    sources = _copy_of_the_checkout(tmp_path / "checkout")
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", *in_place,
-          "-w", str(dist), str(REPO)])
+          "-w", str(dist), str(sources)])
     (wheel,) = dist.glob("depthbench-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for member in ("depthbench/configs/base.py", "depthbench/configs/quickstart.py",

@@ -198,15 +198,17 @@ class MHC(nn.Module):
 
 
 class LigerMHC(nn.Module):
-    """Liger mHC: ``phi [n d, n^2 + 2n]``, ``b``, three gates; coefficients by
-    liger-kernel's ``liger_mhc_coeffs`` (its Triton kernels), read and write
-    ``x_out[o] = sum_i h_res[o, i] x[i] + h_post[o] y`` as its post-res kernel."""
+    """Liger mHC as ``LigerHyperConnection`` runs it: ``phi [n d, n^2 + 2n]`` stored in
+    bf16 (its ``phi_dtype``), ``b`` and the three gates in fp32; coefficients,
+    the branch input and the write by liger-kernel's own functions
+    (``liger_mhc_coeffs``, ``liger_mhc_pre``, ``liger_mhc_post_res``: its Triton
+    kernels), ``x_out[o] = sum_i h_res[o, i] x[i] + h_post[o] y``."""
 
     def __init__(self, n, d, layer_index, branch, iters=20):
         super().__init__()
         self.n, self.branch, self.iters = n, branch, iters
         m = n * n + 2 * n
-        self.phi = nn.Parameter(torch.zeros(n * d, m))
+        self.phi = nn.Parameter(torch.zeros(n * d, m, dtype=torch.bfloat16))
         b = torch.zeros(m)
         b[:n] = -8.0
         b[layer_index % n] = 8.0
@@ -219,16 +221,19 @@ class LigerMHC(nn.Module):
         self.alpha_res = nn.Parameter(torch.tensor(0.01))
 
     def forward(self, x):
-        from liger_kernel.transformers.functional import liger_mhc_coeffs
+        from liger_kernel.transformers.functional import (
+            liger_mhc_coeffs,
+            liger_mhc_post_res,
+            liger_mhc_pre,
+        )
 
         s = _to_streams(x, self.n).float().contiguous()
         h_pre, h_post, h_res = liger_mhc_coeffs(
-            s, self.phi.float(), self.b, self.alpha_pre, self.alpha_post, self.alpha_res,
+            s, self.phi, self.b, self.alpha_pre, self.alpha_post, self.alpha_res,
             allow_fp32=True, tmax=self.iters, rms_eps=1e-6, pre_eps=0.0, sinkhorn_eps=1e-6,
             post_mult=2.0)
-        y = self.branch(torch.einsum("...s,...sd->...d", h_pre, s))
-        out = torch.einsum("...oi,...id->...od", h_res, s) + y.unsqueeze(-2) * h_post.unsqueeze(-1)
-        return _from_streams(out)
+        y = self.branch(liger_mhc_pre(s, h_pre))
+        return _from_streams(liger_mhc_post_res(s, y.float(), h_post, h_res))
 
 
 class HyperBlock(TransformerBlock):

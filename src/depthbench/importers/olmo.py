@@ -11,9 +11,9 @@ repository root holding the final checkpoint) has::
 :mod:`olmo_config` reads the model's design and shape, :mod:`distcp` the
 tensors (one at a time; optimizer state never read), :mod:`olmo_weights`
 places them, and :mod:`run_writer` writes the run: its parameters only
-(item ``params``), fp32, at step 0; ``resolved.olmo`` records the source,
-its training step, block type and every departure from the original that
-depthbench cannot express yet.  Nothing is written until everything has
+(item ``params``), fp32 (a leaf the family stores otherwise, as it is),
+at step 0; ``resolved.olmo`` records the source, its training step, block
+type and every departure from the original that depthbench cannot express.  Nothing is written until everything has
 been read and checked.
 """
 
@@ -32,7 +32,9 @@ CHECKPOINT_DIR = "model_and_optim"
 
 
 def _param_shapes(config) -> dict:
-    """The model's parameter tree as nested dicts of shapes (no arrays made)."""
+    """The model's parameter tree as nested dicts of ``(shape, dtype)`` (no arrays
+    made): fp32, except where the family stores a leaf otherwise (Liger mHC's
+    ``phi`` in bf16, as the checkpoint holds it)."""
     import jax
     import jax.numpy as jnp
     from flax import linen as nn
@@ -45,8 +47,8 @@ def _param_shapes(config) -> dict:
                            jax.random.key(0))["params"]
 
     def shapes(node):
-        return {k: shapes(v) for k, v in node.items()} if isinstance(node, dict) else tuple(
-            node.shape)
+        return {k: shapes(v) for k, v in node.items()} if isinstance(node, dict) else (
+            tuple(node.shape), node.dtype)
 
     return shapes(nn.unbox(boxed))
 

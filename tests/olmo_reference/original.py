@@ -33,8 +33,11 @@ from torch import nn
 
 EPS = 1e-6  # the original's shape configs' rms_norm_eps (configs/llama_400m_L*.json)
 DESIGNS = ("pre_ln", "lns", "sandwich_ln", "deepnorm", "keel", "post_ln", "completep",
-           "depth_mup", "hc", "hc_early", "mhc", "mhc_liger", "attnres_full", "attnres_block",
-           "moda_pre", "moda_post")
+           "depth_mup", "completep_width", "hc", "hc_early", "mhc", "mhc_liger", "attnres_full",
+           "attnres_block", "moda_pre", "moda_post")
+# completep_width: a depth-width muP run (pretrain_preln_mup.py@aba1f65), its LM head's
+# output times d_base / d, recorded only through the embedding's AdamW eps override.
+WIDTH_BASE = 16
 UPSTREAM = {"pre_ln": "default", "lns": "default_scaled", "sandwich_ln": "peri_norm"}
 
 
@@ -421,7 +424,9 @@ class OriginalModel(nn.Module):
         return norm(h)
 
     def forward(self, tokens):
-        return self.lm_head.w_out(self.hidden(tokens))
+        return self.lm_head.w_out(self.hidden(tokens)) * self.head_scale
+
+    head_scale = 1.0  # the depth-width runs' patched head multiplies its output
 
 
 def _block_cfg(cfg: dict, **fields) -> dict:
@@ -453,13 +458,16 @@ def build(design: str, depth: int = 3, *, attnres_size: int = 2, base_depth: int
     if design == "post_ln":
         return (OriginalModel(upstream, [PostNormBlock(**_kwargs(cfg, i)) for i in range(L)]),
                 _block_cfg(raw, name="post_norm"))
-    if design in ("completep", "depth_mup"):
-        alpha = 1.0 if design == "completep" else 0.5
+    if design in ("completep", "depth_mup", "completep_width"):
+        alpha = 0.5 if design == "depth_mup" else 1.0
         s = (L / base_depth) ** -alpha
         blocks = [TransformerBlock(**_kwargs(cfg, i, attention_residual_alpha=s,
                                              feed_forward_residual_alpha=s)) for i in range(L)]
-        return OriginalModel(upstream, blocks), _block_cfg(
-            raw, name=design, residual_scaling_base_depth=base_depth)
+        model = OriginalModel(upstream, blocks)
+        if design == "completep_width":
+            model.head_scale = WIDTH_BASE / cfg.d_model
+        return model, _block_cfg(raw, name="depth_mup" if design == "depth_mup" else "completep",
+                                 residual_scaling_base_depth=base_depth)
     if design in ("hc", "hc_early", "mhc", "mhc_liger"):
         n = 4
         if design.startswith("hc"):
@@ -496,6 +504,17 @@ def build(design: str, depth: int = 3, *, attnres_size: int = 2, base_depth: int
         raw["block_overrides"] = {str(L - 1): {**raw["block"], "moda_skip_ffn_kv": True}}
         return OriginalModel(upstream, blocks, kind="moda"), raw
     raise ValueError(f"unknown design {design!r}; one of {DESIGNS}")
+
+
+def train_module(design: str, d_model: int = 32) -> dict | None:
+    """config.json's ``train_module`` where a design's config records something
+    there (a depth-width run: the embedding's AdamW eps divided by ``d / d_base``);
+    None: the default section."""
+    if design != "completep_width":
+        return None
+    eps = 1e-8
+    return {"optim": {"lr": 2e-3, "eps": eps, "weight_decay": 0.1, "group_overrides": [
+        {"params": ["embeddings.weight"], "opts": {"eps": eps / (d_model / WIDTH_BASE)}}]}}
 
 
 def logits(model, tokens) -> torch.Tensor:

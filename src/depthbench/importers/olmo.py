@@ -13,8 +13,8 @@ tensors (one at a time; optimizer state never read), :mod:`olmo_weights`
 places them, and :mod:`run_writer` writes the run: its parameters only
 (item ``params``), fp32 (a leaf the family stores otherwise, as it is),
 at step 0; ``resolved.olmo`` records the source, its training step, block
-type and every departure from the original that depthbench cannot express.  Nothing is written until everything has
-been read and checked.
+type and every departure from the original that depthbench cannot express.
+Nothing is written until everything has been read and checked.
 """
 
 from __future__ import annotations

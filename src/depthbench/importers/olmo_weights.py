@@ -205,9 +205,10 @@ def _leaf(tree: dict, path: tuple[str, ...]) -> np.ndarray:
 def convert(read: Callable[[str], np.ndarray], present: dict[str, tuple[int, ...]],
             m: OlmoModel, shapes: dict, *, block: str, progress: bool = False) -> dict:
     """depthbench's parameter tree (host arrays of ``shapes``' ``(shape, dtype)``
-    leaves: fp32, bf16 where the family stores bf16) filled from the checkpoint (``present``: its model keys and shapes; ``read``:
-    one tensor by key).  Every key of the design must be present with its
-    shape, every present key must be one of them, every parameter filled."""
+    leaves: fp32, bf16 where the family stores bf16) filled from the checkpoint
+    (``present``: its model keys and shapes; ``read``: one tensor by key).
+    Every key of the design must be present with its shape, every present key
+    must be one of them, every parameter filled."""
     from tqdm import tqdm
 
     keys, consts = placements(m)

@@ -50,7 +50,7 @@ class RMSNorm(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, eps: float | None = None) -> jax.Array:
         """``eps``: the family's, where it is not ``norm_eps`` (attnres's readout)."""
-        w = norm_param(self, "scale", self.spec.d_model)
+        w = norm_param(self, "scale", self.spec.d_model, self.spec.pdtype)
         return rms_norm(x, w, self.spec.norm_eps if eps is None else eps)
 
 

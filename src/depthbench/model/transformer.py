@@ -81,7 +81,7 @@ class Block(nn.Module):
         attn = Attention(s, tuple(fam.init_scale(m) for m in "qkvo"), name="attn")
         mlp = MLP(s, tuple(fam.init_scale(m) for m in ("gate", "up", "down")), name="mlp")
         norms = [
-            norm_param(self, f"{k}_norm", s.d_model) if fam.pre_norm else None
+            norm_param(self, f"{k}_norm", s.d_model, s.pdtype) if fam.pre_norm else None
             for k in ("attn", "mlp")
         ]
         captured, analysis = {}, probes(fam)

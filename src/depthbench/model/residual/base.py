@@ -154,9 +154,11 @@ def family_param(
     return mod.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.dtype(dtype))
 
 
-def norm_param(mod: nn.Module, name: str, d: int) -> jax.Array:
-    """A norm weight (init 1) with logical axis 'norm'."""
-    return family_param(mod, name, nn.initializers.ones, (d,), ("norm",))
+def norm_param(mod: nn.Module, name: str, d: int, dtype=jnp.float32) -> jax.Array:
+    """A norm weight (init 1) with logical axis 'norm'; the backbone's norms and a
+    family's post-norms are stored in ``model.param_dtype`` (the original builds
+    them in its model dtype), attnres's key norms in fp32."""
+    return family_param(mod, name, nn.initializers.ones, (d,), ("norm",), dtype)
 
 
 def with_axes(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:

@@ -217,7 +217,7 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
             )
         }
         if not self.pre_norm:
-            p.update({k: norm_param(mod, k, s.d_model) for k in _POST_NORM})
+            p.update({k: norm_param(mod, k, s.d_model, s.pdtype) for k in _POST_NORM})
         return p
 
     # ------------------------------------------------------------ protocol

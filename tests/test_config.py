@@ -393,4 +393,5 @@ def test_an_old_completep_run_keeps_its_identity():
            if k.startswith(("train.", "data.", "model.")) and not k.startswith("model.residual.")
            and k not in ("model.family", "train.lr_rule")}})
     assert identity.config_changes(saved, now.to_dict()) == []
-    assert identity.config_changes(saved, config.apply_overrides(now, ["train.lr_rule=none"]).to_dict())
+    assert identity.config_changes(
+        saved, config.apply_overrides(now, ["train.lr_rule=none"]).to_dict())

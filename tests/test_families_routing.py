@@ -27,7 +27,7 @@ from depthbench import costs
 from depthbench.cli.families import family_rows
 from depthbench.config import ConfigError, apply_overrides, base_config, validate
 from depthbench.model.layers import MLP, Attention
-from depthbench.model.residual import depth_mix, hc, mhc, moda, registry, streams
+from depthbench.model.residual import depth_mix, hc, moda, registry, streams
 from depthbench.model.residual.base import Site
 from depthbench.model.residual.sinkhorn import sinkhorn
 from depthbench.model.spec import ModelSpec

@@ -56,6 +56,15 @@ def tokens(seed: int, shape=(2, 13)) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, VOCAB, size=shape).astype(np.int32)
 
 
+def assert_same_step(run, model, batch: np.ndarray) -> None:
+    """One AdamW step (lr 1e-2) in each framework: the same loss before, and after."""
+    ours_before, ours_after = depthbench_step(run, batch, lr=1e-2)
+    ref_before, ref_after = torch_step(model, batch, lr=1e-2)
+    assert ref_after < ref_before - 1e-3  # the step moved the loss: the check can fail
+    assert ours_before == pytest.approx(ref_before, rel=1e-5)
+    assert ours_after == pytest.approx(ref_after, rel=1e-4)
+
+
 @pytest.mark.parametrize("design", ["pre_ln", "lns", "sandwich_ln"])
 def test_upstream_blocks_logits_and_one_step(tmp_path, design):
     model, run_dir = imported(tmp_path, design, cli=True)
@@ -66,12 +75,7 @@ def test_upstream_blocks_logits_and_one_step(tmp_path, design):
     ours = run.logits(x)
     assert ours.shape == ref.shape == (2, 13, VOCAB)
     assert relative(ours, ref) <= 1e-4
-    batch = tokens(3, (4, 17))
-    ours_before, ours_after = depthbench_step(run, batch, lr=1e-2)
-    ref_before, ref_after = torch_step(model, batch, lr=1e-2)
-    assert ref_after < ref_before - 1e-3  # the step moved the loss: the check can fail
-    assert ours_before == pytest.approx(ref_before, rel=1e-5)
-    assert ours_after == pytest.approx(ref_after, rel=1e-4)
+    assert_same_step(run, model, tokens(3, (4, 17)))
 
 
 @pytest.mark.parametrize("design", [d for d in original.DESIGNS if d not in original.UPSTREAM])
@@ -96,12 +100,7 @@ def test_one_training_step_gives_the_original_loss(tmp_path, design):
     groups and the update all have to agree for the second loss to)."""
     model, run_dir = imported(tmp_path, design)
     run = load_run(run_dir)
-    batch = tokens(5, (4, 17))
-    ours_before, ours_after = depthbench_step(run, batch, lr=1e-2)
-    ref_before, ref_after = torch_step(model, batch, lr=1e-2)
-    assert ref_after < ref_before - 1e-3  # the step moved the loss: the check can fail
-    assert ours_before == pytest.approx(ref_before, rel=1e-5)
-    assert ours_after == pytest.approx(ref_after, rel=1e-4)
+    assert_same_step(run, model, tokens(5, (4, 17)))
 
 
 @pytest.mark.parametrize("design,fields", [

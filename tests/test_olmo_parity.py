@@ -29,8 +29,8 @@ from depthbench.importers.olmo import import_olmo  # noqa: E402
 VOCAB = 61
 # One training step is compared where the loss after it can be told apart at the
 # test's tolerance: every design (the upstream blocks have their own test).
-STEPPED = ("deepnorm", "keel", "post_ln", "completep", "hc", "hc_early", "mhc", "mhc_liger",
-           "attnres_full", "attnres_block", "moda_pre", "moda_post")
+STEPPED = ("deepnorm", "keel", "post_ln", "completep", "hc", "hc_early", "mhc", "mhc_tanh",
+           "mhc_liger", "attnres_full", "attnres_block", "moda_pre", "moda_post")
 
 
 def imported(tmp_path, design: str, *, seed: int = 1, cli: bool = False):
@@ -105,6 +105,7 @@ def test_one_training_step_gives_the_original_loss(tmp_path, design):
 
 @pytest.mark.parametrize("design,fields", [
     ("hc_early", {"hc_write": "residual"}),
+    ("mhc_tanh", {"mhc_tanh": True, "mhc_sinkhorn": "log"}),
     ("mhc", {"mhc_sinkhorn": "log", "mhc_res_layout": "in_out", "mhc_rms_eps": 1e-8,
              "readout": "norm_then_sum", "mhc_gate_decay": True}),
     ("mhc_liger", {"mhc_sinkhorn": "linear", "mhc_res_layout": "out_in", "mhc_rms_eps": 1e-6,

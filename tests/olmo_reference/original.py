@@ -33,8 +33,8 @@ from torch import nn
 
 EPS = 1e-6  # the original's shape configs' rms_norm_eps (configs/llama_400m_L*.json)
 DESIGNS = ("pre_ln", "lns", "sandwich_ln", "deepnorm", "keel", "post_ln", "completep",
-           "depth_mup", "completep_width", "hc", "hc_early", "mhc", "mhc_liger", "attnres_full",
-           "attnres_block", "moda_pre", "moda_post")
+           "depth_mup", "completep_width", "hc", "hc_early", "mhc", "mhc_tanh", "mhc_liger",
+           "attnres_full", "attnres_block", "moda_pre", "moda_post")
 # completep_width: a depth-width muP run (pretrain_preln_mup.py@aba1f65), its LM head's
 # output times d_base / d, recorded only through the embedding's AdamW eps override.
 WIDTH_BASE = 16
@@ -167,11 +167,13 @@ class HC(nn.Module):
 
 
 class MHC(nn.Module):
-    """PyTorch mHC (no tanh): sigmoid gates, log-domain Sinkhorn, ``h_res[s, t]``."""
+    """PyTorch mHC: sigmoid gates, log-domain Sinkhorn, ``h_res[s, t]``; ``tanh`` on
+    the normalised projections only in the first mHC checkpoints (@dc75a4e)."""
 
-    def __init__(self, n, d, layer_index, branch, iters=20):
+    def __init__(self, n, d, layer_index, branch, iters=20, tanh=False):
         super().__init__()
         self.n, self.branch, self.iters = n, branch, iters
+        self.act = torch.tanh if tanh else (lambda u: u)
         pre = torch.full((n,), -8.0)
         pre[layer_index % n] = 8.0
         self.pre_bias = nn.Parameter(pre)
@@ -190,9 +192,10 @@ class MHC(nn.Module):
         n = self.n
         s = _to_streams(x, n).float()
         f = _rms(s.reshape(*s.shape[:-2], -1))
-        pre = torch.sigmoid(self.pre_gate * (f @ self.pre_dynamic_proj) + self.pre_bias)
-        post = 2.0 * torch.sigmoid(self.post_gate * (f @ self.post_dynamic_proj) + self.post_bias)
-        res = (self.residual_gate * (f @ self.residual_dynamic_proj)).reshape(
+        pre = torch.sigmoid(self.pre_gate * self.act(f @ self.pre_dynamic_proj) + self.pre_bias)
+        post = 2.0 * torch.sigmoid(self.post_gate * self.act(f @ self.post_dynamic_proj)
+                                   + self.post_bias)
+        res = (self.residual_gate * self.act(f @ self.residual_dynamic_proj)).reshape(
             *f.shape[:-1], n, n) + self.residual_bias
         h_res = _sinkhorn_log(res, self.iters)
         y = self.branch(torch.einsum("...s,...sd->...d", pre, s))
@@ -468,7 +471,7 @@ def build(design: str, depth: int = 3, *, attnres_size: int = 2, base_depth: int
             model.head_scale = WIDTH_BASE / cfg.d_model
         return model, _block_cfg(raw, name="depth_mup" if design == "depth_mup" else "completep",
                                  residual_scaling_base_depth=base_depth)
-    if design in ("hc", "hc_early", "mhc", "mhc_liger"):
+    if design in ("hc", "hc_early", "mhc", "mhc_tanh", "mhc_liger"):
         n = 4
         if design.startswith("hc"):
             early = design == "hc_early"
@@ -481,10 +484,13 @@ def build(design: str, depth: int = 3, *, attnres_size: int = 2, base_depth: int
             if not early:  # the later configs (and code) carry 'collapse'
                 hyper["collapse"] = "auto"
         else:
-            liger = design == "mhc_liger"
-            connector = LigerMHC if liger else MHC
+            liger, tanh = design == "mhc_liger", design == "mhc_tanh"
+
+            def connector(n, d, j, br):
+                return LigerMHC(n, d, j, br) if liger else MHC(n, d, j, br, tanh=tanh)
+
             hyper = {"kind": "liger_mhc" if liger else "mhc", "num_residual_streams": n,
-                     "tanh": False, "gating_factor_init": 0.01, "sinkhorn_iters": 20,
+                     "tanh": tanh, "gating_factor_init": 0.01, "sinkhorn_iters": 20,
                      "sinkhorn_tau": 1.0, "collapse": "auto"}
         blocks = [HyperBlock(connector, n, **_kwargs(cfg, i)) for i in range(L)]
         name = "hc" if design.startswith("hc") else "mhc"

@@ -26,15 +26,18 @@ from bench import common
 
 GIB = 2.0**30
 ROUTING = ("hc", "mhc", "attnres_block", "attnres_full", "moda")
-KERNEL_FAMILIES = ("hc", "mhc", "attnres_block", "attnres_full")  # fused.py routes these
+# fused.py routes these; mhc's kernels compute its PyTorch form (the default, Liger's, is
+# XLA only), so its kernel rows, xla and pallas, time that variant.
+KERNEL_FAMILIES = ("hc", "mhc+pytorch", "attnres_block", "attnres_full")
 BANKED_FIRST = ("pre_ln", "attnres_full", "attnres_block", "moda", "mhc", "hc")
 PACKAGES = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin",
             "jax-cuda13-pjrt", "libtpu", "flax", "optax")
 # --dry: tiny routing settings (fewer streams and Sinkhorn iterations compile faster),
 # and one shape for every part, so a part repeats the programs of another and a
 # persistent compilation cache (the watchdog sets one for --dry) compiles each once.
-DRY_OVERRIDES = ("--config.model.residual.hc_n=2", "--config.model.residual.sinkhorn_iters=2",
-                 "--config.model.residual.attnres_blocks=2", "--config.train.warmup_fraction=0")
+DRY_OVERRIDES = ("--config.train.warmup_fraction=0",)
+# Tiny routing for --dry, each field for the families that have it.
+DRY_FAMILY_FIELDS = {"hc_n": 2, "sinkhorn_iters": 2, "attnres_blocks": 2}
 DRY_DEPTH, DRY_BATCH = 2, 2
 
 
@@ -92,13 +95,21 @@ class Part:
         import jax
 
         from depthbench import config as config_lib
+        from depthbench import variants
+        from depthbench.model.residual import registry
 
+        entry = variants.expand_entry({"model.family": family})  # a variant's fields
+        family = entry.pop("model.family")
         fields = [f"--config.model.compute_dtype={dtype}", f"--config.model.impl={impl}",
-                  f"--config.model.remat_policy={remat}", *extra]
+                  f"--config.model.remat_policy={remat}", *extra,
+                  *(f"--config.{key}={value}" for key, value in entry.items())]
         batch *= jax.device_count()
         if self.dry:
+            own = registry.get(family).config_fields()
+            tiny = [f"--config.model.residual.{key}={value}"
+                    for key, value in DRY_FAMILY_FIELDS.items() if key in own]
             return common.config_at(32, depth, self.seq, batch, 64, family=family,
-                                    overrides=[*fields, *DRY_OVERRIDES])
+                                    overrides=[*fields, *DRY_OVERRIDES, *tiny])
         return config_lib.load("paper_400m", [
             f"--config.model.family={family}", f"--config.model.depth={depth}",
             f"--config.train.batch_size={batch}", f"--config.train.seq_len={self.seq}",
@@ -246,7 +257,8 @@ def families(part: Part) -> None:
     table = f"step and memory vs pre_ln, L {depth} (median of {reps} interleaved pairs)"
 
     # Every xla row before any pallas row: the kernels' compiles are the unknown.
-    rows = [(f, "xla") for f in ROUTING] + [(f, "pallas") for f in KERNEL_FAMILIES]
+    rows = ([(f, "xla") for f in dict.fromkeys(ROUTING + KERNEL_FAMILIES)]
+            + [(f, "pallas") for f in KERNEL_FAMILIES])
     keys = [("pre_ln", "xla"), *rows]
     with compile_ahead(keys, lambda key: part.config(key[0], depth, batch, impl=key[1])) as ready:
         # All compiles end before any timing: a compiling thread would take the

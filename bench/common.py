@@ -88,7 +88,7 @@ def config_at(d_model: int, depth: int, seq_len: int, batch: int, vocab: int, *,
     ``matmuls_saveable``: no matmul recomputed), validated."""
     from depthbench import config as config_lib
 
-    heads = n_heads or max(2, d_model // 64)  # >= 2: moda_kv_heads (2) must divide it
+    heads = n_heads or max(2, d_model // 64)  # >= 2: moda+lean's kv heads (2) must divide it
     fields = {
         "model.family": family, "model.depth": depth, "model.d_model": d_model,
         "model.n_heads": heads, "model.vocab_size": vocab, "model.suite": "",

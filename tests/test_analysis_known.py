@@ -71,9 +71,13 @@ def test_swapping_identical_blocks_scores_zero(family):
     assert len(values) == 3 and max(values) < 1e-6
 
 
-@pytest.mark.parametrize("family", ["hc", "attnres_block"])
-def test_logit_lens_at_the_last_depth_is_the_model_output(family):
-    run = init_run(tiny_config(family, 2))
+@pytest.mark.parametrize("family,options", [
+    ("hc", {"lens_rule": "readout"}),  # hc's norm_then_sum: the lens decodes by the readout
+    ("mhc", {}),  # mean_then_norm: the original's reduce-then-norm lens is the readout
+    ("attnres_block", {}),
+])
+def test_logit_lens_at_the_last_depth_is_the_model_output(family, options):
+    run = init_run(tiny_config(family, 2), options=options)
     run = run.with_params(_perturbed(run, 0.3))
     r = analyze(run, X, ["logit_lens"], progress=False)
     lens = r["logit_lens"]

@@ -19,7 +19,7 @@ import pytest
 from paths import REPO
 
 ROUTING = ("hc", "mhc", "attnres_block", "attnres_full", "moda")
-KERNEL_FAMILIES = ("hc", "mhc", "attnres_block", "attnres_full")
+KERNEL_FAMILIES = ("hc", "mhc+pytorch", "attnres_block", "attnres_full")  # mhc's kernel form
 
 
 def run(tmp_path: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -99,7 +99,7 @@ def test_mfu_row_has_measured_numbers(dry):
 def test_families_xla_and_pallas_against_pre_ln(dry):
     rows = tables(dry["families"])[0]
     got = {(r["family"], r["impl"]) for r in rows}
-    want = {("pre_ln", "xla"), *((f, "xla") for f in ROUTING),
+    want = {("pre_ln", "xla"), *((f, "xla") for f in ROUTING + KERNEL_FAMILIES),
             *((f, "pallas") for f in KERNEL_FAMILIES)}
     assert got == want
     for r in rows[1:]:

@@ -206,7 +206,8 @@ def test_residual_holds_only_the_chosen_familys_fields(base):
     assert base.model.family == "pre_ln" and base.model.residual.to_dict() == {}
     hc = config.load("micro", ["model.family=hc"])
     assert hc.model.residual.to_dict() == {"hc_n": 4, "hc_scale_init": 0.01,
-                                           "readout": "norm_then_sum", "hc_tanh": True}
+                                           "readout": "norm_then_sum", "hc_tanh": True,
+                                           "hc_write": "mixed"}
     assert config.load("micro", ["model.family=lns"]).model.residual.to_dict() == {
         "lns_power": 0.5}
 
@@ -218,7 +219,9 @@ def test_residual_holds_only_the_chosen_familys_fields(base):
          "config.model.residual.hc_n: pre_ln has no field hc_n; its fields: (none)"),
         (["model.family=mhc", "model.residual.hc_tanh=false"],
          "config.model.residual.hc_tanh: mhc has no field hc_tanh; its fields: hc_n, "
-         "hc_scale_init, readout, sinkhorn_iters, sinkhorn_temperature, mhc_bias"),
+         "hc_scale_init, readout, sinkhorn_iters, sinkhorn_temperature, mhc_bias, mhc_sinkhorn, "
+         "mhc_sinkhorn_eps, mhc_rms_eps, mhc_res_layout, mhc_gate_decay, mhc_phi_dtype, "
+         "mhc_tanh"),
         ({"model.family": "lns", "model.residual.lns_powr": 0.3},
          "config.model.residual.lns_powr: lns has no field lns_powr; its fields: lns_power"),
     ],
@@ -247,10 +250,17 @@ def test_switching_family_drops_the_old_familys_own_fields(base):
     hc = config.apply_overrides(base, {"model.family": "hc", "model.residual.hc_tanh": False,
                                        "model.residual.hc_n": 2})
     mhc = config.apply_overrides(hc, ["model.family=mhc"])
-    # hc_tanh is hc's alone: dropped; hc_n is mhc's too: kept; mhc's others default.
-    assert mhc.model.residual.to_dict() == {"hc_n": 2, "hc_scale_init": 0.01,
-                                            "readout": "norm_then_sum", "sinkhorn_iters": 20,
-                                            "sinkhorn_temperature": 1.0, "mhc_bias": 8.0}
+    # hc_tanh is hc's alone: dropped; hc_n is mhc's too and was set: kept; mhc's others
+    # default, readout included (mhc's mean_then_norm: hc's default was not chosen).
+    assert mhc.model.residual.to_dict() == {
+        "hc_n": 2, "hc_scale_init": 0.01, "readout": "mean_then_norm", "sinkhorn_iters": 20,
+        "sinkhorn_temperature": 1.0, "mhc_bias": 8.0, "mhc_sinkhorn": "linear",
+        "mhc_sinkhorn_eps": 1e-6, "mhc_rms_eps": 1e-6, "mhc_res_layout": "out_in",
+        "mhc_gate_decay": False, "mhc_phi_dtype": "bfloat16", "mhc_tanh": False}
+    summed = config.apply_overrides(base, {"model.family": "hc",
+                                           "model.residual.readout": "sum_then_norm"})
+    assert config.apply_overrides(summed, ["model.family=mhc"]).model.residual.readout == (
+        "sum_then_norm")  # chosen: kept
     assert config.apply_overrides(hc, ["model.family=pre_ln"]).model.residual.to_dict() == {}
     # Set in the same override set as the switch: kept (a field of the new family).
     back = config.apply_overrides(mhc, {"model.family": "hc", "model.residual.hc_tanh": False})
@@ -290,7 +300,8 @@ def test_a_spec_sets_another_familys_fields(tmp_path):
         "    return c\n")
     c = config.load(spec)
     assert c.model.residual.to_dict() == {"hc_n": 8, "hc_scale_init": 0.01,
-                                          "readout": "norm_then_sum", "hc_tanh": False}
+                                          "readout": "norm_then_sum", "hc_tanh": False,
+                                          "hc_write": "mixed"}
     # A spec building on it switches with set_family (a plain assignment keeps
     # hc_tanh, which mhc does not have).
     (tmp_path / "to_mhc.py").write_text(

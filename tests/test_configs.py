@@ -76,7 +76,8 @@ def test_paper_spec_recipe(paper):
         assert t.steps == math.ceil(20 * budget / (512 * 2048))
         assert (t.b1, t.b2, t.eps, t.weight_decay, t.clip_norm) == (0.9, 0.95, 1e-8, 0.1, 1.0)
         assert (t.warmup_fraction, t.final_lr_fraction) == (0.1, 0.1)
-        assert (c.model.compute_dtype, c.model.param_dtype) == ("bfloat16", "float32")
+        # The original's precision: bf16 weights, no fp32 master copy.
+        assert (c.model.compute_dtype, c.model.param_dtype) == ("bfloat16", "bfloat16")
         assert (c.data.corpus, c.data.paths) == ("tokens", "")
     if spec_name == "paper_400m.py":
         assert {r.config.train.steps for r in sweep.runs} == {7630}

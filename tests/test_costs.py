@@ -172,18 +172,24 @@ def test_param_count_matches_instantiated_model_for_every_family(family):
     assert n == costs.param_count(spec), family
 
 
-def test_moda_keeps_the_budget_on_paper_400m():
-    """moda's depth K/V projection has few heads (2 of 16, as the reference's GQA
-    layout): at every paper-400m depth its parameters stay within +3% of
-    pre_ln's, and its prefill overhead is a few percent, as the paper reports."""
+def test_moda_costs_on_paper_400m():
+    """moda as the original built it (its depth K/V projection with the backbone's
+    16 KV heads) adds 11.6% to 14% parameters over pre_ln at every paper-400m
+    depth, outside the fixed budget, and `depthbench costs` shows it; the lean
+    variant (2 of 16 heads, as the reference's GQA layout) stays within +3%
+    with a prefill overhead of a few percent, as the MoDA paper reports."""
     for depth, _, _ in shapes.suite("paper-400m").rows:
         shape = shapes.suite("paper-400m").shape(depth)
         moda = ModelSpec.from_shape(shape, family="moda")
+        lean = moda.with_fields(moda_kv_heads=2, moda_norm="post")
         pre_ln = ModelSpec.from_shape(shape, family="pre_ln")
         ratio = costs.param_count(moda) / costs.param_count(pre_ln)
-        assert 1.0 < ratio <= 1.03, (depth, ratio)
-        row = costs.cost_row(moda, 4096)
-        assert row["params_overhead"] == pytest.approx(ratio - 1.0)
+        assert 1.11 < ratio < 1.15, (depth, ratio)
+        assert costs.cost_row(moda, 4096)["params_overhead"] == pytest.approx(ratio - 1.0)
+        lean_ratio = costs.param_count(lean) / costs.param_count(pre_ln)
+        assert 1.0 < lean_ratio <= 1.03, (depth, lean_ratio)
+        row = costs.cost_row(lean, 4096)
+        assert row["params_overhead"] == pytest.approx(lean_ratio - 1.0)
         assert 0.0 < row["prefill_overhead"] < 0.06, (depth, row["prefill_overhead"])
 
 

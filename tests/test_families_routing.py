@@ -27,7 +27,7 @@ from depthbench import costs
 from depthbench.cli.families import family_rows
 from depthbench.config import ConfigError, apply_overrides, base_config, validate
 from depthbench.model.layers import MLP, Attention
-from depthbench.model.residual import depth_mix, hc, mhc, moda, registry, streams
+from depthbench.model.residual import depth_mix, hc, moda, registry, streams
 from depthbench.model.residual.base import Site
 from depthbench.model.residual.sinkhorn import sinkhorn
 from depthbench.model.spec import ModelSpec
@@ -256,7 +256,7 @@ def test_mhc_at_init_is_nearly_pre_ln(pre_ln):
 )
 def test_attnres_at_init_is_pre_ln(pre_ln, family, fields):
     pspec, pparams = pre_ln
-    spec = make_spec(family, **fields).replace(norm_eps=TINY_EPS)
+    spec = make_spec(family, attnres_eps=TINY_EPS, **fields).replace(norm_eps=TINY_EPS)
     params = with_backbone(init_params(make_spec(family)), pparams)
     ref = logits(pspec.replace(norm_eps=TINY_EPS), pparams)
     assert rel_err(logits(spec, params), ref) < 1e-4
@@ -306,7 +306,7 @@ def _attnres_by_hand(spec: ModelSpec, params, sizes: tuple[int, ...]):
     of ``sizes`` sublayers, in order) the partial is committed first and a new
     one starts with y_j."""
     starts = set(np.cumsum((0, *sizes))[:-1].tolist())
-    eps = spec.norm_eps
+    eps = family_of(spec).eps  # attnres_eps: key norms, the mixes' pre-norms, the final norm
     blocks = params["blocks"]
     pos = jnp.arange(TOKENS.shape[1])
 
@@ -328,7 +328,7 @@ def _attnres_by_hand(spec: ModelSpec, params, sizes: tuple[int, ...]):
             else mix(sources, blk["residual"]["query"][sub], blk["residual"]["key_norm"][sub])
         )
         norm = blk["attn_norm" if sub == 0 else "mlp_norm"]
-        x_in = _rms_norm(h, norm, eps)
+        x_in = _rms_norm(h, norm, spec.norm_eps if j == 0 else eps)  # x0 alone: the backbone's
         if sub == 0:
             y, _ = Attention(spec).apply({"params": blk["attn"]}, x_in, pos)
         else:
@@ -345,7 +345,10 @@ def _attnres_by_hand(spec: ModelSpec, params, sizes: tuple[int, ...]):
         ("attnres_full", {}, (1,) * 6),
         ("attnres_block", {"attnres_block_size": 2}, (2, 2, 2)),
         ("attnres_block", {"attnres_block_size": 4}, (4, 2)),
-        ("attnres_block", {"attnres_blocks": 4}, (2, 2, 1, 1)),  # exactly 4 blocks of 6
+        # N = 4 blocks over 6 sublayers: the original's S = ceil(6 / 4) = 2 ...
+        ("attnres_block", {"attnres_blocks": 4}, (2, 2, 2)),
+        # ... or exactly 4 blocks, the larger first (variant n_blocks)
+        ("attnres_block", {"attnres_blocks": 4, "attnres_partition": "count"}, (2, 2, 1, 1)),
     ],
 )
 def test_attnres_equals_a_loop_over_sources(family, fields, sizes):
@@ -366,8 +369,11 @@ def test_attnres_block_size_one_is_full():
     np.testing.assert_allclose(block, full, rtol=1e-6, atol=1e-6)
     assert family_of(make_spec("attnres_block")).blocks == (1,) * 6  # 2L = 6 < 8 blocks
     assert family_of(make_spec("attnres_block", depth=32)).blocks == (8,) * 8
-    # 60 sublayers in exactly 8 blocks: the first 60 mod 8 = 4 take the extra one.
-    assert family_of(make_spec("attnres_block", depth=30)).blocks == (8,) * 4 + (7,) * 4
+    # 60 sublayers in blocks of S = ceil(60 / 8) = 8, the remainder last (the original's) ...
+    assert family_of(make_spec("attnres_block", depth=30)).blocks == (8,) * 7 + (4,)
+    # ... or in exactly 8 blocks, the first 60 mod 8 = 4 taking the extra one.
+    assert family_of(make_spec("attnres_block", depth=30, attnres_partition="count")
+                     ).blocks == (8,) * 4 + (7,) * 4
 
 
 def test_attnres_block_has_exactly_n_blocks_at_every_suite_depth():
@@ -381,13 +387,32 @@ def test_attnres_block_has_exactly_n_blocks_at_every_suite_depth():
             for n in (4, 8, 12):
                 if 2 * depth < n:
                     continue
-                sizes = family_of(make_spec("attnres_block", depth=depth, attnres_blocks=n)).blocks
+                sizes = family_of(make_spec("attnres_block", depth=depth, attnres_blocks=n,
+                                            attnres_partition="count")).blocks
                 assert len(sizes) == n and sum(sizes) == 2 * depth, (suite.name, depth, n)
                 assert max(sizes) - min(sizes) <= 1 and list(sizes) == sorted(sizes, reverse=True)
                 checked += 1
     assert checked > 30
-    layout = family_of(make_spec("attnres_block", depth=21)).layout()
+    layout = family_of(make_spec("attnres_block", depth=21, attnres_partition="count")).layout()
     assert layout == "2x6+6x5"  # two blocks of 6 sublayers, then six of 5
+
+
+def test_attnres_block_partitions_as_the_original_by_default():
+    """Blocks of S = ceil(2L / N) with a boundary at every sublayer j % S == 0, the
+    remainder last (the original's ``attnres_is_attn_boundary``); the same
+    partition as N equal blocks at the paper-400m depths L16..L32, not at L21."""
+    from depthbench import shapes
+
+    for depth, _, _ in shapes.suite("paper-400m").rows:
+        sizes = family_of(make_spec("attnres_block", depth=depth)).blocks
+        s = -(-2 * depth // 8)
+        starts = np.cumsum((0, *sizes))[:-1].tolist()
+        assert starts == [j for j in range(2 * depth) if j % s == 0], depth
+        if depth <= 32:
+            count = family_of(make_spec("attnres_block", depth=depth, attnres_partition="count"))
+            assert sizes == count.blocks, depth
+    assert family_of(make_spec("attnres_block", depth=21)).layout() == "7x6"  # 7 blocks, not 8
+    assert family_of(make_spec("attnres_block", depth=17)).blocks == (5,) * 6 + (4,)
 
 
 def test_attnres_last_depth_state_is_the_readout_mix():
@@ -396,7 +421,8 @@ def test_attnres_last_depth_state_is_the_readout_mix():
     out, z = logits(spec, params, capture=True)
     assert z.shape == (spec.depth + 1, 2, 8, spec.d_model)
     np.testing.assert_allclose(z[0], params["embed"][TOKENS], rtol=1e-6)  # one source: x0
-    head = _rms_norm(z[-1], params["final_norm"]["scale"], spec.norm_eps) @ params["head"]
+    eps = family_of(spec).eps  # attnres_eps: the final norm is fused into the readout mix
+    head = _rms_norm(z[-1], params["final_norm"]["scale"], eps) @ params["head"]
     np.testing.assert_allclose(head, out, rtol=1e-5, atol=1e-6)
 
 
@@ -432,7 +458,7 @@ def test_skipped_block_is_a_removed_block(family, fields):
 
 
 def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
-    spec = make_spec("moda")
+    spec = make_spec("moda", moda_norm="post")
     fam, b, t = family_of(spec), 2, 8
     rng = np.random.default_rng(4)
     x0, y, x_in = (normal(rng, (b, t, spec.d_model)) for _ in range(3))
@@ -464,7 +490,7 @@ def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
         rtol=1e-5,
         atol=1e-5,
     )
-    # Post-norm (the default): x <- N(x + y) with a unit gain.
+    # Post-norm: x <- N(x + y) with a unit gain.
     total = np.asarray(x0 + y, np.float64)
     expected = total / np.sqrt(np.mean(total**2, -1, keepdims=True) + spec.norm_eps)
     np.testing.assert_allclose(attn["x"], expected, rtol=1e-5, atol=1e-6)
@@ -692,13 +718,17 @@ def test_documented_overheads_and_state_sizes():
     assert f["attnres_full"].extra_block_params() == 2 * 2 * d
     assert f["attnres_full"].extra_global_params() == 2 * d
     hd = d // 16
-    assert f["moda"].extra_block_params() == 2 * d * 2 * hd  # 2 depth K/V heads
+    assert f["moda"].extra_block_params() == 2 * d * 16 * hd  # the backbone's 16 K/V heads
+    lean = family_of(ModelSpec.from_shape(shape, family="moda").with_fields(moda_kv_heads=2))
+    assert lean.extra_block_params() == 2 * d * 2 * hd  # moda+lean: 2 depth K/V heads
     assert f["hc"].state_floats_per_token() == f["mhc"].state_floats_per_token() == n * d
     assert f["attnres_full"].state_floats_per_token() == (2 * L + 1) * (d + 1)  # + inverse RMS
     assert f["attnres_block"].state_floats_per_token() == (8 + 1) * (d + 1)  # x0 + 8 blocks
-    assert f["moda"].state_floats_per_token() == d + 2 * (L - 1) * (16 + 2) * hd
+    assert f["moda"].state_floats_per_token() == d + 2 * (L - 1) * (16 + 16) * hd
+    assert lean.state_floats_per_token() == d + 2 * (L - 1) * (16 + 2) * hd
     assert f["attnres_full"].sources_per_token() == 2 * L * L + 3 * L
-    assert f["moda"].extra_flops_per_token(128) == 4 * d * L * (L - 1) + (L - 1) * 2 * d * 4 * hd
+    assert f["moda"].extra_flops_per_token(128) == 4 * d * L * (L - 1) + (L - 1) * 2 * d * 32 * hd
+    assert lean.extra_flops_per_token(128) == 4 * d * L * (L - 1) + (L - 1) * 2 * d * 4 * hd
 
 
 def test_no_decay_leaves_and_logical_axes():
@@ -729,7 +759,11 @@ def test_no_decay_leaves_and_logical_axes():
         "routing",
     )
     assert hc.HC.no_decay == {"A0", "beta0"}
-    assert mhc.MHC.no_decay == {"b_pre", "b_post", "B_res"}
+    # Liger mHC (the default) trains its gates without decay; PyTorch mHC decays them.
+    gates = {"a_pre", "a_post", "a_res"}
+    assert family_of(make_spec("mhc")).no_decay == {"b_pre", "b_post", "B_res"} | gates
+    assert family_of(make_spec("mhc", mhc_gate_decay=True)).no_decay == {"b_pre", "b_post",
+                                                                         "B_res"}
     assert moda.MoDA(make_spec("moda")).n_slots == 2  # L - 1 of each kind (attention, MLP)
 
 

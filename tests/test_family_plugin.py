@@ -139,11 +139,20 @@ def test_registering_checks_the_declarations(toy):
         return type(name.title(), (toy_cls,), {"name": name, "Config": config})
 
     # A second family may not take the name, nor redeclare a field with another
-    # default or type.
-    clash = dataclasses.make_dataclass("ClashConfig", [("hc_n", int, 3)], bases=(FamilyConfig,),
-                                       frozen=True)
-    with pytest.raises(ValueError, match="'hc_n'"):
-        registry.register(family("clash", clash))
+    # type; it may default a shared field its own way (mhc's readout is not hc's),
+    # and a switch to it takes its default unless the field was set.
+    own_default = dataclasses.make_dataclass("OwnDefaultConfig", [("hc_n", int, 3)],
+                                             bases=(FamilyConfig,), frozen=True)
+    registry.register(family("own_default", own_default))
+    try:
+        switched = config_lib.set_family(config_lib.set_family(config_lib.base_config(), "hc"),
+                                         "own_default")
+        assert switched.model.residual.hc_n == 3
+        chosen = config_lib.set_family(config_lib.set_family(config_lib.base_config(), "hc",
+                                                             hc_n=8), "own_default")
+        assert chosen.model.residual.hc_n == 8
+    finally:
+        registry.unregister("own_default")
     retyped = dataclasses.make_dataclass("RetypedConfig", [("hc_n", float, 4.0)],
                                          bases=(FamilyConfig,), frozen=True)
     with pytest.raises(ValueError, match="'hc_n'"):
@@ -157,7 +166,8 @@ def test_registering_checks_the_declarations(toy):
     bad_variant = type("BadVariantConfig", (toy_cls.Config,), {"variants": {"v": {"nope": 1}}})
     with pytest.raises(TypeError, match=r"variant 'v': .*toy_scaled_v has no field nope"):
         registry.register(family("toy_scaled_v", bad_variant))
-    assert not {"clash", "retyped", "listed", "loose", "toy_scaled_v"} & set(registry.names())
+    assert not {"own_default", "retyped", "listed", "loose", "toy_scaled_v"} & set(
+        registry.names())
 
 
 def test_readme_adding_a_family_is_one_file_and_one_line():

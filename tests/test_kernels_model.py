@@ -16,6 +16,7 @@ from flax import linen as nn
 
 from depthbench.config import ConfigError, apply_overrides, base_config, validate
 from depthbench.model.residual import fused
+from depthbench.model.residual.mhc import PYTORCH
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer
 from depthbench.shapes import Shape
@@ -29,7 +30,8 @@ FAMILIES = {
     "attnres_full": {},
     "attnres_block": {"attnres_blocks": 2},
     "hc": {"hc_n": 2},
-    "mhc": {"hc_n": 2, "sinkhorn_iters": 4},
+    # The form the kernels compute (mhc+pytorch); the Liger form runs in XLA.
+    "mhc": {**PYTORCH, "hc_n": 2, "sinkhorn_iters": 4},
 }
 
 
@@ -96,6 +98,25 @@ def test_auto_is_xla_on_cpu_and_pallas_is_pallas():
     assert not fused.use_pallas(make_spec("hc", "auto"))
     assert fused.use_pallas(make_spec("hc", "pallas"))
     assert not fused.use_pallas(make_spec("hc", "xla"))
+
+
+def test_pallas_refuses_the_liger_mhc_and_auto_runs_it_in_xla():
+    """The kernels compute mhc's PyTorch form only: ``impl=pallas`` refuses the
+    Liger form (the default) in one line, and under ``auto`` it runs in XLA."""
+    liger = apply_overrides(base_config(), ["--config.model.family=mhc"])
+    with pytest.raises(ConfigError) as e:
+        validate(apply_overrides(liger, ["--config.model.impl=pallas"]))
+    assert "\n" not in str(e.value) and "mhc+pytorch" in str(e.value)
+    assert "linear/out_in" in str(e.value)
+    validate(apply_overrides(liger, ["--config.model.impl=auto"]))
+    pytorch = apply_overrides(liger, [f"--config.model.residual.{k}={v}" for k, v in
+                                      PYTORCH.items()] + ["--config.model.impl=pallas"])
+    validate(pytorch)
+    from depthbench.model.transformer import family_of
+
+    spec = ModelSpec.from_shape(SHAPE, family="mhc").replace(impl="pallas")
+    assert not family_of(spec)._pallas()  # a spec made without validate: XLA, not a wrong kernel
+    assert family_of(spec.with_fields(**PYTORCH))._pallas()
 
 
 def test_config_accepts_the_three_impls_and_refuses_others():

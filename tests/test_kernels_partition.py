@@ -38,7 +38,9 @@ from fast_xla import subprocess_flags
 
 FAMILIES = {
     "hc": ["model.residual.hc_n=2"],
-    "mhc": ["model.residual.hc_n=2", "model.residual.sinkhorn_iters=4"],
+    # The form the kernels compute (mhc+pytorch); the Liger form runs in XLA.
+    "mhc": ["model.residual.hc_n=2", "model.residual.sinkhorn_iters=4",
+            "model.residual.mhc_sinkhorn=log", "model.residual.mhc_res_layout=in_out"],
     "attnres_full": [],
     "attnres_block": ["model.residual.attnres_blocks=2"],
 }

@@ -163,7 +163,9 @@ def test_kernels_compose_to_the_models_hc_routing(sub):
 
 @pytest.mark.parametrize("sub", [0, 1])
 def test_kernels_compose_to_the_models_mhc_routing(sub):
-    fam, n, d = family(MHC, "mhc", 4, sinkhorn_iters=5, sinkhorn_temperature=1.0), 4, 32
+    # The form the kernels compute: mhc+pytorch (log-domain Sinkhorn, R[in, out]).
+    fam, n, d = family(MHC, "mhc", 4, sinkhorn_iters=5, sinkhorn_temperature=1.0,
+                       mhc_sinkhorn="log", mhc_res_layout="in_out"), 4, 32
     p = randomised(
         {"phi": (2, n, d, n * n + 2 * n), "a_pre": (2,), "a_post": (2,), "a_res": (2,),
          "b_pre": (2, n), "b_post": (2, n), "B_res": (2, n, n)},
@@ -176,7 +178,7 @@ def test_kernels_compose_to_the_models_mhc_routing(sub):
     names = ("phi", "a_pre", "a_post", "a_res", "b_pre", "b_post", "B_res")
     ops = mhc_operands(*(p[k][sub] for k in names))
     x, mix, post = mhc_pre(
-        h, *ops, iters=5, temperature=1.0, eps=fam.spec.norm_eps, backend="interpret"
+        h, *ops, iters=5, temperature=1.0, eps=fam.cfg.mhc_rms_eps, backend="interpret"
     )
     assert rel_err(x, x_model) < FP32_TOL
     assert rel_err(stream_post(h, mix, post, y, backend="interpret"), h_model) < FP32_TOL

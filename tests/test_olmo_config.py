@@ -44,17 +44,25 @@ CASES = [
      {"completep_alpha": 0.5, "completep_base_depth": 24}),
     (model(name="hc", hyper_connections={"kind": "hc", "num_residual_streams": 4,
                                          "tanh": None, "collapse": "auto"}), "hc",
-     {"hc_n": 4, "hc_tanh": True, "readout": "norm_then_sum"}),
+     {"hc_n": 4, "hc_tanh": True, "readout": "norm_then_sum", "hc_write": "mixed"}),
+    # early: a default block carrying HC, before 'collapse' and the later write rule
     (model(hyper_connections={"kind": "hc", "num_residual_streams": 4, "tanh": True}), "hc",
-     {"hc_n": 4, "hc_tanh": True}),  # early: a default block carrying HC
+     {"hc_n": 4, "hc_tanh": True, "hc_write": "residual"}),
     (model(name="mhc", hyper_connections={"kind": "mhc", "tanh": False, "sinkhorn_iters": 20,
                                           "sinkhorn_tau": 1.0, "collapse": "auto"}), "mhc",
-     {"hc_n": 4, "sinkhorn_iters": 20, "readout": "norm_then_sum"}),
+     {"hc_n": 4, "sinkhorn_iters": 20, "readout": "norm_then_sum", "mhc_sinkhorn": "log",
+      "mhc_res_layout": "in_out", "mhc_rms_eps": 1e-8, "mhc_gate_decay": True,
+      "mhc_tanh": False}),
+    (model(name="mhc", hyper_connections={"kind": "mhc", "tanh": True}), "mhc",
+     {"mhc_tanh": True}),  # the first mHC checkpoints
     (model(name="mhc", hyper_connections={"kind": "liger_mhc", "collapse": "auto"}), "mhc",
-     {"readout": "sum_then_norm", "sinkhorn_temperature": 1.0}),
-    (model(name="attnres", attnres_block_size=1), "attnres_full", {}),
+     {"readout": "mean_then_norm", "sinkhorn_temperature": 1.0, "mhc_sinkhorn": "linear",
+      "mhc_sinkhorn_eps": 1e-6, "mhc_rms_eps": 1e-6, "mhc_res_layout": "out_in",
+      "mhc_gate_decay": False, "mhc_phi_dtype": "bfloat16"}),
+    (model(name="attnres", attnres_block_size=1), "attnres_full", {"attnres_eps": 1e-5}),
     (model(attnres_block_size=1), "attnres_full", {}),  # early: AttnRes on a default block
-    (model(name="attnres", attnres_block_size=6), "attnres_block", {"attnres_block_size": 6}),
+    (model(name="attnres", attnres_block_size=6), "attnres_block",
+     {"attnres_block_size": 6, "attnres_partition": "size", "attnres_eps": 1e-5}),
     (model(name="moda", moda={"extra_ffn_kv_proj": True, "extra_attn_kv_proj": False}), "moda",
      {"moda_kv_heads": 0, "moda_norm": "pre", "moda_depth_query": "rotated"}),
     (model(name="post_norm_moda", moda={}), "moda", {"moda_norm": "post"}),
@@ -72,22 +80,24 @@ def test_every_trained_design_maps(saved, family, fields):
                               "rope_theta": 10000.0}
 
 
-def test_departures_are_recorded():
-    early_hc = read_model(model(name="hc", hyper_connections={"kind": "hc"}))
-    assert early_hc.layout["hc_write"] == "residual"
-    assert any("write rule" in d for d in early_hc.departures)
-    liger = read_model(model(name="mhc", hyper_connections={"kind": "liger_mhc"}))
-    assert any("linear-domain Sinkhorn" in d for d in liger.departures)
-    attnres = read_model(model(name="attnres"))
-    assert any("eps 1e-5" in d for d in attnres.departures)
-    assert read_model(model()).departures == ()
+def test_every_choice_is_a_field_no_departures():
+    """What earlier versions recorded as departures (the early HC write rule,
+    Liger mHC, AttnRes's eps) are fields now; the imported fields validate."""
+    from depthbench.model.residual import registry
+
+    for saved, family, _ in CASES:
+        m = read_model(saved)
+        assert m.departures == (), family
+        registry.family_config(m.family, m.residual)  # every field known and typed
 
 
 def test_depth_width_head_factor_from_the_embedding_eps_override():
     saved = model(name="completep", residual_scaling_base_depth=24)
     saved["train_module"]["optim"]["group_overrides"] = [
         {"params": ["embeddings.weight"], "opts": {"eps": 1e-8 / 0.5}}]  # d / d_base = 0.5
-    assert read_model(saved).layout["head_scale"] == pytest.approx(2.0)
+    m = read_model(saved)
+    assert m.residual["completep_head_scale"] == pytest.approx(2.0)
+    assert len(m.departures) == 1 and "width-muP init" in m.departures[0]
 
 
 REFUSED = [
@@ -100,6 +110,8 @@ REFUSED = [
     (model(name="keel", hyper_connections={"kind": "hc"}), "HC routing on a 'keel' block"),
     (model(name="completep"), "residual_scaling_base_depth must be an integer"),
     (model(feed_forward={"hidden_size": 160, "activation": "gelu"}), "'gelu' is not one of"),
+    (model(name="mhc", hyper_connections={"kind": "liger_mhc", "liger_post_mult": 3.0}),
+     "liger_post_mult = 3.0 is not supported"),
 ]
 
 

@@ -171,3 +171,29 @@ def test_bad_out_and_missing_torch_are_one_line(tmp_path, released, capsys, monk
     rc = cli_main(["import-olmo", step, "--out", str(tmp_path / "r"), "--no-progress"])
     _assert_one_line(capsys, rc, "pip install 'depthbench[olmo]'")
     assert snapshot(tmp_path) == before
+
+
+def test_val_tokens_is_recorded_and_a_bad_file_is_one_line(tmp_path, released, capsys):
+    """--val-tokens names the run's validation split (what analyze reads); a file
+    that is missing, not tokens, or holds ids past the vocabulary is one line."""
+    step = str(released[0] / "step5")
+    good = tmp_path / "val.npy"
+    np.save(good, np.arange(40, dtype=np.uint16) % VOCAB)
+    big = tmp_path / "big.npy"
+    np.save(big, np.array([1, 2, VOCAB], np.uint16))
+    text = tmp_path / "text.npy"
+    text.write_text("not an array")
+    before = snapshot(tmp_path)
+    for path, needle in ((tmp_path / "absent.npy", "absent.npy does not exist"),
+                         (big, f"token ids reach {VOCAB}, beyond the model's vocabulary"),
+                         (text, "is not a valid .npy file")):
+        rc = cli_main(["import-olmo", step, "--out", str(tmp_path / "run"), "--no-progress",
+                       "--val-tokens", str(path)])
+        _assert_one_line(capsys, rc, needle)
+    assert snapshot(tmp_path) == before
+    assert cli_main(["import-olmo", step, "--out", str(tmp_path / "run"), "--no-progress",
+                     "--val-tokens", str(good)]) == 0
+    assert "validation split: " in capsys.readouterr().out
+    run = load_run(tmp_path / "run")
+    assert run.resolved["tokenizer"]["val_tokens_path"] == str(good.resolve())
+    assert run.resolved["tokenizer"]["val_tokens"] == 40

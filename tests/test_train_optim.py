@@ -238,3 +238,44 @@ def test_no_decay_default_keeps_the_recipe_mask_and_rejects_unknown_names():
     assert tx is not None
     with pytest.raises(ConfigError, match=r"config\.train\.no_decay: norms_embedings"):
         optim.from_config(_config(no_decay="norms_embedings"), fam, MODEL_PARAMS)
+
+
+def test_the_originals_precision_bf16_weights_no_fp32_copy():
+    """Under the paper suites' precision (``param_dtype`` bf16) the weights the
+    original built in its model dtype are bf16 (matrices, embeddings, head, norm
+    gains, mhc's phi) and stay bf16 through an AdamW step, whose moments take
+    their dtype (no fp32 master copy); routing parameters the original kept
+    fp32 (Liger's biases and gates) stay fp32."""
+    from depthbench import parallel
+    from depthbench.train import state as state_lib
+    from depthbench.train import step as step_lib
+
+    c = config_lib.load("micro", ["model.family=mhc", "model.depth=2", "model.param_dtype=bfloat16",
+                                  "model.compute_dtype=bfloat16", "train.seq_len=16",
+                                  "train.batch_size=2", "train.warmup_fraction=0.0"])
+    s = state_lib.setup(c, parallel.mesh_from_config(c))
+    state = state_lib.init_state(s, 0)
+
+    def dtypes(tree):
+        return {"/".join(str(k.key) for k in path): str(a.dtype)
+                for path, a in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+    params = dtypes(state.params)
+    bf16 = {"embed", "head", "final_norm/scale", "blocks/attn/q", "blocks/mlp/down",
+            "blocks/attn_norm", "blocks/mlp_norm", "blocks/residual/phi"}
+    fp32 = {"blocks/residual/b_pre", "blocks/residual/B_res", "blocks/residual/a_res"}
+    assert {params[k] for k in bf16} == {"bfloat16"} and {params[k] for k in fp32} == {"float32"}
+    mu = next(s for s in jax.tree.leaves(state.opt_state, is_leaf=lambda x: hasattr(x, "mu"))
+              if hasattr(s, "mu")).mu
+    assert dtypes(mu) == params  # Adam's moments in the parameters' dtypes
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 17)), jnp.int32)
+    before = jax.tree.map(np.asarray, state.params)  # the step donates the state
+    new, metrics = step_lib.make_train_step(s)(
+        state, {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]})
+    assert dtypes(new.params) == params and np.isfinite(float(metrics["loss"]))
+    moved = jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != b)), new.params, before)
+    still = {"/".join(str(k.key) for k in p)
+             for p, v in jax.tree_util.tree_flatten_with_path(moved)[0] if not v}
+    # Every weight took its step in its own dtype, but the gates: they scale
+    # phi's output, which is 0 at init, so their first gradient is 0.
+    assert still == {"blocks/residual/a_pre", "blocks/residual/a_post", "blocks/residual/a_res"}

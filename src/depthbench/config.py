@@ -209,12 +209,17 @@ def apply_overrides(
 
 def _switch_family(config: ml_collections.ConfigDict, family: str) -> None:
     """Drop the fields of ``config.model.residual`` that ``family`` does not declare
-    (before ``config.model.family`` becomes ``family``); an unknown family keeps
-    them, for :func:`validate` to name it."""
+    (before ``config.model.family`` becomes ``family``), and the shared ones still
+    at the old family's default (two families may default a shared field
+    differently: hc's and mhc's ``readout``); an unknown family keeps them, for
+    :func:`validate` to name it."""
     if family == config.model.family or family not in registry.names():
         return
     own = registry.get(family).config_fields()
-    kept = {k: v for k, v in config.model.residual.to_dict().items() if k in own}
+    old = (registry.get(config.model.family).config_fields()
+           if config.model.family in registry.names() else {})
+    kept = {k: v for k, v in config.model.residual.to_dict().items()
+            if k in own and not (k in old and v == old[k])}
     config.model.residual = ml_collections.ConfigDict(kept)
 
 
@@ -268,13 +273,14 @@ def from_saved(saved: dict) -> dict:
     """A config as a run directory's ``config.json`` holds it, as this version
     reads it: of ``model.residual`` the saved family's own fields (older run
     directories hold every family's: the others are dropped; a field added
-    since takes its default), ``train.lr_rule`` by its current name.  Other
+    since takes the value its family says its absence meant, else its default:
+    ``FamilyConfig.saved_before``), ``train.lr_rule`` by its current name.  Other
     keys (``resolved`` ...) are kept; ``saved`` is not changed."""
     out = dict(saved)
     model = out.get("model")
     if isinstance(model, dict) and isinstance(model.get("residual"), dict) and (
             model.get("family") in registry.names()):
-        own = registry.get(model["family"]).config_fields()
+        own = registry.get(model["family"]).Config.saved_defaults()
         given = model["residual"]
         out["model"] = {**model, "residual": {k: given.get(k, v) for k, v in own.items()}}
     train = out.get("train")

@@ -1,10 +1,17 @@
-"""Published reference losses (spec/shapes_and_recipe.md), as data.
+"""Published reference numbers of the original benchmark, as data.
 
-The original benchmark reports the final validation loss of its ten designs
-on the ``paper-400m`` suite at L16..L32 (and L42/L70 for attnres_full and
-hc).  ``depthbench report`` draws these beside a paper-scale sweep's measured
-losses so a reproduction can be judged at a glance.  Only ``paper-400m`` has
-published numbers; the other suites have none.
+Losses (spec/shapes_and_recipe.md): the final validation loss of its ten
+designs on the ``paper-400m`` suite at L16..L32 (and L42/L70 for
+attnres_full and hc).  ``depthbench report`` draws these beside a
+paper-scale sweep's measured losses so a reproduction can be judged at a
+glance.  Only ``paper-400m`` has published numbers; the other suites have
+none.
+
+Analyses (docs/spec/analysis.md, quoting the original's paper, arXiv
+2609.32534): late-layer interaction fractions at paper-400m L32, mHC's and
+HC's composed stream-mixing rank, Block AttnRes's dead segment.
+docs/REPRODUCE.md puts each beside the command that measures it on the
+original's released models.
 """
 
 from __future__ import annotations
@@ -40,6 +47,20 @@ REFERENCE: dict[str, dict[str, dict[int, float]]] = {
 SOURCE = "spec/shapes_and_recipe.md, 'Published reference numbers (400M, validation loss)'"
 
 
+# design -> (skip, swap): the fraction of late block pairs (both >= L/4) with causal
+# score > 0.45 and with permutation score > 0.15, at paper-400m L32
+# (analysis.json: late_layer_interaction.skip_fraction, .swap_fraction).
+LATE_LAYER_400M_L32 = {"pre_ln": (0.01, 0.08), "attnres_full": (0.16, 0.46), "hc": (0.07, 0.35)}
+# design -> (low, high): the effective rank of the composed residual mixing across
+# the 400M runs (analysis.json: stream_diversity.composed_effective_rank_final).
+STREAM_RANK_400M = {"mhc": (1.44, 1.65), "hc": (2.53, 2.81)}
+# attnres_block at paper-400m: depth -> leading blocks whose mixes weigh the
+# embedding most (analysis.json: depth_weights.dead_segment).
+DEAD_SEGMENT_400M = {"attnres_block": {16: 2, 24: 5, 32: 8}}
+ANALYSIS_SOURCE = ("docs/spec/analysis.md ('late-layer interaction', 'stream diversity', "
+                   "'attnres depth weights'), from the original's paper")
+
+
 @dataclasses.dataclass(frozen=True)
 class ReferencePoint:
     suite: str
@@ -73,4 +94,5 @@ def best_depth(suite: str, family: str) -> int | None:
     return min(by_depth, key=by_depth.get) if by_depth else None
 
 
-__all__ = ["REFERENCE", "SOURCE", "ReferencePoint", "best_depth", "losses", "points"]
+__all__ = ["ANALYSIS_SOURCE", "DEAD_SEGMENT_400M", "LATE_LAYER_400M_L32", "REFERENCE", "SOURCE",
+           "STREAM_RANK_400M", "ReferencePoint", "best_depth", "losses", "points"]

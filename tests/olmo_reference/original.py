@@ -33,8 +33,11 @@ from torch import nn
 
 EPS = 1e-6  # the original's shape configs' rms_norm_eps (configs/llama_400m_L*.json)
 DESIGNS = ("pre_ln", "lns", "sandwich_ln", "deepnorm", "keel", "post_ln", "completep",
-           "depth_mup", "hc", "hc_early", "mhc", "mhc_liger", "attnres_full", "attnres_block",
-           "moda_pre", "moda_post")
+           "depth_mup", "completep_width", "hc", "hc_early", "mhc", "mhc_tanh", "mhc_liger",
+           "attnres_full", "attnres_block", "moda_pre", "moda_post")
+# completep_width: a depth-width muP run (pretrain_preln_mup.py@aba1f65), its LM head's
+# output times d_base / d, recorded only through the embedding's AdamW eps override.
+WIDTH_BASE = 16
 UPSTREAM = {"pre_ln": "default", "lns": "default_scaled", "sandwich_ln": "peri_norm"}
 
 
@@ -164,11 +167,13 @@ class HC(nn.Module):
 
 
 class MHC(nn.Module):
-    """PyTorch mHC (no tanh): sigmoid gates, log-domain Sinkhorn, ``h_res[s, t]``."""
+    """PyTorch mHC: sigmoid gates, log-domain Sinkhorn, ``h_res[s, t]``; ``tanh`` on
+    the normalised projections only in the first mHC checkpoints (@dc75a4e)."""
 
-    def __init__(self, n, d, layer_index, branch, iters=20):
+    def __init__(self, n, d, layer_index, branch, iters=20, tanh=False):
         super().__init__()
         self.n, self.branch, self.iters = n, branch, iters
+        self.act = torch.tanh if tanh else (lambda u: u)
         pre = torch.full((n,), -8.0)
         pre[layer_index % n] = 8.0
         self.pre_bias = nn.Parameter(pre)
@@ -187,9 +192,10 @@ class MHC(nn.Module):
         n = self.n
         s = _to_streams(x, n).float()
         f = _rms(s.reshape(*s.shape[:-2], -1))
-        pre = torch.sigmoid(self.pre_gate * (f @ self.pre_dynamic_proj) + self.pre_bias)
-        post = 2.0 * torch.sigmoid(self.post_gate * (f @ self.post_dynamic_proj) + self.post_bias)
-        res = (self.residual_gate * (f @ self.residual_dynamic_proj)).reshape(
+        pre = torch.sigmoid(self.pre_gate * self.act(f @ self.pre_dynamic_proj) + self.pre_bias)
+        post = 2.0 * torch.sigmoid(self.post_gate * self.act(f @ self.post_dynamic_proj)
+                                   + self.post_bias)
+        res = (self.residual_gate * self.act(f @ self.residual_dynamic_proj)).reshape(
             *f.shape[:-1], n, n) + self.residual_bias
         h_res = _sinkhorn_log(res, self.iters)
         y = self.branch(torch.einsum("...s,...sd->...d", pre, s))
@@ -198,15 +204,17 @@ class MHC(nn.Module):
 
 
 class LigerMHC(nn.Module):
-    """Liger mHC: ``phi [n d, n^2 + 2n]``, ``b``, three gates; coefficients by
-    liger-kernel's ``liger_mhc_coeffs`` (its Triton kernels), read and write
-    ``x_out[o] = sum_i h_res[o, i] x[i] + h_post[o] y`` as its post-res kernel."""
+    """Liger mHC as ``LigerHyperConnection`` runs it: ``phi [n d, n^2 + 2n]`` stored in
+    bf16 (its ``phi_dtype``), ``b`` and the three gates in fp32; coefficients,
+    the branch input and the write by liger-kernel's own functions
+    (``liger_mhc_coeffs``, ``liger_mhc_pre``, ``liger_mhc_post_res``: its Triton
+    kernels), ``x_out[o] = sum_i h_res[o, i] x[i] + h_post[o] y``."""
 
     def __init__(self, n, d, layer_index, branch, iters=20):
         super().__init__()
         self.n, self.branch, self.iters = n, branch, iters
         m = n * n + 2 * n
-        self.phi = nn.Parameter(torch.zeros(n * d, m))
+        self.phi = nn.Parameter(torch.zeros(n * d, m, dtype=torch.bfloat16))
         b = torch.zeros(m)
         b[:n] = -8.0
         b[layer_index % n] = 8.0
@@ -219,16 +227,19 @@ class LigerMHC(nn.Module):
         self.alpha_res = nn.Parameter(torch.tensor(0.01))
 
     def forward(self, x):
-        from liger_kernel.transformers.functional import liger_mhc_coeffs
+        from liger_kernel.transformers.functional import (
+            liger_mhc_coeffs,
+            liger_mhc_post_res,
+            liger_mhc_pre,
+        )
 
         s = _to_streams(x, self.n).float().contiguous()
         h_pre, h_post, h_res = liger_mhc_coeffs(
-            s, self.phi.float(), self.b, self.alpha_pre, self.alpha_post, self.alpha_res,
+            s, self.phi, self.b, self.alpha_pre, self.alpha_post, self.alpha_res,
             allow_fp32=True, tmax=self.iters, rms_eps=1e-6, pre_eps=0.0, sinkhorn_eps=1e-6,
             post_mult=2.0)
-        y = self.branch(torch.einsum("...s,...sd->...d", h_pre, s))
-        out = torch.einsum("...oi,...id->...od", h_res, s) + y.unsqueeze(-2) * h_post.unsqueeze(-1)
-        return _from_streams(out)
+        y = self.branch(liger_mhc_pre(s, h_pre))
+        return _from_streams(liger_mhc_post_res(s, y.float(), h_post, h_res))
 
 
 class HyperBlock(TransformerBlock):
@@ -416,7 +427,9 @@ class OriginalModel(nn.Module):
         return norm(h)
 
     def forward(self, tokens):
-        return self.lm_head.w_out(self.hidden(tokens))
+        return self.lm_head.w_out(self.hidden(tokens)) * self.head_scale
+
+    head_scale = 1.0  # the depth-width runs' patched head multiplies its output
 
 
 def _block_cfg(cfg: dict, **fields) -> dict:
@@ -448,14 +461,17 @@ def build(design: str, depth: int = 3, *, attnres_size: int = 2, base_depth: int
     if design == "post_ln":
         return (OriginalModel(upstream, [PostNormBlock(**_kwargs(cfg, i)) for i in range(L)]),
                 _block_cfg(raw, name="post_norm"))
-    if design in ("completep", "depth_mup"):
-        alpha = 1.0 if design == "completep" else 0.5
+    if design in ("completep", "depth_mup", "completep_width"):
+        alpha = 0.5 if design == "depth_mup" else 1.0
         s = (L / base_depth) ** -alpha
         blocks = [TransformerBlock(**_kwargs(cfg, i, attention_residual_alpha=s,
                                              feed_forward_residual_alpha=s)) for i in range(L)]
-        return OriginalModel(upstream, blocks), _block_cfg(
-            raw, name=design, residual_scaling_base_depth=base_depth)
-    if design in ("hc", "hc_early", "mhc", "mhc_liger"):
+        model = OriginalModel(upstream, blocks)
+        if design == "completep_width":
+            model.head_scale = WIDTH_BASE / cfg.d_model
+        return model, _block_cfg(raw, name="depth_mup" if design == "depth_mup" else "completep",
+                                 residual_scaling_base_depth=base_depth)
+    if design in ("hc", "hc_early", "mhc", "mhc_tanh", "mhc_liger"):
         n = 4
         if design.startswith("hc"):
             early = design == "hc_early"
@@ -468,10 +484,13 @@ def build(design: str, depth: int = 3, *, attnres_size: int = 2, base_depth: int
             if not early:  # the later configs (and code) carry 'collapse'
                 hyper["collapse"] = "auto"
         else:
-            liger = design == "mhc_liger"
-            connector = LigerMHC if liger else MHC
+            liger, tanh = design == "mhc_liger", design == "mhc_tanh"
+
+            def connector(n, d, j, br):
+                return LigerMHC(n, d, j, br) if liger else MHC(n, d, j, br, tanh=tanh)
+
             hyper = {"kind": "liger_mhc" if liger else "mhc", "num_residual_streams": n,
-                     "tanh": False, "gating_factor_init": 0.01, "sinkhorn_iters": 20,
+                     "tanh": tanh, "gating_factor_init": 0.01, "sinkhorn_iters": 20,
                      "sinkhorn_tau": 1.0, "collapse": "auto"}
         blocks = [HyperBlock(connector, n, **_kwargs(cfg, i)) for i in range(L)]
         name = "hc" if design.startswith("hc") else "mhc"
@@ -491,6 +510,17 @@ def build(design: str, depth: int = 3, *, attnres_size: int = 2, base_depth: int
         raw["block_overrides"] = {str(L - 1): {**raw["block"], "moda_skip_ffn_kv": True}}
         return OriginalModel(upstream, blocks, kind="moda"), raw
     raise ValueError(f"unknown design {design!r}; one of {DESIGNS}")
+
+
+def train_module(design: str, d_model: int = 32) -> dict | None:
+    """config.json's ``train_module`` where a design's config records something
+    there (a depth-width run: the embedding's AdamW eps divided by ``d / d_base``);
+    None: the default section."""
+    if design != "completep_width":
+        return None
+    eps = 1e-8
+    return {"optim": {"lr": 2e-3, "eps": eps, "weight_decay": 0.1, "group_overrides": [
+        {"params": ["embeddings.weight"], "opts": {"eps": eps / (d_model / WIDTH_BASE)}}]}}
 
 
 def logits(model, tokens) -> torch.Tensor:

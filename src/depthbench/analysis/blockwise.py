@@ -70,8 +70,8 @@ class Blockwise:
 
     def logits(self, params, state):
         g = self._globals(params)
-        x = self.fam.readout(g, state, lambda h: self.norm.apply(
-            {"params": params["final_norm"]}, h))
+        x = self.fam.readout(g, state, lambda h, eps=None: self.norm.apply(
+            {"params": params["final_norm"]}, h, eps))
         return jnp.einsum("btd,dv->btv", x.astype(self.spec.dtype),
                           params["head"].astype(self.spec.dtype)).astype(jnp.float32)
 

@@ -20,7 +20,8 @@ examples:
 
 Options select the original benchmark's definitions (the defaults) or
 depthbench's alternatives: --skip-rule remove, --swap-rule block,
---probe-rule readout (attnres), --causal-ratio per_token.
+--probe-rule readout (attnres), --lens-rule readout (hc, mhc),
+--causal-ratio per_token.
 """
 
 

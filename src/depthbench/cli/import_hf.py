@@ -36,9 +36,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register_import(subparsers, name: str, *, summary: str, doc: str, epilog: str,
-                    source: tuple[str, str, str], run) -> None:
+                    source: tuple[str, str, str], run) -> argparse.ArgumentParser:
     """An import command: ``NAME SOURCE --out RUN_DIR [--no-progress]`` (``source``:
-    its argument's dest, metavar and help); import-hf and import-olmo share it."""
+    its argument's dest, metavar and help); import-hf and import-olmo share it.
+    Returns the parser (for a command's own options)."""
     parser = subparsers.add_parser(
         name, help=summary, description=doc.split("\n\n")[0], epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,6 +49,7 @@ def register_import(subparsers, name: str, *, summary: str, doc: str, epilog: st
                         help="new (or empty) run directory to write")
     parser.add_argument("--no-progress", action="store_true", help="no progress output")
     parser.set_defaults(func=run)
+    return parser
 
 
 def register(subparsers) -> None:

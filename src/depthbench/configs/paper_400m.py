@@ -4,8 +4,22 @@ spec/shapes_and_recipe.md: the paper-400m table (L 16, 20, 24, 28, 32, 42, 70;
 aspect ratios 76 .. 9.1), vocabulary 50280, batch 512 x 2048 tokens (~1M per
 step), 20 tokens per parameter (8B tokens, 7630 steps), AdamW (0.9, 0.95,
 eps 1e-8, weight decay 0.1), 10% linear warmup from 0, cosine to 0.1 x peak,
-clipping at 1.0, bf16 compute with fp32 weights; the peak learning rate is
-swept over {5e-4, 1e-3, 2e-3, 5e-3} per design and shape (280 runs).
+clipping at 1.0, bf16 compute and bf16 weights with no fp32 master copy (the
+original's precision, below); the peak learning rate is swept over {5e-4,
+1e-3, 2e-3, 5e-3} per design and shape (280 runs).
+
+Precision as the original trained (docs/ORIGINAL.md "Precision"): its model
+is built in bf16 (``torch_dtype`` bfloat16) and trained under DDP, which keeps
+no fp32 master copy, so AdamW updates bf16 weights with bf16 moments; only
+modules built with an explicit fp32 dtype stay fp32 (Liger mHC's ``b`` and
+gates, AttnRes's queries and key norms).  Here: ``model.param_dtype`` bf16
+(matrices, embeddings, head, norm gains, mhc's ``phi``, moda's depth K/V
+projection; the optimizer's moments follow the parameters), every other
+family parameter fp32; gradients are summed over microbatches in fp32 (the
+original reduces them in fp32), then cast to the parameter's dtype for AdamW.
+The one departure: hc's routing parameters, which the original may have
+built in bf16, are fp32 here (family parameters are fp32 unless a family
+says otherwise).
 
 The data are pre-tokenised shards (.npy, uint16, GPT-NeoX vocabulary, EOS id
 0; ``depthbench data tokenize`` makes them, docs/DATA.md) given on the command
@@ -53,7 +67,8 @@ def paper_config(suite: str, *, batch: int = BATCH, seq_len: int = SEQ_LEN):
     m.vocab_size = s.vocab_size
     m.n_heads = 0  # the suite's heads (16; GQA with 8 KV heads at 1.6B)
     m.n_kv_heads = 0
-    m.compute_dtype = "bfloat16"  # fp32 master weights: base.py's param_dtype
+    m.compute_dtype = "bfloat16"
+    m.param_dtype = "bfloat16"  # the original's: bf16 weights, no fp32 master copy
     d = c.data
     d.corpus = "tokens"
     d.paths = ""  # required: --config.data.paths='/data/*.npy' (local files on every host)

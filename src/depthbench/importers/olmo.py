@@ -11,10 +11,10 @@ repository root holding the final checkpoint) has::
 :mod:`olmo_config` reads the model's design and shape, :mod:`distcp` the
 tensors (one at a time; optimizer state never read), :mod:`olmo_weights`
 places them, and :mod:`run_writer` writes the run: its parameters only
-(item ``params``), fp32, at step 0; ``resolved.olmo`` records the source,
-its training step, block type and every departure from the original that
-depthbench cannot express yet.  Nothing is written until everything has
-been read and checked.
+(item ``params``), fp32 (a leaf the family stores otherwise, as it is),
+at step 0; ``resolved.olmo`` records the source, its training step, block
+type and every departure from the original that depthbench cannot express.
+Nothing is written until everything has been read and checked.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ CHECKPOINT_DIR = "model_and_optim"
 
 
 def _param_shapes(config) -> dict:
-    """The model's parameter tree as nested dicts of shapes (no arrays made)."""
+    """The model's parameter tree as nested dicts of ``(shape, dtype)`` (no arrays
+    made): fp32, except where the family stores a leaf otherwise (Liger mHC's
+    ``phi`` in bf16, as the checkpoint holds it)."""
     import jax
     import jax.numpy as jnp
     from flax import linen as nn
@@ -45,8 +47,8 @@ def _param_shapes(config) -> dict:
                            jax.random.key(0))["params"]
 
     def shapes(node):
-        return {k: shapes(v) for k, v in node.items()} if isinstance(node, dict) else tuple(
-            node.shape)
+        return {k: shapes(v) for k, v in node.items()} if isinstance(node, dict) else (
+            tuple(node.shape), node.dtype)
 
     return shapes(nn.unbox(boxed))
 
@@ -69,9 +71,32 @@ def _seq_len(saved: dict) -> int:
     return 2048
 
 
-def import_olmo(step_dir: str | Path, out: str | Path, *, progress: bool = True) -> dict:
+def _val_tokens(path: str | None, vocab_size: int) -> tuple[str, int]:
+    """``(absolute path, tokens)`` of the ``--val-tokens`` file, checked: a 1-D
+    integer .npy of at least two tokens, every id inside the vocabulary."""
+    if not path:
+        return "", 0
+    from depthbench.data.token_cache import open_tokens
+
+    try:
+        tokens = open_tokens(Path(path).expanduser(), field="val-tokens")
+    except ConfigError as e:  # "config.val-tokens: PATH ...": name the option instead
+        raise ConfigError(f"{WHAT}: --{str(e).removeprefix('config.')}") from None
+    if len(tokens) < 2:
+        raise ConfigError(f"{WHAT}: --val-tokens: {path} holds {len(tokens)} tokens; need "
+                          "at least 2")
+    top = max(int(tokens[i:i + (1 << 24)].max()) for i in range(0, len(tokens), 1 << 24))
+    if top >= vocab_size:
+        raise ConfigError(f"{WHAT}: --val-tokens: {path}: token ids reach {top}, beyond the "
+                          f"model's vocabulary of {vocab_size} (another tokenizer's tokens?)")
+    return str(Path(path).expanduser().resolve()), len(tokens)
+
+
+def import_olmo(step_dir: str | Path, out: str | Path, *, progress: bool = True,
+                val_tokens: str | None = None) -> dict:
     """Convert the step directory ``step_dir`` into the run directory ``out``;
-    return the config dict written to ``out/config.json``."""
+    return the config dict written to ``out/config.json``.  ``val_tokens``: a
+    token .npy recorded as the run's validation split (what analyses read)."""
     if "://" in str(step_dir) or not Path(step_dir).expanduser().is_dir():
         raise ConfigError(f"{WHAT}: {str(step_dir)!r} is not a local directory (the hub is never "
                           "contacted; download the step directory first)")
@@ -80,6 +105,7 @@ def import_olmo(step_dir: str | Path, out: str | Path, *, progress: bool = True)
     require_torch()
     saved = read_config(step)
     model = read_model(saved)
+    val = _val_tokens(val_tokens, model.model_fields["vocab_size"])
     ckpt = DistCheckpoint(step / CHECKPOINT_DIR)
     config = run_writer.run_config(WHAT, model.family, model.model_fields, model.residual,
                                    _seq_len(saved))
@@ -96,5 +122,5 @@ def import_olmo(step_dir: str | Path, out: str | Path, *, progress: bool = True)
     return run_writer.write_run(
         out, config, params_np, source=("olmo", record), files=tokenizer_files(step),
         tokenizer={"eos": tok.get("eos_token_id"), "bos": tok.get("bos_token_id"),
-                   "pad": tok.get("pad_token_id")},
+                   "pad": tok.get("pad_token_id"), "val_tokens": val},
         optimizer_state=False)

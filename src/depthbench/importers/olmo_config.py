@@ -4,10 +4,10 @@ A released step directory carries the OLMo-core experiment config its
 trainer saved (``model``: the ``TransformerConfig``; ``dataset.tokenizer``:
 the token ids).  :func:`read_model` turns its ``model`` section into an
 :class:`OlmoModel`: the depthbench family, the explicit shape and numerics,
-the family's residual fields (by their current names), what the weight
-mapping needs to know about the layout, and the *departures*: choices the
-original made that depthbench has no field for yet, mapped to the closest
-field and listed (docs/ORIGINAL.md says which field each needs).
+the family's residual fields (by their current names: every choice the
+original made is one, docs/ORIGINAL.md), what the weight mapping needs to
+know about the layout, and the *departures*: what a field cannot carry
+(only the training rules of depth-width muP runs), listed.
 
 Block types the original trained (``model.block.name``; docs/ORIGINAL.md):
 ``default`` (pre_ln; also the early HC/mHC and AttnRes checkpoints, whose
@@ -44,10 +44,10 @@ class OlmoModel:
     model_fields: dict[str, Any]  # depth, d_model, d_ff, n_heads, n_kv_heads, vocab, eps, theta
     residual: dict[str, Any]  # depthbench residual fields
     # Layout facts the weight mapping needs: hc_kind ("hc" | "mhc" | "liger_mhc"),
-    # streams, attnres_size, moda_kv (extra FFN K/V projection present), head_scale
-    # (a factor on the LM head folded into its weights), tied (head = embeddings).
+    # streams, attnres_size, moda_kv (extra FFN K/V projection present), tied
+    # (head = embeddings).
     layout: dict[str, Any]
-    departures: tuple[str, ...]  # the original's choices depthbench cannot express yet
+    departures: tuple[str, ...]  # what the imported run cannot reproduce (training rules)
 
 
 def read_config(step_dir: Path) -> dict:
@@ -170,7 +170,7 @@ def _block_overrides(model: _Fields, block: dict) -> bool:
     return True
 
 
-def _head_scale(saved: dict, d_model: int) -> float:
+def _head_scale(saved: dict) -> float:
     """The LM-head output factor of the original's depth-width muP runs (its
     ``pretrain_preln_mup.py`` multiplies the head's output by ``d_base / d``, a
     patch config.json does not record), recovered from the embedding's AdamW
@@ -227,7 +227,7 @@ def read_model(saved: dict) -> OlmoModel:
         raise ConfigError(f"{WHAT}: config.json: model.block.layer_norm.name {norm_name!r} is "
                           "not supported for this block; allowed: rms")
 
-    layout: dict[str, Any] = {"tied": bool(model.opt("tie_word_embeddings")), "head_scale": 1.0}
+    layout: dict[str, Any] = {"tied": bool(model.opt("tie_word_embeddings"))}
     departures: list[str] = []
     residual: dict[str, Any] = {}
     if name in _PLAIN:
@@ -237,13 +237,14 @@ def read_model(saved: dict) -> OlmoModel:
     elif name in ("depth_mup", "completep"):
         family = "completep"
         base = block.int("residual_scaling_base_depth")
+        head_scale = _head_scale(saved)
         residual.update(completep_alpha=0.5 if name == "depth_mup" else 1.0,
-                        completep_base_depth=base)
-        layout["head_scale"] = _head_scale(saved, fields["d_model"])
-        if layout["head_scale"] != 1.0:
-            departures.append(f"depth-width muP: the LM head's output factor d_base/d = "
-                              f"{layout['head_scale']:g} is folded into the head weights "
-                              "(logits exact; its training rule is not)")
+                        completep_base_depth=base, completep_head_scale=head_scale)
+        if head_scale != 1.0:
+            departures.append(f"depth-width muP (head output factor d_base/d = {head_scale:g}, "
+                              "completep_head_scale): the logits are the original's, but its "
+                              "width-muP init and per-group learning rates are not fields, so "
+                              "training on from here is not the original's recipe")
     elif name in ("hc", "mhc"):
         family, residual, more = _hyper(block, name)
         layout.update(more)
@@ -253,10 +254,10 @@ def read_model(saved: dict) -> OlmoModel:
         family = "attnres_full" if size == 1 else "attnres_block"
         if size > 1:
             residual["attnres_block_size"] = size
+            residual["attnres_partition"] = "size"
         layout["attnres_size"] = size
-        departures.append("AttnRes key norms, fused sublayer pre-norms and final norm use "
-                          "OLMo-core's RMSNorm eps 1e-5, depthbench's use norm_eps "
-                          f"({fields['norm_eps']:g} here)")
+        # The extra norms are built without an eps: OLMo-core's RMSNorm default.
+        residual["attnres_eps"] = 1e-5
     else:  # moda, post_norm_moda
         family = "moda"
         moda = block.sub("moda") if isinstance(block.opt("moda"), dict) else _Fields({}, "")
@@ -287,34 +288,28 @@ def _hyper(block: _Fields, name: str) -> tuple[str, dict, dict]:
     tanh = (kind == "hc") if tanh is None else bool(tanh)
     collapse = hc.choice("collapse", ("auto", "sum", "mean"), "auto")
     mean = collapse == "mean" or (collapse == "auto" and kind == "liger_mhc")
-    departures: list[str] = []
     residual: dict[str, Any] = {"hc_n": n, "hc_scale_init": hc.num("gating_factor_init", 0.01),
-                                "readout": "sum_then_norm" if mean else "norm_then_sum"}
-    if mean:
-        departures.append("readout: mean of the streams then the final norm, read as "
-                          "sum_then_norm (equal up to the norm's eps)")
+                                "readout": "mean_then_norm" if mean else "norm_then_sum"}
+    layout = {"hc_kind": kind, "streams": n, "departures": []}
     if kind == "hc":
-        residual["hc_tanh"] = tanh
         # The write rule changed in the original without a config field; its configs
         # gained 'collapse' in the same change (docs/ORIGINAL.md, hyper_connections.py).
-        early = "collapse" not in hc.data
-        if early:
-            departures.append("hc write rule: this checkpoint predates the change to "
-                              "H <- mixed[1:] + beta y; it was trained with H <- H + beta y")
-        return "hc", residual, {"hc_kind": kind, "streams": n, "hc_write": "residual" if early
-                                else "mixed", "departures": departures}
-    tau = hc.num("sinkhorn_tau", 1.0)
-    residual.update(sinkhorn_iters=hc.int("sinkhorn_iters", default=20),
-                    sinkhorn_temperature=1.0 if kind == "liger_mhc" else tau)
-    if tanh:
-        departures.append("mhc with tanh on the dynamic projections (early mHC): depthbench's "
-                          "mhc has none")
+        residual.update(hc_tanh=tanh, hc_write="mixed" if "collapse" in hc.data else "residual")
+        return "hc", residual, layout
+    residual.update(sinkhorn_iters=hc.int("sinkhorn_iters", default=20), mhc_tanh=tanh)
     if kind == "liger_mhc":
-        departures.append(
-            "Liger mHC: linear-domain Sinkhorn with sinkhorn_eps "
-            f"{hc.num('liger_sinkhorn_eps', 1e-6):g} (a row softmax, then row/column "
-            "normalisations), rms eps "
-            f"{hc.num('liger_rms_eps', 1e-6):g}, pre_eps {hc.num('liger_pre_eps', 0.0):g}, "
-            f"post_mult {hc.num('liger_post_mult', 2.0):g}: imported as depthbench's "
-            "log-domain Sinkhorn (h_res transposed into P[in, out])")
-    return "mhc", residual, {"hc_kind": kind, "streams": n, "departures": departures}
+        # LigerHyperConnection's own defaults, overridable by the config's liger_* keys.
+        residual.update(
+            sinkhorn_temperature=1.0, mhc_sinkhorn="linear", mhc_res_layout="out_in",
+            mhc_sinkhorn_eps=hc.num("liger_sinkhorn_eps", 1e-6),
+            mhc_rms_eps=hc.num("liger_rms_eps", 1e-6), mhc_gate_decay=False,
+            mhc_phi_dtype=hc.choice("liger_phi_dtype", ("bfloat16", "float32"), "bfloat16"))
+        for key, want in (("liger_pre_eps", 0.0), ("liger_post_mult", 2.0)):
+            if hc.num(key, want) != want:
+                raise ConfigError(f"{WHAT}: config.json: {hc.where}.{key} = {hc.num(key, want)} "
+                                  f"is not supported (depthbench's mhc has {want:g})")
+    else:  # PyTorch mHC: _forward_mhc's rms(f) eps 1e-8, log-domain sinkhorn_log
+        residual.update(sinkhorn_temperature=hc.num("sinkhorn_tau", 1.0), mhc_sinkhorn="log",
+                        mhc_res_layout="in_out", mhc_rms_eps=1e-8, mhc_gate_decay=True,
+                        mhc_phi_dtype="param")
+    return "mhc", residual, layout

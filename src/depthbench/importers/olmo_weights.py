@@ -89,13 +89,8 @@ def placements(m: OlmoModel) -> tuple[dict[str, tuple[tuple[int, ...], list[Plac
                 put(b + name + ".weight", (d,), leaf, (i,))
         _family_block(m, i, put, const)
     put("embeddings.weight", (V, d), "embed")
-    scale = float(m.layout.get("head_scale", 1.0))
-
-    def head(w):  # a view unless depth-width muP's output factor is folded in
-        return w.T if scale == 1.0 else w.T.astype(np.float32) * np.float32(scale)
-
     put("embeddings.weight" if m.layout.get("tied") else "lm_head.w_out.weight", (V, d), "head",
-        (), head)
+        (), np.transpose)
     put("lm_head.norm.weight", (d,), "final_norm/scale")
     if m.family.startswith("attnres"):
         put("res_proj.weight", (1, d), "residual/query", (), lambda w: w[0])
@@ -180,21 +175,15 @@ def _family_block(m: OlmoModel, i: int, put, const) -> None:
 
 
 def _liger_connector(c: str, i: int, sub: int, n: int, d: int, width: int, put) -> None:
-    """Liger mHC: ``phi [n*d, n^2 + 2n]`` (columns pre | post | res with res
-    row-major ``[out, in]``) and ``b [n^2 + 2n]`` in the same order.  depthbench's
-    residual logits are ``[in, out]``, so the res block is transposed."""
-    def res_t(x):  # [..., n*n] as [out, in] -> [..., n*n] as [in, out]
-        lead = x.shape[:-1]
-        return np.swapaxes(x.reshape(*lead, n, n), -1, -2).reshape(*lead, n * n)
-
-    def phi(w):
-        return np.concatenate([w[:, :2 * n], res_t(w[:, 2 * n:])], axis=1).reshape(n, d, width)
-
-    put(c + "phi", (n * d, width), "blocks/residual/phi", (i, sub), phi)
+    """Liger mHC: ``phi [n*d, n^2 + 2n]`` (columns pre | post | res, rows
+    stream-major like depthbench's ``phi [n, d, m]``) and ``b [n^2 + 2n]`` in the
+    same order; the res part row-major ``[out, in]``, as depthbench's
+    ``mhc_res_layout = "out_in"`` reads it (no transpose)."""
+    put(c + "phi", (n * d, width), "blocks/residual/phi", (i, sub),
+        lambda w: w.reshape(n, d, width))
     put(c + "b", (width,), "blocks/residual/b_pre", (i, sub), lambda b: b[:n])
     put(c + "b", (width,), "blocks/residual/b_post", (i, sub), lambda b: b[n:2 * n])
-    put(c + "b", (width,), "blocks/residual/B_res", (i, sub),
-        lambda b: b[2 * n:].reshape(n, n).T)
+    put(c + "b", (width,), "blocks/residual/B_res", (i, sub), lambda b: b[2 * n:].reshape(n, n))
     put(c + "alpha_pre", (), "blocks/residual/a_pre", (i, sub))
     put(c + "alpha_post", (), "blocks/residual/a_post", (i, sub))
     put(c + "alpha_res", (), "blocks/residual/a_res", (i, sub))
@@ -215,10 +204,11 @@ def _leaf(tree: dict, path: tuple[str, ...]) -> np.ndarray:
 
 def convert(read: Callable[[str], np.ndarray], present: dict[str, tuple[int, ...]],
             m: OlmoModel, shapes: dict, *, block: str, progress: bool = False) -> dict:
-    """depthbench's parameter tree (host fp32 arrays, ``shapes``' structure)
-    filled from the checkpoint (``present``: its model keys and shapes; ``read``:
-    one tensor by key).  Every key of the design must be present with its
-    shape, every present key must be one of them, every parameter filled."""
+    """depthbench's parameter tree (host arrays of ``shapes``' ``(shape, dtype)``
+    leaves: fp32, bf16 where the family stores bf16) filled from the checkpoint
+    (``present``: its model keys and shapes; ``read``: one tensor by key).
+    Every key of the design must be present with its shape, every present key
+    must be one of them, every parameter filled."""
     from tqdm import tqdm
 
     keys, consts = placements(m)
@@ -239,7 +229,8 @@ def convert(read: Callable[[str], np.ndarray], present: dict[str, tuple[int, ...
     def alloc(node):
         if isinstance(node, dict):
             return {k: alloc(v) for k, v in node.items()}
-        return np.zeros(node, np.float32)
+        shape, dtype = node
+        return np.zeros(shape, dtype)
 
     tree = alloc(shapes)
     filled: dict[tuple[str, ...], int] = {}
@@ -258,7 +249,7 @@ def convert(read: Callable[[str], np.ndarray], present: dict[str, tuple[int, ...
     for p in consts:
         place(p, np.full(_leaf(tree, p.leaf)[p.index].shape, p.value, np.float32))
     for key in tqdm(list(keys), desc="converting", unit="tensor", disable=not progress):
-        x = read(key)  # stored dtype; the assignment into the fp32 leaf converts
+        x = read(key)  # stored dtype; the assignment into the leaf converts
         for p in keys[key][1]:
             place(p, p.convert(x) if p.convert else x)
         del x

@@ -89,13 +89,16 @@ def run_config(name: str, family: str, model_fields: dict[str, Any], residual: d
 
 
 def tokenizer_info(path: str, vocab_size: int, *, eos: int | None, bos: int | None,
-                   pad: int | None) -> dict:
+                   pad: int | None, val_tokens: tuple[str, int] = ("", 0)) -> dict:
     """``resolved.tokenizer`` of an imported run (the trainer's field names);
-    ``path`` is the tokenizer file in the run ("" when none was copied)."""
+    ``path`` is the tokenizer file in the run ("" when none was copied);
+    ``val_tokens``: a validation token file and its length (analyses read it)."""
     return {"corpus": "", "corpus_fingerprint": "", "kind": "hf", "tokenizer_path": path,
-            "train_tokens_path": "", "val_tokens_path": "", "vocab_size": int(vocab_size),
+            "train_tokens_path": "", "val_tokens_path": val_tokens[0],
+            "vocab_size": int(vocab_size),
             "bos_id": -1 if bos is None else int(bos), "eos_id": -1 if eos is None else int(eos),
-            "pad_id": -1 if pad is None else int(pad), "train_tokens": 0, "val_tokens": 0,
+            "pad_id": -1 if pad is None else int(pad), "train_tokens": 0,
+            "val_tokens": int(val_tokens[1]),
             "train_documents": 0, "val_documents": 0, "train_bytes": 0, "val_bytes": 0,
             "bytes_per_token": 0.0, "token_dtype": "uint32"}
 
@@ -136,7 +139,7 @@ def _save_step0(directory: Path, item: str, tree: Any, meta: dict) -> None:
 
 
 def write_run(out: Path, config, params_np: dict, *, source: tuple[str, dict],
-              files: dict[str, Path], tokenizer: dict[str, int | None],
+              files: dict[str, Path], tokenizer: dict[str, Any],
               optimizer_state: bool) -> dict:
     """Write the run directory ``out`` (checked by :func:`check_out`) and return
     the dict written to its ``config.json``.

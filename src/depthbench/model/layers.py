@@ -48,9 +48,10 @@ class RMSNorm(nn.Module):
     spec: ModelSpec
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        w = norm_param(self, "scale", self.spec.d_model)
-        return rms_norm(x, w, self.spec.norm_eps)
+    def __call__(self, x: jax.Array, eps: float | None = None) -> jax.Array:
+        """``eps``: the family's, where it is not ``norm_eps`` (attnres's readout)."""
+        w = norm_param(self, "scale", self.spec.d_model, self.spec.pdtype)
+        return rms_norm(x, w, self.spec.norm_eps if eps is None else eps)
 
 
 def project(x: jax.Array, w: jax.Array, in_dims: int = 1) -> jax.Array:

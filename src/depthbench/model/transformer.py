@@ -34,6 +34,7 @@ from depthbench.model.residual.capabilities import (
     AnalysisProbes,
     DepthAttention,
     DepthBanks,
+    PreNormEps,
     ScaledInput,
     probes,
 )
@@ -80,7 +81,7 @@ class Block(nn.Module):
         attn = Attention(s, tuple(fam.init_scale(m) for m in "qkvo"), name="attn")
         mlp = MLP(s, tuple(fam.init_scale(m) for m in ("gate", "up", "down")), name="mlp")
         norms = [
-            norm_param(self, f"{k}_norm", s.d_model) if fam.pre_norm else None
+            norm_param(self, f"{k}_norm", s.d_model, s.pdtype) if fam.pre_norm else None
             for k in ("attn", "mlp")
         ]
         captured, analysis = {}, probes(fam)
@@ -96,7 +97,8 @@ class Block(nn.Module):
             h, ctx = fam.read(p, state, site)
             if all(h is not leaf for leaf in jax.tree.leaves(state)):
                 h = keep_for_backward(h)  # a family's mix of its state (see _keep_state)
-            x_in = rms_norm(h, norms[sub], s.norm_eps) if fam.pre_norm else h
+            eps = fam.pre_norm_eps(site) if isinstance(fam, PreNormEps) else s.norm_eps
+            x_in = rms_norm(h, norms[sub], eps) if fam.pre_norm else h
             if isinstance(fam, ScaledInput):
                 x_in = fam.input_scale(p, x_in, site)
             if sub == 0:

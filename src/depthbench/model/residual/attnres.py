@@ -29,13 +29,17 @@ holding at least one of the sublayers ``0 .. c-1`` (``started[0] = 0``):
 * the first sublayer sees only ``x0`` and reads it exactly (softmax over
   one source);
 * blocks of one sublayer are **attnres_full**: every output is its own
-  source, ``M = 2L + 1``.  **attnres_block** with ``attnres_block_size = S
-  > 0`` uses blocks of ``S`` (the last keeps the remainder); with
-  ``attnres_block_size = 0`` it uses exactly ``N = attnres_blocks`` blocks
-  whenever ``2L >= N``, sizes ``floor(2L / N)`` or one more, the **first**
-  ``2L mod N`` blocks taking the extra sublayer (the original benchmark's
-  ``ceil(2L / N)`` also made the early blocks the larger ones, but gave
-  fewer than ``N`` blocks at e.g. L14, L17, L21 with ``N = 8``); with
+  source, ``M = 2L + 1``.  **attnres_block** partitions as the original
+  benchmark does by default (``attnres_partition = "size"``): blocks of ``S``
+  sublayers, a boundary where ``j % S == 0``, the last block keeping the
+  remainder (its ``block.py@6bdf2ad``, ``attnres_is_attn_boundary``), with
+  ``S = attnres_block_size``, or ``ceil(2L / N)`` for ``N = attnres_blocks``
+  when that is 0 (fewer than ``N`` blocks at e.g. L14, L17, L21 with ``N = 8``;
+  a released checkpoint's ``config.json`` names its ``S``).  The variant
+  ``attnres_block+n_blocks`` (``"count"``) uses exactly ``N`` blocks whenever
+  ``2L >= N``, sizes ``floor(2L / N)`` or one more, the **first** ``2L mod N``
+  taking the extra sublayer (depthbench's earlier partition, the paper's
+  block count; the two agree at the paper-400m depths L16..L32); with
   ``2L < N`` every sublayer is its own block.  ``M = 1 + number of blocks``.
 
 A skipped block (``active`` false) adds nothing to its slot and does not
@@ -71,6 +75,15 @@ mixes never recompute it.  At d 64, L 32 on CPU the two together took
 attnres_full's train step from 2.18-2.45x to 1.57-1.78x pre_ln's (2026-12-01).
 With ``model.impl=pallas`` each mix is one fused kernel call instead, and
 ``inv_rms`` is not kept.
+
+Epsilon (``attnres_eps``, default 1e-5): the original fuses the key norm, the
+sublayer's pre-norm and, at the readout, the final norm into one kernel
+(``olmo_core/kernels/attnres.py@aba1f65`` ``fused_attnres``) whose RMS eps is
+the key norm's, OLMo-core's RMSNorm default 1e-5 (the backbone's norms keep
+the shape config's ``norm_eps``, 1e-6).  So every key norm, the pre-norm of
+every sublayer but the first (whose input is ``x0`` alone, normed as the
+backbone's ``attention_norm(x0)``) and the final norm use ``attnres_eps``
+(the family's ``PreNormEps``).
 """
 
 from __future__ import annotations
@@ -90,6 +103,8 @@ from depthbench.model.residual.capabilities import (
     BankSlots,
     CostTerms,
     DepthBanks,
+    PreNormEps,
+    Variants,
 )
 from depthbench.model.residual.depth_mix import (
     depth_mixes,
@@ -97,20 +112,28 @@ from depthbench.model.residual.depth_mix import (
     merge_source,
     slot_inv_rms,
 )
-from depthbench.model.residual.fields import FamilyConfig, check_number
+from depthbench.model.residual.fields import FamilyConfig, check_choice, check_number
 
 MBTD = ("activation_sources", *BTD)
 MBT = MBTD[:-1]
 
 
-def block_sizes(depth: int, blocks: int, block_size: int = 0) -> tuple[int, ...]:
+PARTITIONS = ("size", "count")
+
+
+def block_sizes(depth: int, blocks: int, block_size: int = 0,
+                partition: str = "count") -> tuple[int, ...]:
     """Sublayers per block over the ``2L`` sublayers, in order.
 
     ``block_size > 0``: blocks of ``block_size``, the last keeps the remainder.
-    Otherwise exactly ``blocks`` blocks when ``2L >= blocks``: ``q = 2L // blocks``
-    sublayers each, the first ``2L mod blocks`` of them one more; and ``2L``
-    blocks of one sublayer when ``2L < blocks``."""
+    Otherwise, ``partition = "size"``: blocks of ``ceil(2L / blocks)`` the same
+    way (the original benchmark's); ``"count"``: exactly ``blocks`` blocks when
+    ``2L >= blocks``, ``q = 2L // blocks`` sublayers each, the first ``2L mod
+    blocks`` of them one more, and ``2L`` blocks of one sublayer when ``2L <
+    blocks``."""
     total = 2 * int(depth)
+    if block_size <= 0 and partition == "size":
+        block_size = -(-total // int(blocks))
     if block_size > 0:
         full, rest = divmod(total, int(block_size))
         return (int(block_size),) * full + ((rest,) if rest else ())
@@ -131,13 +154,27 @@ def describe_blocks(sizes: tuple[int, ...]) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, AnalysisOptions):
+class AttnResConfig(FamilyConfig):
+    attnres_eps: float = 1e-5  # key norms, fused pre-norms, final norm (OLMo-core's default)
+
+    # Run directories saved before the field used model.norm_eps (1e-6 by default).
+    saved_before = {"attnres_eps": 1e-6}
+
+    def validate(self, config) -> None:
+        check_number("attnres_eps", self.attnres_eps, 0.0, 1e-2, exclusive=True,
+                     meaning="eps of the key norms, the fused pre-norms and the final norm")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, AnalysisOptions,
+                  PreNormEps):
     name = "attnres_full"
     description = (
         "Attention Residuals: each sublayer reads a softmax mix over the embedding "
         "and every earlier sublayer output"
     )
     reference = "Kimi Team 2026, Attention Residuals (arXiv 2603.15031)"
+    Config = AttnResConfig
     sharding_rules = (("activation_sources", None),)  # the source bank's slot axis
     # The first value is the original benchmark's definition (docs/spec/analysis.md
     # "Options"): z_l read by the next consumer, the "next-output" rule for a
@@ -153,6 +190,16 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
     def blocks(self) -> tuple[int, ...]:
         """Sublayers per block, in order (full: ``2L`` blocks of one)."""
         return (1,) * (2 * self.spec.depth)
+
+    @property
+    def eps(self) -> float:
+        """The eps of the key norms, the mixes' pre-norms and the final norm."""
+        return float(self.cfg.attnres_eps)
+
+    def pre_norm_eps(self, site):
+        """``attnres_eps`` for every sublayer input that is a mix; the first
+        sublayer to run reads ``x0`` alone, normed with the backbone's eps."""
+        return jnp.where(site.j == 0, jnp.float32(self.spec.norm_eps), jnp.float32(self.eps))
 
     @property
     def n_slots(self) -> int:
@@ -199,7 +246,7 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
         zero = jnp.zeros((), jnp.int32)
         state = {"bank": bank, "count": zero, "skipped": zero}
         if not fused.use_pallas(self.spec):  # the kernels compute r in their one pass
-            r0_bt = slot_inv_rms(x0, self.spec.norm_eps)
+            r0_bt = slot_inv_rms(x0, self.eps)
             empty_r = jnp.zeros((self.n_slots - 1, *r0_bt.shape), jnp.float32)
             state["inv_rms"] = with_axes(jnp.concatenate([r0_bt[None], empty_r], axis=0), MBT)
         return state
@@ -225,7 +272,7 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
     def _one_mix(self, state, valid_m, query, key_norm):
         bank = state["bank"]
         if "inv_rms" not in state:
-            return fused.depth_mix(bank, valid_m, query, key_norm, self.spec.norm_eps)
+            return fused.depth_mix(bank, valid_m, query, key_norm, self.eps)
         h_btkd, _ = depth_mixes(bank, state["inv_rms"], valid_m[:, None], query[None],
                                 key_norm[None])
         return h_btkd[:, :, 0].astype(bank.dtype)
@@ -287,7 +334,7 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
         """``inv_rms_mbt`` with ``slot`` holding ``value_btd``'s inverse RMS where
         ``changed``, and that slot's entry."""
         old_bt = jax.lax.dynamic_index_in_dim(inv_rms_mbt, slot, axis=0, keepdims=False)
-        new_bt = jnp.where(changed, slot_inv_rms(value_btd, self.spec.norm_eps), old_bt)
+        new_bt = jnp.where(changed, slot_inv_rms(value_btd, self.eps), old_bt)
         inv_rms_mbt = jax.lax.dynamic_update_index_in_dim(inv_rms_mbt, new_bt, slot, axis=0)
         return with_axes(inv_rms_mbt, MBT), new_bt
 
@@ -308,7 +355,7 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
         return {"bank": n, "inv_rms": n}
 
     def readout(self, g, state, final_norm):
-        return final_norm(self._consumer_mix(state, g["query"], g["key_norm"]))
+        return final_norm(self._consumer_mix(state, g["query"], g["key_norm"]), eps=self.eps)
 
     # ------------------------------------------------------------ analysis probes
     def boundary_state(self, p, g, state):
@@ -335,13 +382,13 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
         return self.boundary_state(p, g, state)
 
     def lens_decode(self, g, r, final_norm):
-        return final_norm(r)
+        return final_norm(r, eps=self.eps)
 
     def probe(self, p, state, site):
         """``depth_weights`` ``[M]``: the token-averaged softmax weight sublayer
         ``site`` puts on each bank slot (0: the embedding; unfilled slots 0)."""
         w = depth_weights(state["bank"], self._valid(state["count"], state["bank"]),
-                          p["query"][site.sub], p["key_norm"][site.sub], self.spec.norm_eps)
+                          p["query"][site.sub], p["key_norm"][site.sub], self.eps)
         w_m = jnp.mean(w, axis=(1, 2))  # a cut bank (``bank_extent``): the rest are unfilled
         return {"depth_weights": jnp.pad(w_m, (0, self.n_slots - w_m.shape[0]))}
 
@@ -423,22 +470,28 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
 
 
 @dataclasses.dataclass(frozen=True)
-class AttnResBlockConfig(FamilyConfig):
-    attnres_blocks: int = 8  # blocks over the 2L sublayers
-    attnres_block_size: int = 0  # sublayers per block; 0 = from attnres_blocks
+class AttnResBlockConfig(AttnResConfig, Variants):
+    attnres_blocks: int = 8  # N: blocks over the 2L sublayers
+    attnres_block_size: int = 0  # S: sublayers per block; 0 = from attnres_blocks
+    attnres_partition: str = "size"  # "size": blocks of S, ceil(2L/N) if 0 | "count": N blocks
+
+    variants = {"n_blocks": {"attnres_partition": "count"}}
+    saved_before = {**AttnResConfig.saved_before, "attnres_partition": "count"}
 
     def validate(self, config) -> None:
+        super().validate(config)
         check_number("attnres_blocks", self.attnres_blocks, 1, integer=True,
                      meaning="blocks over 2L sublayers")
         check_number("attnres_block_size", self.attnres_block_size, 0, integer=True,
-                     meaning="sublayers per block; 0 = exactly attnres_blocks blocks")
+                     meaning="sublayers per block; 0 = from attnres_blocks")
+        check_choice("attnres_partition", self.attnres_partition, PARTITIONS)
 
 
 @dataclasses.dataclass(frozen=True)
 class AttnResBlock(AttnResFull):
     name = "attnres_block"
     description = (
-        "Block Attention Residuals: sublayer outputs summed in N blocks; each "
+        "Block Attention Residuals: sublayer outputs summed in blocks of S; each "
         "sublayer mixes over the embedding, the committed blocks and the partial"
     )
     reference = "Kimi Team 2026, Attention Residuals (arXiv 2603.15031), Block AttnRes"
@@ -447,7 +500,7 @@ class AttnResBlock(AttnResFull):
     @property
     def blocks(self) -> tuple[int, ...]:
         return block_sizes(self.spec.depth, int(self.cfg.attnres_blocks),
-                           int(self.cfg.attnres_block_size))
+                           int(self.cfg.attnres_block_size), str(self.cfg.attnres_partition))
 
     def layout(self) -> str:
         return describe_blocks(self.blocks)

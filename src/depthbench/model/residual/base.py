@@ -145,15 +145,20 @@ def post_norm(norm, state: jax.Array, y: jax.Array, weight: jax.Array, eps: floa
 
 
 def family_param(
-    mod: nn.Module, name: str, init, shape: tuple[int, ...], axes: tuple[str | None, ...]
+    mod: nn.Module, name: str, init, shape: tuple[int, ...], axes: tuple[str | None, ...],
+    dtype=jnp.float32,
 ) -> jax.Array:
-    """A family parameter: fp32 (routing maths stays fp32), logical axes for sharding."""
-    return mod.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
+    """A family parameter: fp32 unless the family stores it otherwise (mhc's
+    ``phi`` in bf16, as Liger's mHC does), logical axes for sharding.  Routing
+    maths runs in fp32 whatever the storage."""
+    return mod.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.dtype(dtype))
 
 
-def norm_param(mod: nn.Module, name: str, d: int) -> jax.Array:
-    """A norm weight (init 1) with logical axis 'norm'."""
-    return family_param(mod, name, nn.initializers.ones, (d,), ("norm",))
+def norm_param(mod: nn.Module, name: str, d: int, dtype=jnp.float32) -> jax.Array:
+    """A norm weight (init 1) with logical axis 'norm'; the backbone's norms and a
+    family's post-norms are stored in ``model.param_dtype`` (the original builds
+    them in its model dtype), attnres's key norms in fp32."""
+    return family_param(mod, name, nn.initializers.ones, (d,), ("norm",), dtype)
 
 
 def with_axes(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:

@@ -12,6 +12,8 @@ backbone, a state of one vector per token, no learning-rate rule.
 * :class:`DepthAttention`: the attention sublayer's softmax also covers keys
   the family keeps in its state (moda);
 * :class:`ScaledInput`: a factor on a sublayer's normalised input (lns);
+* :class:`PreNormEps`: the eps of the backbone's pre-norm, per sublayer
+  (attnres: its mixes' fused norms use ``attnres_eps``);
 * :class:`CostTerms`: parameters, FLOPs and state beyond pre_ln's, for
   ``costs.py`` and ``depthbench families`` / ``costs``;
 * :class:`AnalysisProbes`: the state as one vector per token at a block
@@ -99,6 +101,14 @@ class ScaledInput(abc.ABC):
     @abc.abstractmethod
     def input_scale(self, p: Any, x_in: jax.Array, site) -> jax.Array:
         """``x_in`` (the normalised sublayer input) as the sublayer receives it."""
+
+
+class PreNormEps(abc.ABC):
+    """The eps of the backbone's pre-norm ``N_j`` is the family's, not ``norm_eps``."""
+
+    @abc.abstractmethod
+    def pre_norm_eps(self, site) -> float | jax.Array:
+        """The eps of sublayer ``site``'s pre-norm (may be traced: ``site.pos`` is)."""
 
 
 # ---------------------------------------------------------------------- costs

@@ -28,6 +28,14 @@ multiplier.
 setting with both depth-wise transfer and non-lazy layers.  ``alpha = 0.5``
 is the depth-muP of Yang et al. 2023 and Bordelon et al. 2023, kept
 available (the variant ``completep+depth_mup``).
+
+``completep_head_scale`` multiplies the LM head's output (the readout, the
+head being linear): the original benchmark's depth-width runs
+(``examples/pretrain_preln_mup.py@aba1f65``) multiply it by ``d_base / d``,
+the muP output multiplier; 1 (default) in its depth-only runs and here.
+Only that factor is a field: the width-muP init and per-group learning
+rates of those runs are not (``import-olmo`` sets the factor from a
+checkpoint, whose logits it then reproduces).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from depthbench.model.residual.base import ResidualFamily, gate
 from depthbench.model.residual.capabilities import LearningRateRule, Variants
@@ -61,6 +70,7 @@ def eps_multiplier(depth: int, base_depth: int, alpha: float) -> float:
 class CompletePConfig(FamilyConfig, Variants):
     completep_alpha: float = 1.0  # (L / L_base) ** -alpha: 1 = CompleteP, 0.5 = depth-muP
     completep_base_depth: int = 4  # L_base: the depth the learning rate was tuned at
+    completep_head_scale: float = 1.0  # the LM head's output factor (depth-width muP: d_base/d)
 
     variants = {"depth_mup": {"completep_alpha": 0.5}}
 
@@ -68,6 +78,8 @@ class CompletePConfig(FamilyConfig, Variants):
         check_number("completep_alpha", self.completep_alpha, 0.5, 1.0,
                      meaning="1 = CompleteP, 0.5 = depth-muP")
         check_number("completep_base_depth", self.completep_base_depth, 1.0, integer=True)
+        check_number("completep_head_scale", self.completep_head_scale, 0.0, exclusive=True,
+                     meaning="the LM head's output factor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +113,13 @@ class CompleteP(ResidualFamily, LearningRateRule):
 
     def write(self, p, state, y, site, aux, active):
         return gate(active, state + self.multiplier * y, state)
+
+    def readout(self, g, state, final_norm):
+        """``N_out(x)``, times ``completep_head_scale`` (the head is linear, so this
+        scales the logits)."""
+        scale = float(self.cfg.completep_head_scale)
+        x = final_norm(state)
+        return x if scale == 1.0 else (x.astype(jnp.float32) * scale).astype(x.dtype)
 
     def lr_multipliers(self, params: Any) -> Any:
         """Per-leaf learning-rate factor (python floats, same tree as ``params``).

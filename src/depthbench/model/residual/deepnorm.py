@@ -55,7 +55,7 @@ class DeepNorm(ResidualFamily):
         return float(self.cfg.deepnorm_beta) or deepnorm_beta(self.spec.depth)
 
     def create_block_params(self, mod, ident):
-        return {k: norm_param(mod, k, self.spec.d_model) for k in _LN}
+        return {k: norm_param(mod, k, self.spec.d_model, self.spec.pdtype) for k in _LN}
 
     def init_scale(self, matrix: str) -> float:
         return self.beta if matrix in _BETA_MATRICES else 1.0

@@ -20,7 +20,7 @@ import dataclasses
 import math
 import typing
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from depthbench.errors import ConfigError
 
@@ -31,6 +31,12 @@ SECTION = "config.model.residual"
 class FamilyConfig:
     """The fields of a family with none (pre_ln's); a family's config derives
     from it and adds its own (frozen, so a spec holding one stays hashable)."""
+
+    # What a run directory saved before a field existed meant by its absence,
+    # for a field whose default is not the behaviour it replaced (mhc's Liger
+    # form, attnres's eps): ``config.from_saved`` completes a saved config with
+    # these, else with the defaults, so an old run computes what it computed.
+    saved_before: ClassVar[dict[str, Any]] = {}
 
     def validate(self, config) -> None:
         """Raise ConfigError (one line) for a value out of range; ``config`` is the
@@ -46,6 +52,11 @@ class FamilyConfig:
     def defaults(cls) -> dict[str, Any]:
         """Field name -> default, in declaration order."""
         return {f.name: f.default for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def saved_defaults(cls) -> dict[str, Any]:
+        """Field name -> the value a saved config without it means."""
+        return {**cls.defaults(), **cls.saved_before}
 
     @classmethod
     def from_fields(cls, given: Mapping[str, Any], family: str) -> FamilyConfig:

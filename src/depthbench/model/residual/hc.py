@@ -7,13 +7,22 @@ For sublayer ``j`` with ``k = j mod n`` (spec/residuals.md, family 6)::
     beta[s]  = beta0[s] + s_b * tanh(hn[s] . w_b)       w_b: d
     mixed[t] = sum_s A[s, t] * H[s]                     t = 0 .. n
     read:  x = mixed[0];  y = F(N(x))
-    write: H[t] <- mixed[t + 1] + beta[t] * y
+    write: H[t] <- mixed[t + 1] + beta[t] * y          (hc_write = "mixed")
+           H[t] <- H[t] + beta[t] * y                  (hc_write = "residual")
 
 ``A0[s, 0] = [s == k]``, ``A0[:, 1:] = I``, ``beta0 = 1``; ``W_a = w_b = 0``
 and ``s_a = s_b = hc_scale_init`` (0.01).  ``A0`` and ``beta0`` are learned
 (the paper's static connections) but take no weight decay.  ``k`` comes from
 the block's identity, so a permuted block keeps the connection it was
 initialised (and trained) with.  ``hc_tanh = False`` drops the tanh.
+
+The write rule (``hc_write``) is the original benchmark's in both of its
+versions: ``mixed`` (default) is its later rule (its
+``pretrain/OLMo-core/src/olmo_core/nn/hyper_connections.py`` @8cc2fd74 and
+@f61f873, and the HC paper's); ``residual`` its first released one (@dc75a4e,
+@5152cab: the branch output added to the unmixed streams, the mixing only
+forming the sublayer's input), which its early checkpoints were trained with
+(variant ``hc+early_write``; ``import-olmo`` sets it from the checkpoint).
 
 Each block has two connectors (attention, MLP), stacked on a leading axis
 of size 2.  All coefficient maths is fp32.  ``read`` and ``write`` both
@@ -32,6 +41,7 @@ from flax import linen as nn
 
 from depthbench.model.residual import fused
 from depthbench.model.residual.base import family_param, gate, with_axes
+from depthbench.model.residual.fields import check_choice
 from depthbench.model.residual.streams import (
     NBTD,
     StreamConfig,
@@ -55,9 +65,19 @@ def hc_static_init(ident, n: int):
     return init
 
 
+WRITES = ("mixed", "residual")
+
+
 @dataclasses.dataclass(frozen=True)
 class HCConfig(StreamConfig):
     hc_tanh: bool = True  # tanh on the dynamic parts
+    hc_write: str = "mixed"  # "mixed": H <- mixed[1:] + beta y | "residual": H <- H + beta y
+
+    variants = {**StreamConfig.variants, "early_write": {"hc_write": "residual"}}
+
+    def validate(self, config) -> None:
+        super().validate(config)
+        check_choice("hc_write", self.hc_write, WRITES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,17 +129,30 @@ class HC(StreamFamily):
         a, _ = self.coefficients(p, state, site.sub)
         return mix_streams(a[..., :1], state)[0].astype(state.dtype), {}
 
+    @property
+    def mixes_state(self) -> bool:
+        """Whether the write mixes the streams (the later rule) or adds to them."""
+        return self.cfg.hc_write == "mixed"
+
     def write(self, p, state, y, site, aux, active):
         if fused.use_pallas(self.spec):
             _, mix, beta = fused.hc_pre(p, site.sub, state, bool(self.cfg.hc_tanh))
-            return gate(active, with_axes(fused.stream_post(state, mix, beta, y), NBTD), state)
+            if self.mixes_state:
+                new = fused.stream_post(state, mix, beta, y)
+            else:
+                new = add_weighted(state, beta, y).astype(state.dtype)
+            return gate(active, with_axes(new, NBTD), state)
         a, beta = self.coefficients(p, state, site.sub)
-        new = add_weighted(mix_streams(a[..., 1:], state), beta, y)
+        base = mix_streams(a[..., 1:], state) if self.mixes_state else state
+        new = add_weighted(base, beta, y)
         return gate(active, with_axes(new.astype(state.dtype), NBTD), state)
 
     def probe(self, p, state, site):
         """The residual mixing ``A[s, t + 1]`` (``H[t] <- sum_s A[s, t+1] H[s]``),
-        token-averaged: ``mixing`` ``[n, n]``."""
+        token-averaged: ``mixing`` ``[n, n]`` (the identity under the
+        ``residual`` write rule, which does not mix the streams)."""
+        if not self.mixes_state:
+            return {"mixing": jnp.eye(self.n, dtype=jnp.float32)}
         a, _ = self.coefficients(p, state, site.sub)
         return {"mixing": jnp.mean(a[..., 1:], axis=(1, 2))}
 
@@ -138,10 +171,12 @@ class HC(StreamFamily):
         """Per connector (2L of them), counting multiply-adds as 2:
 
         * ``2 n d (n+2)``: the dynamic projection ``hn @ [W_a | w_b]``;
-        * ``2 n (n+1) d``: the mix ``mixed[t] = sum_s A[s, t] H[s]``, ``t = 0..n``;
+        * ``2 n (n+1) d``: the mix ``mixed[t] = sum_s A[s, t] H[s]``, ``t = 0..n``
+          (``2 n d``, ``t = 0`` alone, under the ``residual`` write rule);
         * ``2 n d``: the write ``beta[t] * y`` added to ``n`` streams.
 
         The stream norms (``3 n d``) are left out like every norm in ``costs``."""
         n, d = self.n, self.spec.d_model
-        per = 2 * n * d * (n + 2) + 2 * n * (n + 1) * d + 2 * n * d
+        mixed = n + 1 if self.mixes_state else 1
+        per = 2 * n * d * (n + 2) + 2 * n * mixed * d + 2 * n * d
         return float(2 * self.spec.depth * per)

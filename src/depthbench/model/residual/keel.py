@@ -53,7 +53,7 @@ class Keel(ResidualFamily, CostTerms):
         return float(self.cfg.keel_alpha) or 2.0 * self.spec.depth
 
     def create_block_params(self, mod, ident):
-        return {k: norm_param(mod, k, self.spec.d_model) for k in _POST}
+        return {k: norm_param(mod, k, self.spec.d_model, self.spec.pdtype) for k in _POST}
 
     def write(self, p, state, y, site, aux, active):
         first = site.pos == 0

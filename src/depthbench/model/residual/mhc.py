@@ -4,7 +4,7 @@ For sublayer ``j`` with ``k = j mod n`` (spec/residuals.md, family 7), in
 DeepSeek's fused form (one ``nd x (n^2 + 2n)`` matrix ``phi``, the RMS
 division applied after the matmul)::
 
-    f    = concat_s H[s]                    r = rms(f)        (fp32)
+    f    = concat_s H[s]                    r = rms(f)   (fp32, eps mhc_rms_eps)
     u    = (f @ phi) / r                    = [u_pre | u_post | u_res]
     pre  = sigmoid(a_pre * u_pre + b_pre)                      in R^n
     post = 2 * sigmoid(a_post * u_post + b_post)               in R^n
@@ -13,14 +13,42 @@ division applied after the matmul)::
     read:  x = sum_s pre[s] * H[s];  y = F(N(x))
     write: H[t] <- sum_s P[s, t] * H[s] + post[t] * y
 
+The original benchmark trained two forms of it, and every choice that
+separates them is a field (defaults: the Liger form its 400M runs used,
+``--mhc-backend=liger_mhc``, liger-kernel 0.8.5 ``ops/mhc.py``):
+
+* ``mhc_sinkhorn``: ``linear`` (Liger: a row softmax, then divisions by the
+  sums plus ``mhc_sinkhorn_eps``) or ``log`` (PyTorch mHC, ``sinkhorn_log``);
+* ``mhc_res_layout``: how ``R``'s (and ``B_res``'s, ``phi``'s residual
+  columns') ``n x n`` entries are laid out.  ``out_in`` (Liger): ``R[o, i]``,
+  ``H[o] <- sum_i h_res[o, i] H[i]`` with ``h_res = sinkhorn(R)``, so ``P =
+  h_res^T``; ``in_out`` (PyTorch mHC): ``R[s = in, t = out]``, ``P =
+  sinkhorn(R)``.  Sinkhorn normalises the last axis first, so the two
+  layouts differ in more than a transpose after finitely many rounds;
+* ``mhc_rms_eps``: the eps of ``r`` (Liger 1e-6, PyTorch mHC 1e-8);
+* ``mhc_gate_decay``: weight decay on ``a_pre``, ``a_post``, ``a_res``
+  (Liger creates them outside the decayed groups; PyTorch mHC decays them);
+* ``mhc_phi_dtype``: ``phi``'s storage (Liger keeps it in bf16,
+  ``liger_phi_dtype``; ``param`` follows ``model.param_dtype``);
+* ``mhc_tanh``: ``tanh`` on ``u`` before the gates (the first mHC
+  checkpoints, hyper_connections.py@dc75a4e, ``tanh: bool = True``);
+* ``readout``: ``mean_then_norm`` (Liger's mean collapse) or PyTorch mHC's
+  ``norm_then_sum`` (``streams.py``).
+
+The variant ``mhc+pytorch`` sets the PyTorch form (the form depthbench
+trained before; a run directory saved then reads as it, ``saved_before``).
+
 ``phi`` is stored as ``[n, d, n^2 + 2n]`` (the same matrix, rows split by
 stream so its ``d`` axis shards like the streams' feature axis).  Init:
 ``phi = 0``; ``a_* = hc_scale_init`` (0.01); ``b_pre = +mhc_bias`` at ``k``,
 ``-mhc_bias`` elsewhere; ``b_post = 0``; ``B_res`` 0 on the diagonal and
-``-mhc_bias`` off it, so ``P`` starts near the identity.  ``b_pre``,
-``b_post`` and ``B_res`` take no weight decay.  Two connectors per block,
-stacked on a leading axis of size 2; all coefficient maths in fp32.  As in
-hc, ``write`` recomputes ``read``'s coefficients (one copy after XLA's CSE).
+``-mhc_bias`` off it, so ``P`` starts near the identity (the original's
+"gap 8", hyper_connections.py@f61f873).  ``b_pre``, ``b_post`` and ``B_res``
+take no weight decay.  Two connectors per block, stacked on a leading axis of
+size 2; all coefficient maths in fp32.  As in hc, ``write`` recomputes
+``read``'s coefficients (one copy after XLA's CSE).  The Pallas kernels
+compute the PyTorch form (``log``, ``in_out``, no tanh); the model runs the
+others in XLA, and ``model.impl = "pallas"`` refuses them.
 """
 
 from __future__ import annotations
@@ -31,10 +59,11 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from depthbench.errors import ConfigError
 from depthbench.model.residual import fused
 from depthbench.model.residual.base import family_param, gate, with_axes
-from depthbench.model.residual.fields import check_number
-from depthbench.model.residual.sinkhorn import sinkhorn, sinkhorn_flops
+from depthbench.model.residual.fields import check_choice, check_number
+from depthbench.model.residual.sinkhorn import sinkhorn, sinkhorn_flops, sinkhorn_linear
 from depthbench.model.residual.streams import (
     NBTD,
     StreamConfig,
@@ -43,6 +72,11 @@ from depthbench.model.residual.streams import (
     mix_streams,
     stream_sum,
 )
+
+SINKHORNS = ("linear", "log")
+LAYOUTS = ("out_in", "in_out")
+PHI_DTYPES = ("bfloat16", "float32", "param")
+GATES = frozenset({"a_pre", "a_post", "a_res"})
 
 
 def mhc_bias_init(ident, n: int, bias: float):
@@ -65,11 +99,31 @@ def mhc_res_init(n: int, bias: float):
     return init
 
 
+# The PyTorch mHC of the original benchmark (hyper_connections.py@f61f873
+# ``_forward_mhc``), depthbench's mhc before it followed the Liger form.
+PYTORCH = {"mhc_sinkhorn": "log", "mhc_res_layout": "in_out", "mhc_rms_eps": 1e-8,
+           "mhc_gate_decay": True, "mhc_phi_dtype": "param", "readout": "norm_then_sum"}
+
+
 @dataclasses.dataclass(frozen=True)
 class MHCConfig(StreamConfig):
+    readout: str = "mean_then_norm"  # Liger's mean collapse (streams.py)
     sinkhorn_iters: int = 20
     sinkhorn_temperature: float = 1.0
     mhc_bias: float = 8.0  # |b_pre| and -B_res off-diagonal at init
+    mhc_sinkhorn: str = "linear"  # "linear" (Liger) | "log" (PyTorch mHC)
+    mhc_sinkhorn_eps: float = 1e-6  # linear: added to every sum (Liger's sinkhorn_eps)
+    mhc_rms_eps: float = 1e-6  # eps of rms(f) (Liger's rms_eps; PyTorch mHC 1e-8)
+    mhc_res_layout: str = "out_in"  # R[out, in] (Liger) | R[in, out] (PyTorch mHC)
+    mhc_gate_decay: bool = False  # weight decay on a_pre, a_post, a_res
+    mhc_phi_dtype: str = "bfloat16"  # phi's storage: bfloat16 (Liger) | float32 | param
+    mhc_tanh: bool = False  # tanh(u) before the gates (the first mHC checkpoints)
+
+    variants = {**StreamConfig.variants, "pytorch": PYTORCH}
+    # Run directories saved before these fields existed trained the PyTorch form
+    # with fp32 phi and rms(f)'s eps = model.norm_eps (1e-6 by default).
+    saved_before = {**PYTORCH, "mhc_rms_eps": 1e-6, "mhc_phi_dtype": "float32",
+                    "readout": "norm_then_sum"}
 
     def validate(self, config) -> None:
         super().validate(config)
@@ -77,6 +131,24 @@ class MHCConfig(StreamConfig):
         check_number("sinkhorn_temperature", self.sinkhorn_temperature, 0.0, exclusive=True)
         check_number("mhc_bias", self.mhc_bias, 0.0,
                      meaning="|b_pre| and -B_res off-diagonal at init")
+        check_choice("mhc_sinkhorn", self.mhc_sinkhorn, SINKHORNS)
+        check_number("mhc_sinkhorn_eps", self.mhc_sinkhorn_eps, 0.0, 1e-2,
+                     meaning="added to every row and column sum of the linear Sinkhorn")
+        check_number("mhc_rms_eps", self.mhc_rms_eps, 0.0, 1e-2, exclusive=True,
+                     meaning="eps of the streams' RMS")
+        check_choice("mhc_res_layout", self.mhc_res_layout, LAYOUTS)
+        check_choice("mhc_phi_dtype", self.mhc_phi_dtype, PHI_DTYPES)
+        if config.model.impl == "pallas" and not self.kernel_form:
+            raise ConfigError(
+                "config.model.impl: 'pallas' computes mhc's PyTorch form only "
+                "(mhc_sinkhorn=log, mhc_res_layout=in_out, mhc_tanh=false; the variant "
+                f"mhc+pytorch); this mhc is {self.mhc_sinkhorn}/{self.mhc_res_layout}"
+                f"{'/tanh' if self.mhc_tanh else ''}: use impl 'xla' or 'auto'")
+
+    @property
+    def kernel_form(self) -> bool:
+        """Whether the Pallas kernels compute this form (log, in_out, no tanh)."""
+        return self.mhc_sinkhorn == "log" and self.mhc_res_layout == "in_out" and not self.mhc_tanh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,19 +159,33 @@ class MHC(StreamFamily):
         "Sinkhorn (doubly-stochastic) stream mix"
     )
     reference = "Xie et al. (DeepSeek-AI) 2025, mHC: Manifold-Constrained Hyper-Connections"
-    no_decay = frozenset({"b_pre", "b_post", "B_res"})
     Config = MHCConfig
+
+    @property
+    def no_decay(self) -> frozenset[str]:  # type: ignore[override]
+        """The static biases; the gates too unless ``mhc_gate_decay``."""
+        static = frozenset({"b_pre", "b_post", "B_res"})
+        return static if self.cfg.mhc_gate_decay else static | GATES
 
     @property
     def width(self) -> int:
         """Columns of ``phi``: ``n`` (pre) + ``n`` (post) + ``n^2`` (res)."""
         return self.n * self.n + 2 * self.n
 
+    @property
+    def linear(self) -> bool:
+        return self.cfg.mhc_sinkhorn == "linear"
+
+    def _pallas(self) -> bool:
+        return fused.use_pallas(self.spec) and self.cfg.kernel_form
+
     # ------------------------------------------------------------ parameters
     def create_block_params(self, mod, ident):
         n, d = self.n, self.spec.d_model
         s0 = float(self.cfg.hc_scale_init)
         bias = float(self.cfg.mhc_bias)
+        phi_dtype = {"param": self.spec.pdtype}.get(self.cfg.mhc_phi_dtype,
+                                                    self.cfg.mhc_phi_dtype)
 
         gate_init = nn.initializers.constant(s0)
         return {
@@ -109,6 +195,7 @@ class MHC(StreamFamily):
                 nn.initializers.zeros,
                 (2, n, d, self.width),
                 (None, "streams", "embed", "routing"),
+                phi_dtype,
             ),
             "a_pre": family_param(mod, "a_pre", gate_init, (2,), (None,)),
             "a_post": family_param(mod, "a_post", gate_init, (2,), (None,)),
@@ -117,7 +204,7 @@ class MHC(StreamFamily):
                 mod, "b_pre", mhc_bias_init(ident, n, bias), (2, n), (None, "streams")
             ),
             "b_post": family_param(mod, "b_post", nn.initializers.zeros, (2, n), (None, "streams")),
-            # Logical names must be distinct: the target-stream axis is unnamed.
+            # Logical names must be distinct: the second stream axis is unnamed.
             "B_res": family_param(
                 mod, "B_res", mhc_res_init(n, bias), (2, n, n), (None, "streams", None)
             ),
@@ -126,34 +213,41 @@ class MHC(StreamFamily):
     # ------------------------------------------------------------ routing
     def coefficients(self, p, h_nbtd, sub: int):
         """``pre`` ``[n, B, T]``, ``post`` ``[n, B, T]``, ``P`` ``[n, B, T, n]`` (fp32)."""
-        n = self.n
+        n, cfg = self.n, self.cfg
         h32 = h_nbtd.astype(jnp.float32)
         # rms over the n*d concatenation = sqrt(mean over streams and features).
         # (over the streams as a chain: see stream_sum)
         ms_bt = stream_sum(jnp.mean(jnp.square(h32), axis=-1)) / n
-        inv_r_bt = jax.lax.rsqrt(ms_bt + self.spec.norm_eps)
+        inv_r_bt = jax.lax.rsqrt(ms_bt + float(cfg.mhc_rms_eps))
         u = jnp.einsum("sbtd,sdm->btm", h32, p["phi"][sub].astype(jnp.float32))
         u = u * inv_r_bt[..., None]
+        if cfg.mhc_tanh:
+            u = jnp.tanh(u)
         pre = jax.nn.sigmoid(p["a_pre"][sub] * u[..., :n] + p["b_pre"][sub])
         post = 2.0 * jax.nn.sigmoid(p["a_post"][sub] * u[..., n : 2 * n] + p["b_post"][sub])
-        r_btst = p["a_res"][sub] * u[..., 2 * n :].reshape(*u.shape[:-1], n, n) + p["B_res"][sub]
-        p_btst = sinkhorn(
-            r_btst, int(self.cfg.sinkhorn_iters), float(self.cfg.sinkhorn_temperature)
-        )
+        r_btnn = p["a_res"][sub] * u[..., 2 * n :].reshape(*u.shape[:-1], n, n) + p["B_res"][sub]
+        iters, temp = int(cfg.sinkhorn_iters), float(cfg.sinkhorn_temperature)
+        if self.linear:
+            m_btnn = sinkhorn_linear(r_btnn, iters, float(cfg.mhc_sinkhorn_eps), temp)
+        else:
+            m_btnn = sinkhorn(r_btnn, iters, temp)
+        # P[s = in, t = out]: the Sinkhorn output itself, or its transpose when R
+        # is laid out [out, in].
+        p_btst = m_btnn if cfg.mhc_res_layout == "in_out" else jnp.swapaxes(m_btnn, -1, -2)
         return (jnp.moveaxis(pre, -1, 0), jnp.moveaxis(post, -1, 0), jnp.moveaxis(p_btst, -2, 0))
 
     def _fused_pre(self, p, state, sub: int):
         iters, temp = int(self.cfg.sinkhorn_iters), float(self.cfg.sinkhorn_temperature)
-        return fused.mhc_pre(p, sub, state, iters, temp, self.spec.norm_eps)
+        return fused.mhc_pre(p, sub, state, iters, temp, float(self.cfg.mhc_rms_eps))
 
     def read(self, p, state, site):
-        if fused.use_pallas(self.spec):
+        if self._pallas():
             return self._fused_pre(p, state, site.sub)[0], {}
         pre, _, _ = self.coefficients(p, state, site.sub)
         return mix_streams(pre[..., None], state)[0].astype(state.dtype), {}
 
     def write(self, p, state, y, site, aux, active):
-        if fused.use_pallas(self.spec):
+        if self._pallas():
             _, mix, post = self._fused_pre(p, state, site.sub)
             return gate(active, with_axes(fused.stream_post(state, mix, post, y), NBTD), state)
         _, post, p_sbtt = self.coefficients(p, state, site.sub)
@@ -181,7 +275,8 @@ class MHC(StreamFamily):
         """Per connector (2L of them), counting multiply-adds as 2:
 
         * ``2 n d (n^2 + 2n)``: the fused projection ``f @ phi``;
-        * ``sinkhorn_flops(n, iters)``: ``6 n^2`` per iteration (see ``sinkhorn``);
+        * ``sinkhorn_flops(n, iters)``: ``6 n^2`` per iteration in the log domain,
+          ``4 n^2`` in the linear one (see ``sinkhorn``);
         * ``2 n d``: the read ``sum_s pre[s] H[s]``;
         * ``2 n^2 d``: the stream mix ``sum_s P[s, t] H[s]``;
         * ``2 n d``: the write ``post[t] * y`` into ``n`` streams.
@@ -189,13 +284,20 @@ class MHC(StreamFamily):
         The RMS of ``f`` (``2 n d``) is a norm and left out, as in ``costs``."""
         n, d = self.n, self.spec.d_model
         iters = int(self.cfg.sinkhorn_iters)
-        per = 2 * n * d * self.width + sinkhorn_flops(n, iters) + 2 * n * d + 2 * n * n * d
+        per = (2 * n * d * self.width + sinkhorn_flops(n, iters, self.linear) + 2 * n * d
+               + 2 * n * n * d)
         per += 2 * n * d
         return float(2 * self.spec.depth * per)
+
+    def layout(self) -> str:
+        """``linear/out_in,mean_then_norm``: the Sinkhorn form, ``R``'s layout, the readout."""
+        return f"{self.cfg.mhc_sinkhorn}/{self.cfg.mhc_res_layout},{self.readout_mode}"
 
     def describe(self) -> dict:
         return {
             **super().describe(),
             "sinkhorn_iters": int(self.cfg.sinkhorn_iters),
+            "sinkhorn": self.cfg.mhc_sinkhorn,
+            "res_layout": self.cfg.mhc_res_layout,
             "mhc_bias": float(self.cfg.mhc_bias),
         }

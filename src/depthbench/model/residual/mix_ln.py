@@ -53,7 +53,7 @@ class MixLN(ResidualFamily):
         return post_ln_blocks(self.spec.depth, float(self.cfg.mix_ln_fraction))
 
     def create_block_params(self, mod, ident):
-        return {k: norm_param(mod, k, self.spec.d_model) for k in _NORM}
+        return {k: norm_param(mod, k, self.spec.d_model, self.spec.pdtype) for k in _NORM}
 
     def read(self, p, state, site):
         post = site.pos < self.n_post

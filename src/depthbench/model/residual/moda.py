@@ -1,4 +1,4 @@
-"""moda: mixture-of-depths attention (Zhu et al. 2026), as its authors built it.
+"""moda: mixture-of-depths attention (Zhu et al. 2026), as the original benchmark built it.
 
 Each attention head's one softmax covers the causal sequence keys of the
 current block **and** depth keys at the same token written by earlier
@@ -10,26 +10,30 @@ Algorithm 1; reference code hustvl/MoDA):
   parameters, ``n_kv`` heads) into attention slot ``b``;
 * the MLP sublayer writes ``k, v`` from an extra linear ``d -> 2 H d_h``
   (parameter ``depth_kv``, init like the backbone's K/V) on its input
-  (``aux["x_in"]``) into MLP slot ``b``.  ``H = moda_kv_heads`` (default 2):
-  the reference trains GQA backbones and its FFN projection has the few KV
-  heads of the backbone, which keeps its parameter cost small; here the
-  backbone may be full multi-head, so the depth projection gets its own
-  small head count.  Query head ``h`` scores the MLP depth keys of head
-  ``h // (n_heads / H)``, as GQA shares a key head;
+  (``aux["x_in"]``) into MLP slot ``b``.  ``H = moda_kv_heads``; 0 (default)
+  is the backbone's ``n_kv_heads``, as the original benchmark's
+  ``configure_moda`` builds it (``examples/moda_common.py@6bdf2ad``,
+  ``extra_ffn_kv_proj``; +11.6% to +14% parameters at paper-400m, outside
+  the fixed budget).  The reference code trains GQA backbones, where that
+  projection is small; the variant ``moda+lean`` (``H = 2``, post-norm) keeps
+  it within about 2% of the budget.  Query head ``h`` scores the MLP depth
+  keys of head ``h // (n_heads / H)``, as GQA shares a key head;
 * the attention of block ``b`` sees the slots ``0 .. b - 1`` of both kinds:
   block 0 is ordinary causal attention;
 * depth logits use the **rotated** query against the unrotated depth keys
   (``moda_depth_query = "rotated"``): the reference's fused kernel
   (``parallel_moda``) takes one query for the sequence and the depth keys, so
-  the query the sequence keys need (rotated) also meets the depth keys.
-  ``"unrotated"`` uses the pre-RoPE query there (RoPE cancels at equal
-  positions, the spec's original reading);
-* norm placement (``moda_norm``): ``"post"`` (default; the paper's Table 6
-  finds MoDA better with post-norm, and the authors' companion paper is
-  "Post-LayerNorm is back", arXiv 2601.19895): ``x <- N(x + F(x))``, no
-  pre-norm, as post_ln; ``"pre"``: ``x <- x + F(N(x))``, the original
-  benchmark's.  Both choices are variants (``moda+pre_norm+unrotated_query``
-  is the original benchmark's moda).
+  the query the sequence keys need (rotated) also meets the depth keys, in
+  the reference code and in the original benchmark (``olmo_core/nn/moda.py@
+  100da5f``).  ``"unrotated"`` uses the pre-RoPE query there (RoPE cancels at
+  equal positions: a reading of the paper, variant ``unrotated_query``);
+* norm placement (``moda_norm``): ``"pre"`` (default): ``x <- x + F(N(x))``,
+  the original benchmark's ``moda`` entry scripts; ``"post"``: ``x <- N(x +
+  F(x))``, no pre-norm, as post_ln (its ``post_norm_moda``, and the paper's
+  Table 6 finds MoDA better with post-norm; the authors' companion paper is
+  "Post-LayerNorm is back", arXiv 2601.19895).  Variants ``post_norm``,
+  ``pre_norm``, ``unrotated_query`` and ``lean`` (depthbench's earlier
+  default: ``H = 2``, post-norm).
 
 The joint softmax is ``moda_attention.attention_with_depth``; the family
 hands it to the backbone's attention sublayer (``DepthAttention``).
@@ -147,14 +151,15 @@ def after(values, y):
 
 @dataclasses.dataclass(frozen=True)
 class MoDAConfig(FamilyConfig, Variants):
-    moda_kv_heads: int = 2  # heads of the MLP's depth K/V projection; 0 = the model's KV heads
+    moda_kv_heads: int = 0  # heads of the MLP's depth K/V projection; 0 = the model's KV heads
     moda_depth_query: str = "rotated"  # "rotated" (the reference kernel) | "unrotated"
-    moda_norm: str = "post"  # "post": x <- N(x + F(x)) (the paper's best) | "pre"
+    moda_norm: str = "pre"  # "pre": x <- x + F(N(x)) (the original's) | "post": N(x + F(x))
 
     variants = {
         "pre_norm": {"moda_norm": "pre"},
         "post_norm": {"moda_norm": "post"},
         "unrotated_query": {"moda_depth_query": "unrotated"},
+        "lean": {"moda_kv_heads": 2, "moda_norm": "post"},
     }
 
     def validate(self, config) -> None:
@@ -212,7 +217,7 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
             )
         }
         if not self.pre_norm:
-            p.update({k: norm_param(mod, k, s.d_model) for k in _POST_NORM})
+            p.update({k: norm_param(mod, k, s.d_model, s.pdtype) for k in _POST_NORM})
         return p
 
     # ------------------------------------------------------------ protocol
@@ -342,7 +347,7 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
         return s.d_model + 2 * self.n_slots * (s.n_kv_heads + self.kv_heads) * s.head_dim
 
     def layout(self) -> str:
-        """``kv=16+2,post-norm,rotated-q``: depth K/V heads (attention + MLP), norm
+        """``kv=16+16,pre-norm,rotated-q``: depth K/V heads (attention + MLP), norm
         placement, the query the depth keys meet."""
         return (f"kv={self.spec.n_kv_heads}+{self.kv_heads},{self.cfg.moda_norm}-norm,"
                 f"{self.cfg.moda_depth_query}-q")

@@ -22,7 +22,7 @@ class PostLN(ResidualFamily):
     pre_norm = False
 
     def create_block_params(self, mod, ident):
-        return {k: norm_param(mod, k, self.spec.d_model) for k in _NORM}
+        return {k: norm_param(mod, k, self.spec.d_model, self.spec.pdtype) for k in _NORM}
 
     def write(self, p, state, y, site, aux, active):
         new = post_norm(rms_norm, state, y, p[_NORM[site.sub]], self.spec.norm_eps)

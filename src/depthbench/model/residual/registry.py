@@ -80,7 +80,7 @@ def _check_config(cls: type[ResidualFamily]) -> None:
 def register(cls: type[ResidualFamily]) -> type[ResidualFamily]:
     """Add a family (usable as a class decorator).  Its ``name`` must be new, and
     the fields and sharding rules it shares with registered families must agree
-    (a shared field has one type and one default)."""
+    (a shared field has one type)."""
     if not (isinstance(cls, type) and issubclass(cls, ResidualFamily)) or not cls.name:
         raise TypeError(f"register: {cls!r} is not a ResidualFamily subclass with a name")
     if cls.name in FAMILIES and FAMILIES[cls.name] is not cls:
@@ -121,11 +121,12 @@ def family_config(name: str, fields: dict[str, Any]) -> FamilyConfig:
 
 
 def _typed_fields(cls: type[ResidualFamily]):
-    """(name, (type, default)) of the family's fields: what two families sharing
-    a field must agree on."""
+    """(name, type) of the family's fields: what two families sharing a field must
+    agree on.  Each may default it as its original did (hc's ``readout`` sums the
+    normalised streams, mhc's averages them first); ``config`` keeps a shared
+    field across a family switch only when it was set (``_switch_family``)."""
     types = cls.Config.field_types()
-    return [(name, (types[name].__name__, default))
-            for name, default in cls.config_fields().items()]
+    return [(name, types[name].__name__) for name in cls.config_fields()]
 
 
 def _field_table() -> dict[str, tuple[Any, str]]:

@@ -24,7 +24,7 @@ class SandwichLN(ResidualFamily, CostTerms):
                  "Architecture; Ding et al. 2021, CogView (sandwich-LN)")
 
     def create_block_params(self, mod, ident):
-        return {k: norm_param(mod, k, self.spec.d_model) for k in _POST}
+        return {k: norm_param(mod, k, self.spec.d_model, self.spec.pdtype) for k in _POST}
 
     def write(self, p, state, y, site, aux, active):
         out = rms_norm(y, p[_POST[site.sub]], self.spec.norm_eps)

@@ -1,13 +1,22 @@
-"""Log-domain Sinkhorn-Knopp: project ``exp(R / tau)`` onto doubly-stochastic matrices.
+"""Sinkhorn-Knopp: project ``exp(R / tau)`` onto doubly-stochastic matrices, two ways.
 
 mHC (spec/residuals.md, family 7) mixes its ``n`` residual streams with a
 matrix ``P = sinkhorn(R)`` whose rows and columns each sum to 1, so the
 mixing neither amplifies nor drains the streams however deep the model.
-Working with ``log P`` (subtracting log-sum-exps) instead of dividing
-``exp(R)`` by its sums keeps the iteration finite for any logits, including
-mHC's ``-8`` initial off-diagonal biases and large learned gates.
+The original benchmark trained it in two forms, which differ after a
+finite number of rounds:
 
-Pure ``jnp`` in fp32, so a fused kernel can replace it (``pallas_kernels``).
+* :func:`sinkhorn` (``mhc_sinkhorn = "log"``, its PyTorch mHC:
+  ``hyper_connections.py`` ``sinkhorn_log``): log-sum-exps subtracted in the
+  log domain, finite for any logits, including mHC's ``-8`` initial
+  off-diagonal biases and large learned gates;
+* :func:`sinkhorn_linear` (``"linear"``, its Liger mHC, the 400M runs:
+  liger-kernel 0.8.5 ``ops/mhc.py``, ``_mhc_split_sinkhorn_fwd_kernel``): a
+  row softmax, then divisions by the column and row sums each plus ``eps``.
+
+Both normalise the last axis first and end on the second-to-last.  Pure
+``jnp`` in fp32, so a fused kernel can replace them (``pallas_kernels``:
+the log form).
 """
 
 from __future__ import annotations
@@ -42,10 +51,36 @@ def sinkhorn(logits: jax.Array, iters: int, temperature: float = 1.0) -> jax.Arr
     return _softmax(_log_normalise(log_p, -1), -2)
 
 
-def sinkhorn_flops(n: int, iters: int) -> int:
+def sinkhorn_linear(logits: jax.Array, iters: int, eps: float,
+                    temperature: float = 1.0) -> jax.Array:
+    """Doubly-stochastic ``P`` from ``logits`` ``[..., n, n]`` in the linear domain
+    (fp32 out), as Liger's mHC kernel computes it::
+
+        P = softmax(R / tau, last axis) + eps
+        P = P / (sum(P, second-to-last axis) + eps)
+        repeat iters - 1 times:
+            P = P / (sum(P, last axis) + eps);  P = P / (sum(P, second-to-last) + eps)
+
+    ``eps`` keeps every sum away from 0 (Liger's ``sinkhorn_eps``, 1e-6), so the
+    rows and columns sum to 1 only to within about ``n eps``."""
+    p = _softmax(logits.astype(jnp.float32) / jnp.float32(temperature), -1) + eps
+    p = p / (axis_sum(p, -2) + eps)
+
+    def normalise(_, q):
+        q = q / (axis_sum(q, -1) + eps)
+        return q / (axis_sum(q, -2) + eps)
+
+    return jax.lax.fori_loop(0, int(iters) - 1, normalise, p)
+
+
+def sinkhorn_flops(n: int, iters: int, linear: bool = False) -> int:
     """FLOPs of :func:`sinkhorn` per matrix, counted as 3 per entry per
     normalisation (an exp, an add into the log-sum, a subtract; the log of the
-    ``n`` sums is negligible), two normalisations per iteration."""
+    ``n`` sums is negligible), two normalisations per iteration; of
+    :func:`sinkhorn_linear` (``linear``), 2 per entry per normalisation (an add
+    into the sum, a divide), the first row's softmax counted as one (3)."""
+    if linear:
+        return 2 * 2 * n * n * int(iters) + n * n
     return 2 * 3 * n * n * int(iters)
 
 

@@ -6,11 +6,25 @@ std of the attention output projection and the MLP down-projection by
 ``sqrt(n)`` (the sublayer output is written into ``n`` streams that are
 summed at the readout), and read out with ``config.model.residual.readout``:
 
-* ``norm_then_sum``: ``sum_s N_out(H[s])`` (the original benchmark's default);
-* ``sum_then_norm``: ``N_out(sum_s H[s])`` (the HC paper's form).
+* ``norm_then_sum``: ``sum_s N_out(H[s])`` (the original benchmark's hc and
+  PyTorch mHC: its ``collapse = "auto"``, model.py@5152cab);
+* ``sum_then_norm``: ``N_out(sum_s H[s])`` (the HC paper's form);
+* ``mean_then_norm``: ``N_out(mean_s H[s])`` (the original's Liger mHC, its
+  ``collapse = "auto"`` for ``liger_mhc``: docs/liger_mhc.md@2d16225; equal
+  to ``sum_then_norm`` up to the norm's eps).
 
-Both are variants of both families (``hc+sum_then_norm``): the default makes
-the initial logits ``n`` times pre_ln's, the other form is its control.
+hc defaults to ``norm_then_sum``, mhc to ``mean_then_norm``, as the original
+trained them; all three are variants of both families (``hc+sum_then_norm``):
+``norm_then_sum`` makes the initial logits ``n`` times pre_ln's, the others
+are its control.
+
+The logit lens (analysis option ``lens_rule``) decodes a boundary's streams
+as the original's analysis does by default, ``reduce_then_norm``:
+``N_out(reduce_s H[s])``, the streams reduced with the model's own stream
+reduction (the mean under ``mean_then_norm``, else the sum) before the final
+norm (``analysis/depth_probes.py@f807aa2``, ``forward_readout_states``);
+``readout`` decodes them with the model's own readout, depthbench's earlier
+definition (the lens after the last block is then exactly the model's output).
 
 Sums over streams run in fp32.  The families define the routing (``read``,
 ``write``) and their parameters.
@@ -27,10 +41,15 @@ import jax
 import jax.numpy as jnp
 
 from depthbench.model.residual.base import ResidualFamily, axis_sum, with_axes
-from depthbench.model.residual.capabilities import AnalysisProbes, CostTerms, Variants
+from depthbench.model.residual.capabilities import (
+    AnalysisOptions,
+    AnalysisProbes,
+    CostTerms,
+    Variants,
+)
 from depthbench.model.residual.fields import FamilyConfig, check_choice, check_number
 
-READOUTS = ("norm_then_sum", "sum_then_norm")
+READOUTS = ("norm_then_sum", "sum_then_norm", "mean_then_norm")
 NBTD = ("activation_streams", "activation_batch", "activation_length", "activation_embed")
 
 
@@ -123,9 +142,9 @@ class StreamConfig(FamilyConfig, Variants):
 
     hc_n: int = 4  # expansion: the number of streams
     hc_scale_init: float = 0.01  # hc: s_a, s_b; mhc: a_pre, a_post, a_res
-    readout: str = "norm_then_sum"  # "norm_then_sum" | "sum_then_norm"
+    readout: str = "norm_then_sum"  # "norm_then_sum" | "sum_then_norm" | "mean_then_norm"
 
-    variants = {mode: {"readout": mode} for mode in ("sum_then_norm", "norm_then_sum")}
+    variants = {mode: {"readout": mode} for mode in READOUTS}
 
     def validate(self, config) -> None:
         check_number("hc_n", self.hc_n, 1, 64, integer=True, meaning="number of streams")
@@ -135,10 +154,12 @@ class StreamConfig(FamilyConfig, Variants):
 
 
 @dataclasses.dataclass(frozen=True)
-class StreamFamily(ResidualFamily, CostTerms, AnalysisProbes):
+class StreamFamily(ResidualFamily, CostTerms, AnalysisProbes, AnalysisOptions):
     """Base of hc and mhc: ``n`` streams, ``1/sqrt(n)`` output init, stream readout."""
 
     Config = StreamConfig
+    # The first value is the original benchmark's (docs/spec/analysis.md "Options").
+    analysis_options = {"lens_rule": ("reduce_then_norm", "readout")}
     sharding_rules = (
         ("streams", None),  # the stream index of routing parameters
         ("routing", None),  # routing coefficients (n + 1 or n^2 + 2n columns)
@@ -160,10 +181,25 @@ class StreamFamily(ResidualFamily, CostTerms, AnalysisProbes):
         h = jnp.broadcast_to(x0[None], (self.n, *x0.shape))
         return with_axes(h, NBTD)
 
+    def reduce_streams(self, state) -> jax.Array:
+        """The streams as one vector per token, as the readout reduces them
+        (fp32 sum; the mean under ``mean_then_norm``), in the state's dtype."""
+        total = stream_sum(state.astype(jnp.float32))
+        if self.readout_mode == "mean_then_norm":
+            total = total / self.n
+        return total.astype(state.dtype)
+
     def readout(self, g, state, final_norm):
         if self.readout_mode == "norm_then_sum":
             return stream_sum(final_norm(state).astype(jnp.float32)).astype(state.dtype)
-        return final_norm(stream_sum(state.astype(jnp.float32)).astype(state.dtype))
+        return final_norm(self.reduce_streams(state))
+
+    def lens_decode(self, g, r, final_norm):
+        """``N_out(reduce_s H[s])`` (``lens_rule = "reduce_then_norm"``, the
+        original's), or the model's readout (``"readout"``)."""
+        if self.option("lens_rule") == "readout":
+            return self.readout(g, r, final_norm)
+        return final_norm(self.reduce_streams(r))
 
     # ------------------------------------------------------------ analysis probes
     def boundary_state(self, p, g, state):

@@ -19,7 +19,8 @@ without pytest-xdist) compares the checkout at the start and at the end.
 
 Both tiers share this file and the helper modules beside it (``pythonpath =
 ["tests"]`` in pyproject.toml); ``tests/unit/conftest.py`` adds the rule that
-a unit test starts no process.
+a unit test starts no process.  Fixtures that a unit and an integration
+test file share live in the helper modules named in ``pytest_plugins``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ import tempfile
 from checkout_guard import CheckoutGuard
 from fast_xla import with_fast_flags
 from paths import REPO
+
+# Fixture modules shared by the two tiers (a fixture is only set up where a test asks for it).
+pytest_plugins = ["data_synthetic", "lm_eval_tiny"]
 
 os.environ["XLA_FLAGS"] = with_fast_flags(os.environ.get("XLA_FLAGS", ""))
 

@@ -1,12 +1,11 @@
 """`depthbench shapes | costs | families` and config validation through the CLI, in-process
-(``depthbench.cli.main`` returns the exit status), plus one run of the console script."""
+(``depthbench.cli.main`` returns the exit status); the console script itself runs in
+tests/integration/test_cli_entry_point.py."""
 
 import dataclasses
 import json
-import subprocess
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
@@ -385,31 +384,3 @@ def test_probe_bad_spec_files(probe, capsys, tmp_path):
     empty.write_text("import ml_collections\n")
     assert probe(str(empty)) == 2
     one_line_error(capsys, "empty.py' has no get_config()")
-
-
-# ---------------------------------------------------------------- console script
-
-
-def test_console_script_entry_point():
-    exe = Path(sys.executable).with_name("depthbench")
-    if not exe.exists():
-        pytest.skip(f"no console script beside {sys.executable}")
-    proc = subprocess.run(
-        [str(exe), "shapes", "--suite", "paper-400m"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines[0].startswith("suite paper-400m:")
-    assert lines[3].split()[:3] == ["16", "1216", "3248"]
-    bad = subprocess.run(
-        [str(exe), "shapes", "--suite", "nope"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and bad.stdout == ""

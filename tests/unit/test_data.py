@@ -13,71 +13,12 @@ import os
 
 import numpy as np
 import pytest
+from data_synthetic import BATCH, SEQ_LEN, VOCAB, make_config, make_config_like
 
 from depthbench import config as config_lib
 from depthbench import data
 from depthbench.data import corpora, split, token_cache
 from depthbench.data.pipeline import window_count
-
-SEQ_LEN, BATCH, VOCAB = 16, 4, 384
-
-_WORDS = (
-    "the of and a to in is was that for on as with by he it at from his an were are which this "
-    "be or has had not first one their its new after but who they also been have her she two "
-    "time city river north south king queen war music art water light house year people world "
-    "small great old long high early late black white red green blue stone iron gold silver "
-    "under over between during against across through before among within without"
-).split()
-
-
-def _sentence(rng: np.random.Generator) -> str:
-    words = rng.choice(_WORDS, size=rng.integers(4, 14))
-    text = " ".join(words)
-    return text[0].upper() + text[1:] + rng.choice([".", ".", "!", "?", ";"])
-
-
-def _document(rng: np.random.Generator) -> str:
-    paragraphs = []
-    for _ in range(rng.integers(1, 4)):
-        paragraphs.append(" ".join(_sentence(rng) for _ in range(rng.integers(1, 6))))
-    return "\n".join(paragraphs)
-
-
-def make_config(tmp, **overrides):
-    base = {
-        "data.cache_dir": str(tmp / "cache"),
-        "model.vocab_size": VOCAB,
-        "train.seq_len": SEQ_LEN,
-        "train.batch_size": BATCH,
-        "data.val_fraction": 0.1,
-        "data.val_windows": 8,
-        "data.prefetch": 2,
-    }
-    base.update(overrides)
-    return config_lib.apply_overrides(config_lib.base_config(), base)
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    """400 synthetic documents over 8 text files (one document per paragraph block)."""
-    root = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(0)
-    docs = [_document(rng) for _ in range(400)]
-    docs[7] = docs[3]  # a duplicate: must land in the same split as its twin
-    for i in range(8):
-        (root / f"part{i}.txt").write_text("\n\n".join(docs[i::8]) + "\n")
-    return root, docs
-
-
-@pytest.fixture(scope="module")
-def prepared(corpus_dir, tmp_path_factory):
-    root, _ = corpus_dir
-    tmp = tmp_path_factory.mktemp("prepared")
-    config = make_config(
-        tmp,
-        **{"data.corpus": "text", "data.paths": f"{root}/part*.txt", "data.split_by": "paragraph"},
-    )
-    return config, data.prepare(config, progress=False)
 
 
 def _documents(path: str, eos_id: int) -> list[tuple[int, ...]]:
@@ -193,10 +134,6 @@ def test_epochs_cover_every_window_once_and_reshuffle(prepared):
         make_config_like(config, **{"data.shuffle_seed": 1}), p, process_index=0, process_count=1
     )
     assert [index[r] for r in _rows(next(other))] != first[:BATCH]
-
-
-def make_config_like(config, **overrides):
-    return config_lib.apply_overrides(config, overrides)
 
 
 @pytest.mark.parametrize("hosts", [2, 4])
@@ -372,28 +309,6 @@ def test_resolve_paths_dedups_and_orders(tmp_path):
         (tmp_path / name).write_text("x")
     got = corpora.resolve_paths(f"{tmp_path}/*.txt, {tmp_path}/a.txt")
     assert [g.name for g in got] == ["a.txt", "b.txt"]
-
-
-@pytest.mark.slow  # starts grain worker processes (each imports jax: seconds)
-def test_worker_processes_yield_the_same_batches_and_resume(prepared):
-    config, p = prepared
-    reference = data.train_iterator(config, p, process_index=0, process_count=1)
-    expected = [next(reference) for _ in range(6)]
-    mp_config = make_config_like(config, **{"data.worker_count": 2})
-    it = data.train_iterator(mp_config, p, process_index=0, process_count=1)
-    try:
-        for want in expected[:3]:
-            np.testing.assert_array_equal(next(it)["inputs"], want["inputs"])
-        state = it.get_state()
-    finally:
-        it.close()
-    resumed = data.train_iterator(mp_config, p, process_index=0, process_count=1)
-    try:
-        resumed.set_state(state)
-        for want in expected[3:]:
-            np.testing.assert_array_equal(next(resumed)["inputs"], want["inputs"])
-    finally:
-        resumed.close()
 
 
 def test_damaged_cache_is_reported(corpus_dir, tmp_path):

@@ -6,8 +6,8 @@ compiled once per variant (module-scoped :class:`Harness`): a forward with
 explicit ``active``/``ident`` (serves causality, determinism, skip and
 permutation), one training step (gradients and the micro training run) and
 one unrolled, remat-free forward.  The sharded check runs every family in
-one subprocess with a fake 8-device CPU mesh, started when this module starts
-so that it overlaps the single-device tests.
+one subprocess with a fake 8-device CPU mesh
+(tests/integration/test_families_sharded.py).
 
 Everything is compiled at XLA's backend optimisation level 0 (:data:`FAST`):
 these tests check the models' math, not LLVM's code generation, and it
@@ -17,12 +17,6 @@ halves the compile time that dominates this file.
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +42,6 @@ B, T = 2, 8
 FAMILIES = registry.names()
 TRAIN_STEPS = 30
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-FAST_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 def compile_fast(fn, *example_args):
@@ -269,99 +262,3 @@ def test_micro_training_lowers_loss(h):
     losses, _ = h.training
     assert np.all(np.isfinite(losses)), losses
     assert losses[-1] < 0.9 * losses[0], (losses[0], losses[-1])
-
-
-# ----------------------------------------------------- sharded vs single device
-
-_SHARDED_SCRIPT = r"""
-import json, sys
-import jax, numpy as np
-from flax import linen as nn
-from jax.sharding import NamedSharding, PartitionSpec
-from depthbench import parallel
-from depthbench.model.residual import registry
-from depthbench.model.spec import ModelSpec
-from depthbench.model.transformer import Transformer
-from depthbench.shapes import Shape
-
-assert jax.device_count() == 8, jax.devices()
-shape = Shape(*json.loads(sys.argv[1]))
-mesh = parallel.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-tokens = jax.random.randint(jax.random.key(3), (4, 8), 0, shape.vocab_size)
-for name in registry.names():
-    try:
-        model = Transformer(ModelSpec.from_shape(shape, family=name))
-        boxed = jax.jit(model.init)(jax.random.key(0), tokens)["params"]
-        params = nn.unbox(boxed)
-        fwd = lambda p, t: model.apply({"params": p}, t)
-        single = np.asarray(jax.jit(fwd)(params, tokens))
-        p_sh = parallel.param_shardings(boxed, mesh)
-        t_sh = parallel.batch_sharding(mesh)
-        o_sh = NamedSharding(mesh, PartitionSpec(parallel.BATCH_AXES, None, "tensor"))
-        with jax.set_mesh(mesh), nn.logical_axis_rules(parallel.axis_rules()):
-            run = jax.jit(fwd, in_shardings=(p_sh, t_sh), out_shardings=o_sh)
-            out = run(jax.device_put(params, p_sh), jax.device_put(tokens, t_sh))
-        res = {"family": name, "max_abs_diff": float(np.max(np.abs(np.asarray(out) - single))),
-               "sharded_leaves": sum(not s.is_fully_replicated for s in jax.tree.leaves(p_sh)),
-               "out_devices": len(out.sharding.device_set)}
-    except Exception as e:  # reported per family by the test
-        res = {"family": name, "error": f"{type(e).__name__}: {e}"[:2000]}
-    print(json.dumps(res), flush=True)
-"""
-
-
-def _start_sharded_job() -> subprocess.Popen:
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {FAST_FLAGS}")
-    shape = [TINY.depth, TINY.d_model, TINY.d_ff, TINY.n_heads, TINY.n_kv_heads,
-             TINY.vocab_size]
-    # stderr goes to a file: a full pipe would stall the job until the test reads it.
-    errors = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen([sys.executable, "-c", _SHARDED_SCRIPT, json.dumps(shape)],
-                            stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
-    proc.errors = errors
-    return proc
-
-
-@pytest.fixture(scope="module", autouse=True)
-def sharded_job(request):
-    """A one-element list holding the 8-device subprocess, started as this module
-    starts when its test is selected, so that it runs beside the single-device
-    tests.  Under pytest-xdist every worker would start one, so there the test
-    starts it itself."""
-    job: list[subprocess.Popen] = []
-    wanted = any(item.name == "test_sharded_matches_single_device"
-                 for item in request.session.items)
-    if wanted and not os.environ.get("PYTEST_XDIST_WORKER"):
-        job.append(_start_sharded_job())
-    yield job
-    for proc in job:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-
-
-def test_sharded_matches_single_device(sharded_job):
-    """(data 2, fsdp 2, tensor 2) mesh with the project's logical rules == one device."""
-    if not sharded_job:
-        sharded_job.append(_start_sharded_job())
-    proc = sharded_job[0]
-    start = time.monotonic()
-    try:
-        stdout, _ = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("sharded subprocess timed out")
-    proc.errors.seek(0)
-    assert proc.returncode == 0, proc.errors.read()[-3000:]
-    results = {r["family"]: r for r in map(json.loads, (
-        line for line in stdout.splitlines() if line.startswith('{"family"')))}
-    assert sorted(results) == sorted(FAMILIES)
-    bad = {}
-    for name, r in results.items():
-        if "error" in r:
-            bad[name] = r["error"]
-        elif not (r["max_abs_diff"] < 1e-5 and r["sharded_leaves"] > 0 and r["out_devices"] == 8):
-            bad[name] = r
-    assert not bad, bad
-    print(f"sharded check waited {time.monotonic() - start:.1f}s")

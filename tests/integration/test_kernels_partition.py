@@ -35,6 +35,7 @@ import sys
 import numpy as np
 import pytest
 from fast_xla import subprocess_flags
+from paths import pythonpath_with_tests
 
 FAMILIES = {
     "hc": ["model.residual.hc_n=2"],
@@ -163,7 +164,8 @@ def _main() -> None:
 
 @pytest.fixture(scope="module")
 def rows():
-    env = {**os.environ, "XLA_FLAGS": subprocess_flags(8), "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": subprocess_flags(8), "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": pythonpath_with_tests()}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
                           timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

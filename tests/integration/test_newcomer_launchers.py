@@ -14,7 +14,6 @@ from paths import REPO
 
 from depthbench.cli import main as cli_main
 
-
 # ------------------------------------------------ 2. gpu_sweep dry run
 
 

@@ -29,6 +29,8 @@ import dataclasses
 import re
 from pathlib import Path
 
+from paths import REPO
+
 COMMAND_LANGS = ("bash", "sh", "shell")
 NOT_COMMANDS = ("text", "json", "yaml", "toml", "csv", "math")
 _FENCE = re.compile(r"^(```+)\s*([A-Za-z0-9_+-]*)\s*$")
@@ -209,3 +211,15 @@ def _console(body: str) -> list[Command]:
         while c.expect_output and not c.expect_output[-1]:
             c.expect_output.pop()
     return commands
+
+
+# The project's documents, whose blocks the tests check (tests/unit/test_readme.py)
+# and run (tests/integration/test_readme_commands.py), and the README's install
+# prefix: CI runs it before the tests, the command tests take it as done.
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+INSTALL = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'"
+
+
+def project_blocks(doc: Path) -> list[Block]:
+    """:func:`parse` of one of the project's documents, named relative to the checkout."""
+    return parse(doc, REPO)

@@ -1,24 +1,23 @@
 """Sweep expansion, naming, sharding, locks, skip/resume/diverged handling.
 
 Most tests use a fake runner (writes result.json and metrics.jsonl like the
-trainer); one slow test runs two tiny real runs on the micro corpus.
+trainer); one slow test runs two tiny real runs on the micro corpus.  Two
+sweeping processes: tests/integration/test_sweep_processes.py.
 """
 
 from __future__ import annotations
 
 import copy
-import csv
 import json
 import math
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from paths import FIXTURES
+from sweep_spec import NAMES, SPEC, read_csv
 
 from depthbench import sweep as sweeplib
 from depthbench.cli import main as cli_main
@@ -28,22 +27,6 @@ from depthbench.model.residual import registry
 from depthbench.rundir import identity
 from depthbench.rundir.lock import RunLock
 from depthbench.rundir.names import LOCK_FILE, RUN_RECORD
-
-SPEC = """
-from depthbench.config import base_config
-
-def get_config():
-    c = base_config()
-    c.name = "test_sweep"
-    c.train.steps = 20
-    return c
-
-def get_sweep():
-    return [{"model.family": f, "model.depth": d, "train.lr": lr}
-            for f in ("pre_ln", "hc") for d in (2, 4) for lr in (1e-3, 2.5e-3)]
-"""
-NAMES = [f"{f}-L{d}-lr{lr}" for f in ("pre_ln", "hc") for d in (2, 4)
-         for lr in ("1e-03", "2.5e-03")]
 
 
 def fake_loss(config) -> float:
@@ -92,20 +75,8 @@ class FakeRunner:
 
 
 @pytest.fixture(scope="module")
-def spec_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("spec") / "tiny_sweep.py"
-    path.write_text(SPEC)
-    return path
-
-
-@pytest.fixture(scope="module")
 def sweep(spec_file) -> sweeplib.Sweep:
     return sweeplib.expand(spec_file)
-
-
-def read_csv(path: Path) -> dict[str, dict]:
-    with open(path) as f:
-        return {row["name"]: row for row in csv.DictReader(f)}
 
 
 # ---------------------------------------------------------------- naming
@@ -330,9 +301,9 @@ def test_runs_recorded_by_older_or_other_checkouts_still_get_rows(sweep, tmp_pat
 
 
 def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
+    """A process id no process has on this host: above the largest pid Linux (2**22)
+    or macOS (99998) gives (an owner that died: its pid is gone, as here)."""
+    return 2**22 + 1
 
 
 def _write_lock(run_dir: Path, host: str, pid: int, age: float = 0.0) -> None:
@@ -382,49 +353,6 @@ def test_runs_locked_by_another_process_are_skipped_and_reported(sweep, tmp_path
     again = FakeRunner()
     sweeplib.run_sweep(sweep, tmp_path, runner=again, progress=False)
     assert again.calls == ["hc-L2-lr1e-03"]
-
-
-WORKER = """
-import json, os, sys, time
-from pathlib import Path
-from depthbench import sweep as sweeplib
-
-spec, workdir, go = sys.argv[1:4]
-s = sweeplib.expand(spec)
-
-def runner(config, run_dir, *, progress=True):
-    with open(Path(run_dir) / "trained_by", "a") as f:
-        f.write(f"{os.getpid()}\\n")
-    time.sleep(0.4)
-    result = {"final_val_loss": 3.0, "diverged": False}
-    (Path(run_dir) / "result.json").write_text(json.dumps(result))
-    return result
-
-while not os.path.exists(go):  # start both processes' sweeps together
-    time.sleep(0.01)
-out = sweeplib.run_sweep(s, workdir, runner=runner, progress=False)
-print(json.dumps({"trained": out.trained, "skipped": out.skipped}))
-"""
-
-
-def test_two_processes_never_train_the_same_run(spec_file, tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    go = tmp_path / "go"
-    procs = [subprocess.Popen([sys.executable, str(script), str(spec_file), str(tmp_path / "w"),
-                               str(go)], stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    time.sleep(0.2)
-    go.touch()
-    outs = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
-    assert all(p.returncode == 0 for p in procs)
-    trained = [name for o in outs for name in o["trained"]]
-    assert sorted(trained) == sorted(NAMES)  # each run once, by one of the two
-    assert all(o["trained"] for o in outs)  # and both did work
-    for name in NAMES:
-        assert len((tmp_path / "w" / name / "trained_by").read_text().split()) == 1
-    rows = read_csv(tmp_path / "w" / "results.csv")
-    assert {r["status"] for r in rows.values()} == {"done"}
 
 
 # --------------------------------------------------------------------- CLI
@@ -491,7 +419,6 @@ def test_real_sweep_end_to_end(tmp_path, capsys):
     assert "2 runs: 2 done" in capsys.readouterr().out
     assert cli_main(["report", str(workdir)]) == 0
     assert (workdir / "report.md").exists() and (workdir / "training_curves.png").exists()
-
 
 
 # ---------------------------------------------------------------- variants

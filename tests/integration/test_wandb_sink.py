@@ -1,4 +1,5 @@
-"""Weights & Biases as a second metrics sink (unit, in-process; offline, no network).
+"""Weights & Biases as a second metrics sink (offline, no network; W&B starts its own
+service process; the setting's checks: tests/unit/test_wandb_sink_setting.py).
 
 A one-run sweep trains a tiny model with ``train.wandb=offline``; the test
 reads back the records W&B wrote (its ``.wandb`` file: the LevelDB log
@@ -11,16 +12,12 @@ from __future__ import annotations
 
 import json
 import struct
-import sys
 from pathlib import Path
 
 import pytest
 from toy_corpus import tiny_run_overrides
 
-from depthbench import config as config_lib
 from depthbench import sweep as sweeplib
-from depthbench.cli import main as cli_main
-from depthbench.rundir import identity
 from depthbench.rundir.io import read_jsonl
 from depthbench.train import wandb_sink
 
@@ -118,25 +115,3 @@ def test_a_sweep_run_logs_its_config_metrics_and_block_stats_to_wandb(overrides,
                 assert history[row["step"]][f"layers/{stat}/{i:03d}"] == v
 
 
-def test_wandb_is_a_runtime_field():
-    base = config_lib.base_config()
-    other = config_lib.base_config()
-    other.train.wandb = "offline"
-    assert identity.config_changes(base.to_dict(), other.to_dict()) == []
-    assert identity.is_runtime_field("train.wandb")
-
-
-@pytest.mark.parametrize("mode, without_wandb, said", [
-    ("yes", False, "'yes' is not one of '', 'offline', 'online'"),
-    ("offline", True, "'offline' needs the wandb package: pip install 'depthbench[wandb]'"),
-])
-def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, mode,
-                                                  without_wandb, said):
-    if without_wandb:
-        monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
-    workdir = tmp_path / "run"
-    assert cli_main(["train", "--config", str(config_lib.base_spec_path()), "--workdir",
-                     str(workdir), f"--config.train.wandb={mode}"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"depthbench: error: config.train.wandb: {said}"]
-    assert not workdir.exists()

@@ -12,7 +12,6 @@ and after; only the data cache may gain files.  Cases run in-process through
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bad_input_commands import snapshot
 
 from depthbench import config as config_lib
 from depthbench.cli import main as cli_main
@@ -467,18 +467,6 @@ CASES = [
 ]
 
 
-def _snapshot(root: Path) -> dict[str, object]:
-    snap: dict[str, object] = {}
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root).as_posix()
-        if rel == "cache" or rel.startswith("cache/"):
-            continue  # preparing good data may fill the cache: that is not damage
-        snap[rel] = (
-            (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest()) if p.is_file() else "dir"
-        )
-    return snap
-
-
 def test_there_are_at_least_30_cases():
     assert len(CASES) >= 30 and len({c[0] for c in CASES}) == len(CASES)
 
@@ -486,7 +474,7 @@ def test_there_are_at_least_30_cases():
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bad_input(case, disk, capsys):
     _, argv, pattern = case
-    before = _snapshot(disk)
+    before = snapshot(disk)
     capsys.readouterr()
     try:
         code = cli_main(argv(disk))
@@ -498,4 +486,4 @@ def test_bad_input(case, disk, capsys):
     assert len(lines) == 1, f"stderr is {len(lines)} lines:\n{err[-3000:]}"
     assert lines[0].startswith("depthbench"), lines[0]
     assert re.search(pattern, lines[0]), lines[0]
-    assert _snapshot(disk) == before
+    assert snapshot(disk) == before

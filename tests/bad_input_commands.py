@@ -1,0 +1,320 @@
+"""Bad input across every command, as a table shared by the two tiers: the cases
+(argv against a scratch disk, and the pattern of the one stderr line each must
+give), the ``disk`` fixture they run against (a ``pytest_plugins`` module of
+tests/conftest.py), and the checks of one case's outcome: exit status 2, one
+line ``depthbench: error: ...``, the disk as it was (:func:`snapshot`).
+tests/unit/test_bad_inputs_commands.py runs every case in-process,
+tests/integration/test_bad_inputs_in_a_process.py a few in real processes."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from analysis_tiny import tiny_config, write_run
+from eval_tiny import tiny_tokenizer, write_records
+
+SPEC_HEAD = ("from depthbench.config import base_config\n\n"
+             "def get_config():\n    return base_config()\n\n")
+
+
+TWO_RUNS = "return [{'train.seed': 0}, {'train.seed': 1}]"
+
+
+# Sweep specs that fail: (file, body of get_sweep(), id, pattern of the line);
+# each case runs `sweep --config FILE --workdir DIR --list`.
+BAD_SWEEP_SPECS = [
+    ("sweep_raises.py", "raise RuntimeError('no sweep today')", "get_sweep() raises",
+     r"config: get_sweep\(\) in '\S+sweep_raises\.py' failed: RuntimeError: no sweep today$"),
+    ("sweep_dict.py", "return {'train.lr': 0.1}", "get_sweep() returns a dict",
+     r"get_sweep\(\) in '\S+' must return a list of dicts \{'section\.field': value\}, "
+     r"got dict$"),
+    ("sweep_none.py", "return None", "get_sweep() returns None",
+     r"get_sweep\(\) in '\S+' must return a list of dicts .*, got NoneType$"),
+    ("sweep_empty.py", "return []", "get_sweep() returns no runs",
+     r"config: get_sweep\(\) in '\S+sweep_empty\.py' returned no runs$"),
+    ("sweep_float_text.py", "return [{'train.lr': 'fast'}]", "a float field set to text",
+     r"sweep run 0 \(train\.lr='fast'\): --config\.train\.lr: expected a number, got 'fast'$"),
+    ("sweep_int_list.py", "return [{'model.depth': [8]}]", "an integer field set to a list",
+     r"sweep run 0 \(\S+\): config\.model\.depth: expected int, got \[8\]$"),
+    ("sweep_twins.py", "return [{'train.seed': 1}, {'train.seed': 1}]",
+     "two runs with one name",
+     r"runs 0 and 1 have the same name 'seed1' \(identical overrides\?\)$"),
+]
+
+
+@pytest.fixture(scope="module")
+def disk(tmp_path_factory) -> Path:
+    """A scratch disk: a run directory (one checkpoint at step 7, a validation
+    split, a tokenizer.json), NLL records, sweep specs, damaged sweep tables."""
+    root = tmp_path_factory.mktemp("disk")
+    run = root / "run"
+    write_run(run, tiny_config("pre_ln", 2, **{"model.vocab_size": 320,
+                                                "train.seq_len": 32}), val_tokens=1200)
+    shutil.copy(tiny_tokenizer(root / "tok"), run / "tokenizer.json")
+    write_records(root / "records")
+    (root / "a_file").write_text("I am a file, not a directory\n")
+    (root / "empty").mkdir()
+    (root / "sweep_get_config_raises.py").write_text(
+        "def get_config():\n    raise KeyError('model')\n\n"
+        "def get_sweep():\n    return [{'train.seed': 0}]\n")
+    for name, body, _, _ in [*BAD_SWEEP_SPECS, ("sweep_two.py", TWO_RUNS, "", "")]:
+        (root / name).write_text(f"{SPEC_HEAD}def get_sweep():\n    {body}\n")
+    tables = {"bytes": b"garbage\x00\xff\n,,,\n", "columns": b"name,family\nx,y\n"}
+    for name, text in tables.items():
+        (root / f"sweep_{name}").mkdir()
+        (root / f"sweep_{name}" / "results.csv").write_bytes(text)
+    (root / "sweep_manifest_only").mkdir()
+    (root / "sweep_manifest_only" / "sweep.json").write_text("{}")
+    np.save(root / "tokens.npy", np.arange(10, dtype=np.uint16))
+    return root
+
+
+def _run(d: Path) -> str:
+    return str(d / "run")
+
+
+def _analyze(d: Path, *extra: str) -> list[str]:
+    return ["analyze", _run(d), "--windows", "4", "--seq-len", "16", "--no-plots", *extra]
+
+
+def _nll(d: Path, *extra: str) -> list[str]:
+    return ["eval", _run(d), "--suite", "nll-code-stem-math", "--data-dir", str(d / "records"),
+            "--no-progress", *extra]
+
+
+def _lm_eval(d: Path, model_args: str) -> list[str]:
+    return ["lm-eval", "--model", "depthbench", "--model_args", model_args, "--tasks",
+            "arc_easy", "--limit", "1"]
+
+
+def _sweep(d: Path, spec: str, *extra: str, workdir: str = "sw") -> list[str]:
+    return ["sweep", "--config", spec if "/" in spec or not spec.endswith(".py")
+            else str(d / spec), "--workdir", str(d / workdir), *extra]
+
+
+OUT_OF_REACH = r"--budget: a total budget of 1e\+30 parameters is out of reach at depth 16"
+
+
+A_FILE = r"'\S+/a_file' is a file, not a directory$"
+
+
+PLAIN_NAME = r"--name: expected a name without path components \(no '/' or '\\', not '\.' or"
+
+
+# Counts given as something else: (argv(disk, *option), option, value); the line is
+# `--option: expected a positive integer, got 'value'`, said by the parser.
+NOT_COUNTS = [
+    (lambda d, *o: ["shapes", "--budget", "400M", "--depths", "16", *o], "--kv-heads", "0"),
+    (lambda d, *o: ["shapes", "--suite", "micro", *o], "--vocab", "1.5"),
+    (lambda d, *o: ["costs", "--suite", "micro", *o], "--seq-len", "-5"),
+    (lambda d, *o: ["families", *o], "--depth", "x"),
+    (lambda d, *o: _sweep(d, "quickstart", *o), "--max-runs", "-1"),
+    (lambda d, *o: _sweep(d, "quickstart", *o), "--max-runs", "two"),
+    (_analyze, "--chunk", "0"),
+    (_analyze, "--window-chunk", "-1"),
+    (_analyze, "--jacobian-windows", "-2"),
+    (_analyze, "--windows", "x"),
+    (_nll, "--batch-size", "0"),
+    (_nll, "--max-length", "0"),
+    (_nll, "--limit", "0"),
+]
+
+
+# (id, argv(disk), pattern of the one stderr line)
+CASES = [
+    *((f"{argv(Path('d'))[0]}: {option} {value}", lambda d, a=argv, o=option, v=value: a(d, o, v),
+       rf"^depthbench: error: {option}: expected a positive integer, got '{re.escape(value)}'$")
+      for argv, option, value in NOT_COUNTS),
+    # ------------------------------------------------------------- the parser
+    ("an option but no command", lambda d: ["--bogus"],
+     r"^depthbench: error: unrecognized arguments: --bogus; give a COMMAND first"),
+    ("data without an action", lambda d: ["data"],
+     r"^depthbench: error: data: the following arguments are required: ACTION$"),
+    ("import-olmo without --out", lambda d: ["import-olmo", str(d / "empty")],
+     r"^depthbench: error: import-olmo: the following arguments are required: --out$"),
+    # ----------------------------------------------------------------- shapes
+    ("shapes: a budget no shape reaches", lambda d: ["shapes", "--budget", "1e30", "--depths",
+                                                     "16"], OUT_OF_REACH),
+    ("shapes: --fix not a choice", lambda d: ["shapes", "--budget", "400M", "--depths", "16",
+                                              "--fix", "sideways"],
+     r"--fix: invalid choice: 'sideways' \(choose from 'total', 'backbone'\)$"),
+    ("shapes: heads that do not split a suite's width",
+     lambda d: ["shapes", "--suite", "micro", "--heads", "7"],
+     r"--heads: 7 heads must split d_model 152 into even head dimensions$"),
+    ("shapes: an infinite budget", lambda d: ["shapes", "--budget", "inf", "--depths", "16"],
+     r"--budget: expected a positive parameter count like 400M, 1\.6B or 4e8, got 'inf'$"),
+    # ------------------------------------------------------------------ costs
+    ("costs: a budget no shape reaches", lambda d: ["costs", "--budget", "1e30", "--depths",
+                                                    "16", "--seq-len", "128"], OUT_OF_REACH),
+    ("costs: an empty --family", lambda d: ["costs", "--suite", "micro", "--seq-len", "64",
+                                            "--family", ""],
+     r"--family: '' is not one of pre_ln, .*, all$"),
+    ("costs: a depth the suite lacks", lambda d: ["costs", "--suite", "micro", "--seq-len",
+                                                  "64", "--depths", "99"],
+     r"--depths: suite 'micro' has no depth 99; allowed: "),
+    # --------------------------------------------------------------- families
+    ("families: --d-model negative", lambda d: ["families", "--d-model", "-32"],
+     r"--d-model: expected a positive multiple of 32, got '-32'$"),
+    ("families: --d-model in exponent form", lambda d: ["families", "--d-model", "1e3"],
+     r"--d-model: expected a positive multiple of 32, got '1e3'$"),
+    # ------------------------------------------------------------------ train
+    ("train: an empty --workdir", lambda d: ["train", "--config", "base", "--workdir", ""],
+     r"--workdir: expected a directory, got ''$"),
+    ("train: --workdir under a file", lambda d: ["train", "--config", "base", "--workdir",
+                                                 str(d / "a_file" / "run")],
+     r"--workdir: '\S+/a_file/run': " + A_FILE),
+    ("train: --config a directory", lambda d: ["train", "--config", str(d / "empty"),
+                                               "--workdir", str(d / "new")],
+     r"config: spec file '\S+/empty' does not exist, and it names none of the bundled specs"),
+    # ------------------------------------------------------------------ sweep
+    ("sweep: --workdir a file (dry run)",
+     lambda d: _sweep(d, "quickstart", "--dry-run", workdir="a_file"),
+     r"--workdir: '\S+/a_file' exists and is not a directory$"),
+    ("sweep: --workdir a file", lambda d: _sweep(d, "quickstart", workdir="a_file"),
+     r"--workdir: '\S+/a_file' exists and is not a directory$"),
+    ("sweep: --workdir under a file",
+     lambda d: _sweep(d, "quickstart", "--dry-run", workdir="a_file/sweep"), "--workdir: "
+     + r"'\S+/a_file/sweep': " + A_FILE),
+    ("sweep: get_config() raises", lambda d: _sweep(d, "sweep_get_config_raises.py", "--list"),
+     r"config: get_config\(\) in '\S+' failed: KeyError: 'model'$"),
+    *((f"sweep: {what}", lambda d, spec=spec: _sweep(d, spec, "--list"), pattern)
+      for spec, _, what, pattern in BAD_SWEEP_SPECS),
+    ("sweep: --only not an index", lambda d: _sweep(d, "sweep_two.py", "--only", "a", "--list"),
+     r"--only: expected comma-separated run indices like 0,5, got 'a'$"),
+    # ----------------------------------------------------------------- report
+    ("report: a file", lambda d: ["report", str(d / "a_file")],
+     r"report: '\S+/a_file' is a file; give a sweep or run directory$"),
+    ("report: results.csv not text", lambda d: ["report", str(d / "sweep_bytes"), "--no-plots"],
+     r"report: '\S+/results\.csv' is not a depthbench results\.csv: 'utf-8' codec"),
+    ("report: results.csv without its columns",
+     lambda d: ["report", str(d / "sweep_columns"), "--no-plots"],
+     r"report: '\S+/results\.csv' lacks columns aspect_ratio, depth, final_val_loss, lr$"),
+    ("report: a sweep without results.csv",
+     lambda d: ["report", str(d / "sweep_manifest_only"), "--no-plots"],
+     r"report: '\S+/results\.csv' does not exist; run `depthbench sweep --workdir \S+` first$"),
+    # ---------------------------------------------------------------- analyze
+    ("analyze: one-token windows", lambda d: _analyze(d, "--seq-len", "1"),
+     r"--windows/--seq-len: need >= 1 window of >= 2 tokens, got 4 x 1$"),
+    ("analyze: more windows than the split holds", lambda d: _analyze(d, "--windows", "400"),
+     r"--windows: the validation split \(1200 tokens\) holds only 75 windows of 16 tokens; "
+     r"ask for fewer$"),
+    ("analyze: an unknown metric", lambda d: _analyze(d, "--metrics", "depthiness"),
+     r"--metrics: depthiness not one of angular_distance, "),
+    ("analyze: --causal-ratio not a choice", lambda d: _analyze(d, "--causal-ratio", "median"),
+     r"--causal-ratio: invalid choice: 'median' \(choose from"),
+    ("analyze: a directory without a run", lambda d: ["analyze", str(d / "empty")],
+     r"RUN_DIR: '\S+/empty' has no config\.json; give a directory written by"),
+    ("analyze: --compare a run never analysed",
+     lambda d: ["analyze", "--compare", _run(d), "--out", str(d / "cmp.png")],
+     r"--compare: \S+/run has no analysis/analysis\.json; run `depthbench analyze"),
+    ("analyze: --compare an unknown metric",
+     lambda d: ["analyze", "--compare", _run(d), "--metric", "loss"],
+     r"--metric: 'loss' not one of angular_distance, "),
+    # ------------------------------------------------------------------- eval
+    ("eval: a batch no memory holds", lambda d: _nll(d, "--batch-size", str(10**9)),
+     r"--batch-size: 1000000000 sequences of 16 tokens need \d+ GiB for their logits alone "
+     r"\(vocabulary 320\); the devices have \d+ GiB: lower the batch size$"),
+    ("eval: --name with path components", lambda d: _nll(d, "--name", "../../x"),
+     PLAIN_NAME + r" '\.\.'\), got '\.\./\.\./x'$"),
+    ("eval: an empty --name", lambda d: _nll(d, "--name", ""), PLAIN_NAME + r" '\.\.'\), got ''$"),
+    ("eval: --name .", lambda d: _nll(d, "--name", "."), PLAIN_NAME + r" '\.\.'\), got '\.'$"),
+    ("eval: --step negative", lambda d: _nll(d, "--step", "-1"),
+     r"--step: expected an integer >= 0, got '-1'$"),
+    ("eval: --step not checkpointed", lambda d: _nll(d, "--step", "3"),
+     r"--step: 3 is not one of the checkpointed steps \[7\]$"),
+    ("eval: --num-fewshot negative", lambda d: ["eval", _run(d), "--tasks", "arc_easy",
+                                                "--num-fewshot", "-1"],
+     r"--num-fewshot: expected an integer >= 0, got '-1'$"),
+    ("eval: --num-fewshot with the NLL suite", lambda d: _nll(d, "--num-fewshot", "2"),
+     r"--num-fewshot: applies only to the lm-eval suites and --tasks$"),
+    ("eval: --include-path with the NLL suite",
+     lambda d: _nll(d, "--include-path", str(d / "empty")),
+     r"--include-path: applies only to the lm-eval suites and --tasks$"),
+    ("eval: --data-dir with --tasks", lambda d: ["eval", _run(d), "--tasks", "arc_easy",
+                                                 "--data-dir", str(d / "records")],
+     r"--data-dir: applies only to --suite nll-code-stem-math$"),
+    ("eval: --include-path missing, with --tasks",
+     lambda d: ["eval", _run(d), "--tasks", "arc_easy", "--include-path", str(d / "my_tasks")],
+     r"--include-path: '\S+/my_tasks' does not exist$"),
+    ("eval: --include-path missing, with a suite",
+     lambda d: ["eval", _run(d), "--suite", "commonsense", "--include-path",
+                str(d / "my_tasks")], r"--include-path: '\S+/my_tasks' does not exist$"),
+    ("eval: --only a task of no suite", lambda d: _nll(d, "--only", "trivia"),
+     r"--only: 'trivia' is not a task of nll-code-stem-math; allowed: mbpp, "),
+    ("eval: --only with an lm-eval suite", lambda d: ["eval", _run(d), "--suite", "commonsense",
+                                                      "--only", "mbpp"],
+     r"--only: picks tasks of --suite nll-code-stem-math; use --tasks for lm-eval$"),
+    ("eval: an unknown suite", lambda d: ["eval", _run(d), "--suite", "trivia"],
+     r"--suite: 'trivia' is unknown; allowed: nll-code-stem-math, commonsense, bbh-reasoning$"),
+    ("eval: --data-dir without the records",
+     lambda d: ["eval", _run(d), "--suite", "nll-code-stem-math", "--data-dir", str(d / "empty")],
+     r"--data-dir: \S+/empty/mbpp\.jsonl \(or \.parquet\) does not exist; put the mbpp records"),
+    # ---------------------------------------------------------------- lm-eval
+    ("lm-eval: an unknown model arg", lambda d: _lm_eval(d, f"run={_run(d)},temperature=0"),
+     r"--model_args: 'temperature' is not an argument of the depthbench model; allowed: run, "),
+    ("lm-eval: batch_size=0", lambda d: _lm_eval(d, f"run={_run(d)},batch_size=0"),
+     r"--model_args: batch_size: expected a positive integer, got '0'$"),
+    ("lm-eval: batch_size=auto:0", lambda d: _lm_eval(d, f"run={_run(d)},batch_size=auto:0"),
+     r"--model_args: batch_size: expected a positive integer, got '0'$"),
+    ("lm-eval: max_length not a number", lambda d: _lm_eval(d, f"run={_run(d)},max_length=abc"),
+     r"--model_args: max_length: expected a positive integer, got 'abc'$"),
+    ("lm-eval: add_bos_token not a flag",
+     lambda d: _lm_eval(d, f"run={_run(d)},add_bos_token=maybe"),
+     r"--model_args: add_bos_token: expected true or false, got 'maybe'$"),
+    ("lm-eval: batch_size in exponent form", lambda d: _lm_eval(d, f"run={_run(d)},batch_size=1e9"),
+     r"--model_args: batch_size: expected a positive integer, got '1e9'$"),
+    ("lm-eval: batch_size beyond memory",
+     lambda d: _lm_eval(d, f"run={_run(d)},batch_size={10**9}"),
+     r"--model_args: batch_size: 1000000000 sequences of 16 tokens need \d+ GiB for their "
+     r"logits alone"),
+    ("lm-eval: max_gen_toks beyond the context",
+     lambda d: _lm_eval(d, f"run={_run(d)},max_length=24,max_gen_toks=24"),
+     r"--model_args: max_gen_toks: 24 must be below max_length 24 \(the context the model "
+     r"sees\)$"),
+    ("lm-eval: step not checkpointed", lambda d: _lm_eval(d, f"run={_run(d)},step=3"),
+     r"--model_args: step: 3 is not one of the checkpointed steps \[7\]$"),
+    ("lm-eval: no run", lambda d: _lm_eval(d, "step=7"),
+     r"--model_args: run=RUN_DIR is required for the depthbench model$"),
+    ("lm-eval: a run that is not one", lambda d: _lm_eval(d, f"run={d / 'empty'}"),
+     r"RUN_DIR: '\S+/empty' has no config\.json"),
+]
+
+
+# Cases whose stderr is checked in a real process (logging configured as a user's is).
+PROCESS_CASES = {"analyze: more windows than the split holds", "eval: --step not checkpointed",
+                 "lm-eval: an unknown model arg"}
+
+
+def unchanged(disk: Path, run) -> str:
+    """Run ``run()``; the disk must be as it was (the data cache aside)."""
+    before = snapshot(disk)
+    err = run()
+    assert snapshot(disk) == before, "the disk changed"
+    return err
+
+
+def one_line(code, out: str, err: str, pattern: str) -> None:
+    assert code == 2, f"exit {code}\nstdout: {out[-2000:]}\nstderr: {err[-3000:]}"
+    lines = err.splitlines()
+    assert len(lines) == 1, f"stderr is {len(lines)} lines:\n{err[-3000:]}"
+    assert lines[0].startswith("depthbench: error: "), lines[0]
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+def snapshot(root: Path) -> dict[str, object]:
+    """Every path under ``root`` with its size and SHA-256 (directories as such), the
+    data cache aside: what a bad input must leave as it was."""
+    snap: dict[str, object] = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if rel == "cache" or rel.startswith("cache/"):
+            continue  # preparing good data may fill the cache: that is not damage
+        snap[rel] = (
+            (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest()) if p.is_file() else "dir"
+        )
+    return snap

@@ -1,9 +1,10 @@
 """notebooks/residual_streams.ipynb runs top to bottom (small settings, runs given)."""
 
 import pytest
-from analysis_tiny import ROOT, tiny_config, write_run
+from analysis_tiny import tiny_config, write_run
+from paths import REPO
 
-NOTEBOOK = ROOT / "notebooks" / "residual_streams.ipynb"
+NOTEBOOK = REPO / "notebooks" / "residual_streams.ipynb"
 
 
 @pytest.mark.slow

@@ -53,8 +53,10 @@ from depthbench.train.state import TrainState
 
 
 class _QuietStorageErrors(logging.Filter):
-    """Drop Orbax's background-thread tracebacks for a full disk: the run
-    reports that failure itself, as one line naming the step and directory.
+    """Drop Orbax's background-thread tracebacks for a full disk (absl's
+    logger) and asyncio's reports of the same failure in futures no one
+    awaited: the run reports that failure itself, as one line naming the step
+    and directory.
     Also its note on removing the temporary directory such a failed save left,
     when the re-run saves that step again (the resume is the expected outcome)."""
 
@@ -123,6 +125,12 @@ class Checkpoints:
             async_options=async_options)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         logging.getLogger("absl").addFilter(_QUIET)
+        # asyncio reports a failed write's gathered futures when they are garbage
+        # collected ("exception was never retrieved"), at a time no one controls
+        # (often after close, at exit), so its filter stays for the process.
+        asyncio_logger = logging.getLogger("asyncio")
+        if _QUIET not in asyncio_logger.filters:
+            asyncio_logger.addFilter(_QUIET)
         _drop_closed_loop_reports()
         self._saved: int | None = None  # the last step saved by this process (maybe in flight)
 

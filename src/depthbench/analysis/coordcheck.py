@@ -126,8 +126,8 @@ def point_config(base: ml_collections.ConfigDict, family: str, depth: int, width
     overrides.update({
         "model.suite": "", "model.depth": depth, "model.d_model": width, "model.d_ff": 0,
         "model.n_heads": heads, "model.n_kv_heads": 0, "train.steps": max(steps, 1),
-        "train.warmup_fraction": 0.0, "train.final_lr_fraction": 1.0,
-        "train.lr_rule": lr_rule_for(family, rule)})
+        "train.warmup_fraction": 0.0, "train.final_lr_fraction": 1.0})
+    overrides.setdefault("train.lr_rule", lr_rule_for(family, rule))  # a variant's own wins
     try:
         return config_lib.validate(config_lib.apply_overrides(base, overrides))
     except ConfigError as e:

@@ -6,6 +6,8 @@ no tokenizer)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from toy_corpus import write_progressions
@@ -79,6 +81,12 @@ def test_completep_at_its_base_depth_is_pre_ln_step_for_step(base):
     assert [s["step"] for s in record["families"]["pre_ln"]["by_step"]] == [0, 1, 2]
     assert record["families"]["pre_ln"]["width_slope"] == pytest.approx(
         record["families"]["completep"]["width_slope"], rel=1e-5)
+    # Read back (as --json writes it), whole or one family: the same numbers.
+    again = coordcheck.CoordCheck.from_dict(json.loads(json.dumps(record)))
+    assert again.slopes() == check.slopes()
+    only = coordcheck.CoordCheck.from_dict(record, ["completep"])
+    assert only.families() == ["completep"] and only.settings["families"] == ["completep"]
+    np.testing.assert_array_equal(only.points[0].state_rms, by["completep", 32].state_rms)
 
 
 def test_bad_grids_are_one_line_errors(base):

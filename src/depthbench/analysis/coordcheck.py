@@ -64,6 +64,12 @@ class Point:
     state_rms: np.ndarray  # [k + 1, L + 1]
     delta_rms: np.ndarray  # [k + 1, L + 1]
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Point:
+        return cls(str(d["family"]), int(d["depth"]), int(d["width"]), int(d["params"]),
+                   str(d["lr_rule"]), tuple(d["losses"]),
+                   np.asarray(d["state_rms"], np.float64), np.asarray(d["delta_rms"], np.float64))
+
     def as_dict(self) -> dict:
         return {"family": self.family, "depth": self.depth, "width": self.width,
                 "params": self.params, "lr_rule": self.lr_rule, "losses": list(self.losses),
@@ -215,6 +221,16 @@ class CoordCheck:
     def slopes(self) -> dict[str, dict]:
         return {f: {**family_slopes(self.of(f)), "lr_rule": self.of(f)[0].lr_rule}
                 for f in self.families()}
+
+    @classmethod
+    def from_dict(cls, record: dict, families: Sequence[str] | None = None) -> CoordCheck:
+        """A check read back from :meth:`as_dict` (``--json``), optionally only
+        some of its families (to redraw them)."""
+        points = tuple(Point.from_dict(p) for p in record["points"]
+                       if families is None or p["family"] in families)
+        settings = dict(record["settings"])
+        settings["families"] = list(dict.fromkeys(p.family for p in points))
+        return cls(points, settings, float(record.get("seconds", 0.0)))
 
     def as_dict(self) -> dict:
         steps = range(self.settings["steps"] + 1)

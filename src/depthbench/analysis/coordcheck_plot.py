@@ -58,7 +58,7 @@ def draw(check: CoordCheck, path: str | Path) -> Path:
     if len(widths) > 1:
         columns += ["width"] + (["width moved"] if steps else [])
     families = check.families()
-    fig = Figure(figsize=(3.3 * len(columns), 2.7 * len(families)))
+    fig = Figure(figsize=(3.3 * len(columns), 2.7 * len(families) + 0.4), layout="constrained")
     axes = fig.subplots(len(families), len(columns), squeeze=False)
     slopes = check.slopes()
     for row, family in zip(axes, families, strict=True):
@@ -87,5 +87,4 @@ def draw(check: CoordCheck, path: str | Path) -> Path:
             ax.legend(fontsize=6, loc="best")
     fig.suptitle(f"coordinate check: {steps} steps at lr {s['lr']:g} (flat lines transfer)",
                  fontsize=11)
-    fig.tight_layout()
     return _save(fig, Path(path))

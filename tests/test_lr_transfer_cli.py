@@ -8,19 +8,16 @@ import pytest
 from depthbench.cli import main
 
 SPEC = """
-from depthbench.config import base_config
+from depthbench.configs import quickstart
 
-def get_config():
-    c = base_config()
-    c.train.steps = 20
-    return c
+get_config = quickstart.get_config
+
 
 def get_sweep():
+    grid = [(d, lr) for d in (2, 4, 6) for lr in (1e-3, 3e-3)]
     return [{"model.family": f, "model.depth": d, "train.lr": lr}
-            for f in ("pre_ln", "completep+lr_rule") for d in (2, 4, 6)
-            for lr in (1e-3, 3e-3)]
+            for f in ("pre_ln", "completep+lr_rule") for d, lr in grid]
 """
-
 
 @pytest.fixture()
 def spec(tmp_path):

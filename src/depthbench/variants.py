@@ -16,7 +16,11 @@ overrides in ``sweep_run.json``, so it survives re-runs and ``depthbench
 report``.
 
 A variant is a choice the sources disagree on, or a control for a confound
-(spec/residuals.md), like the weight-decay set below.
+(spec/residuals.md), like the weight-decay set below.  A family with a
+learning-rate rule (``capabilities.LearningRateRule``) also takes
+``lr_rule``: the same family trained under its rule (``completep+lr_rule``),
+so a sweep compares the rule's learning-rate transfer across depth with the
+plain family's (:mod:`depthbench.lr_transfer`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 from depthbench.errors import ConfigError
 from depthbench.model.residual import registry
-from depthbench.model.residual.capabilities import Variants
+from depthbench.model.residual.capabilities import LearningRateRule, Variants
 
 SEPARATOR = "+"
 
@@ -33,16 +37,18 @@ SEPARATOR = "+"
 GENERAL: dict[str, dict[str, Any]] = {
     "norms_embeddings_residual": {"train.no_decay": "norms_embeddings_residual"},
 }
+# The variant of every family that declares a learning-rate rule: trained under it.
+RULE: dict[str, dict[str, Any]] = {"lr_rule": {"train.lr_rule": "family"}}
 
 
 def variants_of(family: str) -> dict[str, dict[str, Any]]:
     """Every variant ``family`` takes, as dotted config overrides: its config's
-    own, then :data:`GENERAL`."""
-    config = registry.get(family).Config
-    own = config.variants if issubclass(config, Variants) else {}
+    own, :data:`RULE` if it has a learning-rate rule, then :data:`GENERAL`."""
+    cls = registry.get(family)
+    own = cls.Config.variants if issubclass(cls.Config, Variants) else {}
     fields = {name: {f"model.residual.{k}": v for k, v in values.items()}
               for name, values in own.items()}
-    return {**fields, **GENERAL}
+    return {**fields, **(RULE if issubclass(cls, LearningRateRule) else {}), **GENERAL}
 
 
 def split(label: str) -> tuple[str, tuple[str, ...]]:

@@ -8,7 +8,9 @@ A sweep directory holds one subdirectory per run, named from its overrides
 * :mod:`~depthbench.sweep.expand`: a spec into validated runs, and run selection;
 * :mod:`~depthbench.sweep.results`: a run's status from its directory,
   results.csv, the manifest and the per-run record;
-* :mod:`~depthbench.sweep.execute`: claiming, training and recording runs.
+* :mod:`~depthbench.sweep.execute`: claiming, training and recording runs;
+* :mod:`~depthbench.sweep.transfer`: the learning rate tuned at one depth and
+  reused at the others (``--transfer-lr-from``), in two phases.
 
 The run directory itself (its file names, lock, atomic writes, identity)
 is :mod:`depthbench.rundir`, shared with the trainer and every reader.

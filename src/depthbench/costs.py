@@ -31,7 +31,7 @@ Conventions
   family's parameter may be used more than once per token (hc projects each
   of its ``n`` streams) or not at all (moda's last projection).
 * The count agrees with XLA's own count of the compiled forward pass
-  (``tests/test_costs_xla.py``, every registered family): XLA also counts
+  (``tests/unit/test_costs_xla.py``, every registered family): XLA also counts
   element-wise work (norms, softmax) and the masked, not-yet-valid depth
   slots that attnres and moda touch (``masked_flops_per_token``), which are
   not model FLOPs.

@@ -184,7 +184,7 @@ def _sinkhorn_reference(logits, iters: int, temperature: float):
     """Log-domain Sinkhorn-Knopp (rows, then columns, ``iters`` times; fp32), the
     reference the fused kernel is checked against.  pallas_kernels imports nothing
     from depthbench (the model imports the kernels), so the reference keeps its
-    own few lines; tests/test_kernels_streams.py checks the fused read against
+    own few lines; tests/unit/test_kernels_streams.py checks the fused read against
     the model's own ``sinkhorn`` path too."""
     log_p = logits.astype(jnp.float32) / jnp.float32(temperature)
     for _ in range(iters):

@@ -193,7 +193,7 @@ def test_no_intact_checkpoint_is_one_line_and_exit_2(reference, overrides, tmp_p
 # noise) and what survived on disk; then the same command runs again (in this
 # process, with room and without signals) and must reproduce the uninterrupted
 # run bitwise: nothing was lost.  The readers' half of the table (analyze,
-# eval, lm-eval, report, load_run under each damage) is tests/test_reader_faults.py.
+# eval, lm-eval, report, load_run under each damage) is tests/integration/test_reader_faults.py.
 
 
 def _env():

@@ -31,9 +31,9 @@ pytest.importorskip("pyarrow", reason="writes the parquet shard")
 from eval_tiny import write_records  # noqa: E402
 from olmo_reference import original  # noqa: E402
 from olmo_reference.step_dir import randomize, save_step_dir  # noqa: E402
+from paths import REPO  # noqa: E402
 from readme_blocks import parse  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "REPRODUCE.md"
 VOCAB = 50280  # the original's: the EOS id 50279 is a token of the vocabulary
 WORDS = 200
@@ -116,7 +116,7 @@ def test_every_command_of_the_page_runs(tmp_path):
         if not block.commands() or (block.skip and (DOWNLOAD in block.skip
                                                     or INSTALL in block.skip)):
             continue
-        assert block.skip and "tests/test_olmo_reproduce.py" in block.skip, block.where
+        assert block.skip and "tests/integration/test_olmo_reproduce.py" in block.skip, block.where
         for command in block.commands():
             text = command.text
             for big, small in SMALL.items():

@@ -44,7 +44,7 @@ FAMILIES = registry.names()
 STEPS = 12
 BF16_TOL = 0.02  # nats, at every step; see the module docstring
 # These tests check numerics, not LLVM's code generation: compile at XLA's
-# backend optimisation level 0 (as tests/test_families_shared.py does).
+# backend optimisation level 0 (as tests/unit/test_families_shared.py does).
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 

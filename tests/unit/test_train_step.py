@@ -1,7 +1,7 @@
 """The jitted train step on one device: known values, dtypes, layer statistics.
 
 (The sharded and gradient-accumulation equivalences run on a fake 8-device
-mesh in tests/test_parallel.py.)
+mesh in tests/unit/test_parallel.py.)
 """
 
 from __future__ import annotations

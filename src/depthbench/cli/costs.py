@@ -36,7 +36,7 @@ columns (per sequence of --seq-len tokens unless stated):
             runs of (blocks)x(sublayers), e.g. 4x18+4x17 = four blocks of 18 then four
             of 17; moda's depth K/V heads (attention+MLP), norm placement and query
 Every FLOP is counted once (see depthbench.costs), and agrees with XLA's count of the
-compiled program (tests/test_costs_xla.py).  The original benchmark's "3.0 -> 4.4
+compiled program (tests/unit/test_costs_xla.py).  The original benchmark's "3.0 -> 4.4
 TFLOPs" (paper-400m, L16 -> L70, T 4096) is the prefill column without the LM head:
 2.98T at L16 (its 3.0) and 4.33T at L70 (with the head: 3.48T and 4.59T); its 4.4
 follows from neither form, so it is not reproduced.

@@ -1,7 +1,8 @@
 """The unit tier: in-process tests, seconds each.  A unit test that starts a
 process (a subprocess, the ``depthbench`` command, a fork, a multiprocessing
-child) fails at that line (tests/process_guard.py); such a test belongs in
-tests/integration."""
+child) fails at that line (tests/process_guard.py), and one marked ``slow``
+(end-to-end: the real corpus, many training steps, another framework's
+reference) stops the collection: both belong in tests/integration."""
 
 from __future__ import annotations
 
@@ -11,6 +12,16 @@ import pytest
 from process_guard import forbidding
 
 _UNIT = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    # Called once with every collected test, integration ones too.
+    slow = [item.nodeid for item in items
+            if _UNIT in item.path.resolve().parents and item.get_closest_marker("slow")]
+    if slow:
+        raise pytest.UsageError(
+            f"{len(slow)} unit test(s) marked slow ({slow[0]} ...): end-to-end tests "
+            "belong in tests/integration")
 
 
 @pytest.hookimpl(hookwrapper=True)

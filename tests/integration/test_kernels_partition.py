@@ -7,7 +7,7 @@ mhc, attnres_full and attnres_block, the same tiny model two steps with
 the meshes data=8 and data=2 x fsdp=2 x tensor=2, and reports:
 
 * the losses and final parameters of both (they must agree as closely as
-  the unsharded kernels do, tests/unit/test_kernels_model.py);
+  the unsharded kernels do, tests/integration/test_kernels_model.py);
 * the all-gathers of each compiled train step (``.lower().compile()
   .as_text()``): the pallas program may gather no activation (an array
   with the sequence axis) that the xla program does not (data=8: none at all);

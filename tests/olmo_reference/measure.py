@@ -5,7 +5,7 @@ saves it in the original's format (OLMo-core's writer), imports it with
 ``depthbench import-olmo``'s code, and prints the largest logit difference
 relative to the largest reference logit (fp32), then the relative difference
 of the loss after one AdamW step in each framework (:mod:`.training`), and
-the departures the import recorded.  tests/unit/test_olmo_parity.py asserts the
+the departures the import recorded.  tests/integration/test_olmo_parity.py asserts the
 same numbers (1e-4 for logits and the loss after the step); docs/ORIGINAL.md
 shows this script's output.
 

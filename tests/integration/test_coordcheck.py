@@ -1,5 +1,6 @@
-"""The coordinate check (unit, in-process): the slope fit's known answers,
-CompleteP against pre_ln at init, and invariants of the measured streams.
+"""The coordinate check (in-process, but it trains models, hence integration):
+the slope fit's known answers, CompleteP against pre_ln at init, and
+invariants of the measured streams.
 
 Tiny models on a pre-tokenised shard of arithmetic progressions (no network,
 no tokenizer)."""
@@ -44,6 +45,7 @@ def test_loglog_slope_known_answers():
     assert coordcheck.loglog_slope([2, 4], [0.0, 2.0], [0, 0]) is None
 
 
+@pytest.mark.slow  # models built and trained at several depths
 def test_completep_depth_slope_at_init_is_flatter_than_pre_ln(base):
     """pre_ln's stream grows with depth at init; CompleteP's 1/L branch scale
     keeps it flatter (the issue's known answer)."""
@@ -63,6 +65,7 @@ def test_completep_depth_slope_at_init_is_flatter_than_pre_ln(base):
     assert len(z0) == 1
 
 
+@pytest.mark.slow  # models built and trained at several depths
 def test_completep_at_its_base_depth_is_pre_ln_step_for_step(base):
     """At L = L_base the branch multiplier, the block learning-rate factor and
     the epsilon factor are all 1: the two models are the same, trained or not."""

@@ -24,6 +24,7 @@ def overrides(tmp_path_factory):
             "--config.train.batch_size=4", "--config.train.seq_len=32"]
 
 
+@pytest.mark.slow  # 8 models trained and measured
 def test_coordcheck_writes_slopes_json_and_figure(overrides, tmp_path, capsys):
     out, png = tmp_path / "cc.json", tmp_path / "cc.png"
     rc = main(["coordcheck", "--families", "pre_ln,hc+sum_then_norm", "--depths", "2,4",

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from fast_xla import subprocess_flags
-from toy_corpus import write_progressions
+from toy_corpus import tiny_run_overrides
 
 from depthbench import config as config_lib
 from depthbench.cli import main as cli_main
@@ -45,17 +45,7 @@ BASE = str(config_lib.base_spec_path())
 
 @pytest.fixture(scope="module")
 def overrides(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    write_progressions(root / "shard.npy", 300)
-    return [
-        "model.suite=", "model.d_model=32", "model.d_ff=64", "model.depth=2", "model.n_heads=2",
-        "model.vocab_size=64", "model.remat_policy=none",
-        "data.corpus=tokens", f"data.paths={root / 'shard.npy'}", "data.eos_id=0",
-        "data.val_fraction=0.1", "data.val_windows=4", f"data.cache_dir={root / 'cache'}",
-        f"train.steps={STEPS}", "train.batch_size=4", "train.seq_len=16", "train.lr=1e-2",
-        "train.log_every=1", f"train.eval_every={EVERY}", f"train.checkpoint_every={EVERY}",
-        "train.layer_stats_every=0",
-    ]
+    return tiny_run_overrides(tmp_path_factory.mktemp("corpus"), STEPS, EVERY, layer_stats_every=0)
 
 
 def _config(overrides, *extra):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from toy_corpus import write_progressions
+from toy_corpus import tiny_run_overrides
 
 from depthbench import config as config_lib
 from depthbench import parallel
@@ -50,16 +50,8 @@ FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes"
 
 @pytest.fixture(scope="module")
 def overrides(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    write_progressions(root / "shard.npy", 200)
-    return [
-        "model.suite=", "model.d_model=32", "model.d_ff=64", "model.depth=4", "model.n_heads=2",
-        "model.vocab_size=64", "model.remat_policy=none",
-        "data.corpus=tokens", f"data.paths={root / 'shard.npy'}", "data.eos_id=0",
-        "data.val_fraction=0.1", "data.val_windows=2", f"data.cache_dir={root / 'cache'}",
-        f"train.steps={STEPS}", "train.batch_size=4", "train.seq_len=16", "train.log_every=1",
-        f"train.eval_every={STEPS}", f"train.checkpoint_every={STEPS}", "train.layer_stats_every=0",
-    ]
+    return tiny_run_overrides(tmp_path_factory.mktemp("corpus"), STEPS, STEPS, n_docs=200, depth=4,
+                              val_windows=2, lr=None, layer_stats_every=0)
 
 
 def _own(family: str) -> list[str]:

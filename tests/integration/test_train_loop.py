@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fast_xla import subprocess_flags
-from toy_corpus import write_progressions
+from toy_corpus import tiny_run_overrides
 
 from depthbench import config as config_lib
 from depthbench import data
@@ -43,17 +43,8 @@ BATCH, SEQ = 4, 16
 
 @pytest.fixture(scope="module")
 def overrides(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    write_progressions(root / "shard.npy", 600)
-    return [
-        "model.suite=", "model.d_model=32", "model.d_ff=64", "model.depth=2", "model.n_heads=2",
-        f"model.vocab_size={VOCAB}", "model.remat_policy=none",
-        "data.corpus=tokens", f"data.paths={root / 'shard.npy'}", "data.eos_id=0",
-        "data.val_fraction=0.1", "data.val_windows=8", f"data.cache_dir={root / 'cache'}",
-        f"train.steps={STEPS}", f"train.batch_size={BATCH}", f"train.seq_len={SEQ}",
-        "train.lr=1e-2", "train.log_every=1", f"train.eval_every={EVERY}",
-        f"train.checkpoint_every={EVERY}", f"train.layer_stats_every={EVERY}",
-    ]
+    return tiny_run_overrides(tmp_path_factory.mktemp("corpus"), STEPS, EVERY, n_docs=600,
+                              vocab_size=VOCAB, val_windows=8, batch_size=BATCH, seq_len=SEQ)
 
 
 def _config(overrides, *extra):

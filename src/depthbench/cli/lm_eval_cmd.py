@@ -7,13 +7,17 @@ returned.  With ``--model depthbench`` the model args are checked (known names,
 counts that are counts) and the run (``--model_args run=DIR[,step=N]``) is
 loaded first, through the integrity-checked restore: an unknown or bad model
 arg, a batch no memory holds, a missing or damaged run is one
-``depthbench: error:`` line and exit status 2 before lm-eval starts.  lm-eval's
-own errors (an unknown task) stay lm-eval's.
+``depthbench: error:`` line and exit status 2 before lm-eval starts.  What
+lm-eval's own argument and task checks reject (an unknown task, no task, an
+unreadable config file: the errors its ``config`` and ``_cli`` modules raise
+before anything is evaluated) becomes one line and exit status 2 as well;
+an error raised anywhere else in lm-eval keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from depthbench.cli.validators import non_negative_int, positive_int
@@ -62,9 +66,30 @@ def passthrough(lm_eval_args: list[str]) -> int:
         cli_evaluate()
     except SystemExit as e:
         return int(e.code or 0) if not isinstance(e.code, str) else 1
+    except (ValueError, TypeError, OSError) as e:
+        if not _rejected_by_lm_eval_checks(e):
+            raise
+        message = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        sys.stderr.write(f"depthbench: error: lm-eval: {message}\n")
+        return EXIT_BAD_INPUT
     finally:
         sys.argv = saved
     return 0
+
+
+# lm-eval's modules that check its command line and tasks before evaluating anything.
+_LM_EVAL_CHECKS = (f"lm_eval{os.sep}config{os.sep}", f"lm_eval{os.sep}_cli{os.sep}")
+
+
+def _rejected_by_lm_eval_checks(e: BaseException) -> bool:
+    """Whether ``e`` was raised by lm-eval's argument and task checks (the innermost
+    frame of its traceback is in one of their modules)."""
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return any(part in tb.tb_frame.f_code.co_filename for part in _LM_EVAL_CHECKS)
 
 
 def check_model_args(args: dict[str, str], allowed: tuple[str, ...]) -> None:

@@ -12,8 +12,8 @@ import sys
 import tempfile
 import time
 
-import pytest
 from fast_xla import subprocess_flags
+from jobs import communicate_or_fail
 
 from depthbench.model.residual import registry
 from depthbench.shapes import Shape, rule_d_ff
@@ -74,12 +74,7 @@ def test_sharded_matches_single_device():
     """(data 2, fsdp 2, tensor 2) mesh with the project's logical rules == one device."""
     proc = _start_sharded_job()
     start = time.monotonic()
-    try:
-        stdout, _ = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        pytest.fail("sharded subprocess timed out")
+    stdout, _ = communicate_or_fail(proc, 600, "sharded subprocess")
     proc.errors.seek(0)
     assert proc.returncode == 0, proc.errors.read()[-3000:]
     results = {r["family"]: r for r in map(json.loads, (

@@ -17,8 +17,8 @@ import sys
 
 import jax
 import numpy as np
-import pytest
 from fast_xla import subprocess_flags
+from jobs import communicate_or_fail
 from paths import pythonpath_with_tests
 
 from depthbench import parallel
@@ -77,12 +77,7 @@ def test_sharded_step_matches_single_device():
            "PYTHONPATH": pythonpath_with_tests()}
     job = subprocess.Popen([sys.executable, __file__], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = job.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        job.kill()
-        job.communicate()
-        pytest.fail("sharded subprocess timed out")
+    out, err = communicate_or_fail(job, 300, "sharded subprocess")
     assert job.returncode == 0, err[-3000:]
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert len(rows) == 5, out

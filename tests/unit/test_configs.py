@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import REPO
 
 from depthbench import configs
 from depthbench import sweep as sweeplib
@@ -129,3 +130,20 @@ def test_micro_all_is_every_family_times_the_micro_suite():
     got = {(r.config.model.family, r.config.model.depth) for r in sweep.runs}
     assert got == set(itertools.product(registry.names(), (2, 3, 4, 6, 8, 10)))
     assert len(sweep.runs) == len(got)
+
+
+def test_micro_depth_is_three_families_at_three_aspect_ratios_of_one_parameter_count():
+    """experiments/micro_depth.py, the laptop depth suite: aspect ratios 60, 22
+    and 8 within 0.3% of one parameter count, 6.1M tokens a run."""
+    sweep = sweeplib.expand(REPO / "experiments" / "micro_depth.py")
+    got = {(dict(r.overrides)["model.family"], r.config.model.depth) for r in sweep.runs}
+    assert got == set(itertools.product(("pre_ln", "attnres_full", "hc+sum_then_norm"),
+                                        (2, 4, 8)))
+    assert len(sweep.runs) == len(got)
+    pre_ln = {r.shape.depth: r.shape for r in sweep.runs if r.config.model.family == "pre_ln"}
+    assert {L: s.d_model for L, s in pre_ln.items()} == {2: 120, 4: 88, 8: 64}
+    counts = [s.total_params for s in pre_ln.values()]
+    assert max(counts) / min(counts) < 1.003
+    c = sweep.runs[0].config
+    assert (c.model.vocab_size, c.data.corpus) == (512, "micro")
+    assert c.train.steps * c.train.batch_size * c.train.seq_len == 6_144_000

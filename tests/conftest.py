@@ -34,9 +34,7 @@ from fast_xla import with_fast_flags
 from paths import REPO
 
 # Fixture modules shared by the two tiers (a fixture is only set up where a test asks for it).
-pytest_plugins = ["bad_input_commands", "data_synthetic", "lm_eval_tiny", "sweep_spec",
-                  # --dist loadgroup: tests sharing a module-scoped value run on one worker
-                  "shared_fixture_groups"]
+pytest_plugins = ["bad_input_commands", "data_synthetic", "lm_eval_tiny", "sweep_spec"]
 
 os.environ["XLA_FLAGS"] = with_fast_flags(os.environ.get("XLA_FLAGS", ""))
 

@@ -25,7 +25,7 @@ shallow end for all three), and one seed.  Measured: the best aspect ratio is
 shrinks fastest (results and curves: bench/results/micro_depth.md; README,
 "Where depth shows").
 """
-from depthbench.configs import base
+from depthbench.configs import quickstart
 
 FAMILIES = ("pre_ln", "attnres_full", "hc+sum_then_norm")
 DEPTHS = (2, 4, 8)  # budget 4.7e5, vocabulary 512: d_model 120, 88, 64 -> aspect ratios 60, 22, 8
@@ -33,23 +33,19 @@ LRS = (3e-3,)
 
 
 def get_config():
-    c = base.get_config()
+    c = quickstart.get_config()  # the micro corpus, 128-token windows, lr 3e-3
     c.name = "micro_depth"
     m = c.model
     m.suite = ""  # shapes from the budget rule, not a named suite
     m.budget = 5e5  # the shape rule's closest widths: 469k, 468k and 468k parameters
     m.vocab_size = 512
     m.n_heads = 4
-    c.data.corpus = "micro"
     t = c.train
     t.steps = 3000
     t.batch_size = 16
-    t.seq_len = 128
-    t.lr = LRS[0]
     t.log_every = 50
     t.eval_every = 300
     t.checkpoint_every = 1000
-    t.layer_stats_every = 0  # no per-block statistics: saves a compile per run
     return c
 
 

@@ -356,3 +356,40 @@ def test_cli_prepare_reports_the_prepared_corpus(prepared, corpus_dir, capsys):
     table = capsys.readouterr().out
     train_row = next(line for line in table.splitlines() if line.startswith("train "))
     assert train_row.split()[1:3] == [f"{p.train_documents:,}", f"{p.train_tokens:,}"]
+
+
+def test_window_reader_opens_its_file_once_when_threads_call_it_at_once(tmp_path, monkeypatch):
+    """The prefetch threads call a new reader together: one of them opens the
+    file (numpy's header parser is not thread-safe on CPython 3.11), the others
+    wait for it, and every batch holds the right windows."""
+    import threading
+    import time
+
+    from depthbench.data import pipeline, token_cache
+
+    path = tmp_path / "tokens.npy"
+    np.save(path, np.arange(1000, dtype=np.uint16))
+    opened, real_open = [], token_cache.open_tokens
+
+    def slow_open(*args, **kwargs):
+        opened.append(threading.get_ident())
+        time.sleep(0.05)  # wide enough for every thread to arrive while it opens
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(token_cache, "open_tokens", slow_open)
+    reader = pipeline.WindowReader(str(path), seq_len=8)
+    start, results = threading.Barrier(8), {}
+
+    def call(i):
+        start.wait()
+        results[i] = reader([i, i + 1])
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(opened) == 1
+    for i, batch in results.items():
+        np.testing.assert_array_equal(batch["inputs"][0], np.arange(8 * i, 8 * i + 8))
+        np.testing.assert_array_equal(batch["targets"][1], np.arange(8 * i + 9, 8 * i + 17))

@@ -23,6 +23,7 @@ batches as a small validation split holds).
 from __future__ import annotations
 
 import math
+import threading
 
 import grain
 import jax
@@ -47,6 +48,9 @@ class WindowReader:
     def __init__(self, path: str, seq_len: int):
         self.path, self.seq_len = path, seq_len
         self._tokens = None
+        # The prefetch threads call the reader at once; the first calls must
+        # open the file once, not race to parse its header (see open_tokens).
+        self._open_lock = threading.Lock()
         self._offsets = np.arange(seq_len + 1, dtype=np.int64)
 
     def __getstate__(self):
@@ -58,7 +62,9 @@ class WindowReader:
     @property
     def tokens(self) -> np.ndarray:
         if self._tokens is None:
-            self._tokens = token_cache.open_tokens(self.path, field="data.cache_dir")
+            with self._open_lock:
+                if self._tokens is None:
+                    self._tokens = token_cache.open_tokens(self.path, field="data.cache_dir")
         return self._tokens
 
     def __call__(self, window_ids) -> dict[str, np.ndarray]:

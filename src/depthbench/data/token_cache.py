@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -20,6 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from depthbench.errors import ConfigError
+
+_HEADER_LOCK = threading.Lock()  # open_tokens: one .npy header parsed at a time
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -96,7 +99,10 @@ def open_tokens(
         raise ConfigError(f"{where} does not exist")
     size = path.stat().st_size
     try:
-        with open(path, "rb") as f:
+        # numpy parses the header with ast.literal_eval, which CPython 3.11 does
+        # not make thread-safe: two threads at once can fail with "SystemError:
+        # AST constructor recursion depth mismatch".  Readers open in threads.
+        with _HEADER_LOCK, open(path, "rb") as f:
             version = np.lib.format.read_magic(f)
             if version == (1, 0):
                 shape, fortran, descr = np.lib.format.read_array_header_1_0(f)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from data_synthetic import BATCH, SEQ_LEN, VOCAB, make_config, make_config_like
 from depthbench import config as config_lib
 from depthbench import data
 from depthbench.data import corpora, split, token_cache
-from depthbench.data.pipeline import window_count
+from depthbench.data.pipeline import WindowReader, window_count
 
 
 def _documents(path: str, eos_id: int) -> list[tuple[int, ...]]:
@@ -362,11 +364,6 @@ def test_window_reader_opens_its_file_once_when_threads_call_it_at_once(tmp_path
     """The prefetch threads call a new reader together: one of them opens the
     file (numpy's header parser is not thread-safe on CPython 3.11), the others
     wait for it, and every batch holds the right windows."""
-    import threading
-    import time
-
-    from depthbench.data import pipeline, token_cache
-
     path = tmp_path / "tokens.npy"
     np.save(path, np.arange(1000, dtype=np.uint16))
     opened, real_open = [], token_cache.open_tokens
@@ -377,7 +374,7 @@ def test_window_reader_opens_its_file_once_when_threads_call_it_at_once(tmp_path
         return real_open(*args, **kwargs)
 
     monkeypatch.setattr(token_cache, "open_tokens", slow_open)
-    reader = pipeline.WindowReader(str(path), seq_len=8)
+    reader = WindowReader(str(path), seq_len=8)
     start, results = threading.Barrier(8), {}
 
     def call(i):
@@ -389,7 +386,7 @@ def test_window_reader_opens_its_file_once_when_threads_call_it_at_once(tmp_path
         t.start()
     for t in threads:
         t.join()
-    assert len(opened) == 1
+    assert len(opened) == 1 and sorted(results) == list(range(8))  # no thread failed
     for i, batch in results.items():
         np.testing.assert_array_equal(batch["inputs"][0], np.arange(8 * i, 8 * i + 8))
         np.testing.assert_array_equal(batch["targets"][1], np.arange(8 * i + 9, 8 * i + 17))

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from analysis_tiny import tiny_config, tokens
+from noisy_params import perturbed
 
 from depthbench.analysis import init_run
 from depthbench.analysis.analyze import analyze
@@ -16,10 +17,7 @@ X = tokens(4, 16)
 
 
 def _perturbed(run, scale=0.1, seed=1):
-    leaves, tree = jax.tree.flatten(run.params)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return jax.tree.unflatten(tree, [a + scale * jax.random.normal(k, a.shape)
-                                     for a, k in zip(leaves, keys, strict=True)])
+    return perturbed(run.params, seed, scale)
 
 
 def _zero_outputs(params, blocks):

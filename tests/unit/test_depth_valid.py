@@ -3,11 +3,13 @@ position groups, the families' ``bank_extent`` bounds, attnres's hand-written
 ``depth_mix`` VJP and moda's grouped-head depth attention, each against a
 plain reference (fp32, tight)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import linen as nn
+from noisy_params import init_perturbed
 
 from depthbench.model import depth_scan, layers
 from depthbench.model.residual import depth_mix
@@ -35,6 +37,39 @@ def test_default_groups_keep_min_span_positions_each(depth, expected, monkeypatc
     assert len(depth_scan.position_groups(depth)) == expected
 
 
+GROUPED = Shape(depth=5, d_model=16, d_ff=32, n_heads=2, n_kv_heads=2, vocab_size=32)
+
+
+def _grouped_spec(family, layer_scan):
+    spec = ModelSpec.from_shape(GROUPED, family=family, layer_scan=layer_scan)
+    if family == "attnres_block":  # blocks of 3 sublayers straddle transformer blocks
+        spec = spec.replace(residual=(("attnres_block_size", 3),))
+    return spec
+
+
+def _grouped_loss_and_grads(family, layer_scan, tokens, params):
+    spec = _grouped_spec(family, layer_scan)
+    model, fam = Transformer(spec), family_of(spec)
+    order = jnp.array([1, 0, 2, 4, 3])
+    active = jnp.array([True, True, False, True, True])
+
+    def loss(p):
+        logits = model.apply({"params": permute_blocks(fam, p, order)}, tokens, active=active,
+                             ident=order)
+        return cross_entropy(logits[:, :-1], tokens[:, 1:])
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+@functools.cache
+def _grouped_reference(family):
+    """Tokens, perturbed parameters and nn.scan's loss and gradients: the same
+    for every grouping (only the depth-linear stack reads ``GROUPS``)."""
+    tokens = jax.random.randint(jax.random.key(0), (2, 6), 0, 32)
+    params = init_perturbed(Transformer(_grouped_spec(family, "carries")), tokens)
+    return tokens, params, _grouped_loss_and_grads(family, "carries", tokens, params)
+
+
 @pytest.mark.parametrize("groups", [2, 5], ids=["3+2", "1each"])
 @pytest.mark.parametrize("family", ["attnres_full", "attnres_block", "moda"])
 def test_grouped_stack_gives_nn_scans_loss_and_gradients(family, groups, monkeypatch):
@@ -43,33 +78,8 @@ def test_grouped_stack_gives_nn_scans_loss_and_gradients(family, groups, monkeyp
     permuted block: the cut reads see every slot they need."""
     monkeypatch.setattr(depth_scan, "GROUPS", groups)
     monkeypatch.setattr(depth_scan, "MIN_SPAN", 1)
-    shape = Shape(depth=5, d_model=16, d_ff=32, n_heads=2, n_kv_heads=2, vocab_size=32)
-    tokens = jax.random.randint(jax.random.key(0), (2, 6), 0, 32)
-    order = jnp.array([1, 0, 2, 4, 3])
-    active = jnp.array([True, True, False, True, True])
-
-    def loss_and_grads(layer_scan):
-        spec = ModelSpec.from_shape(shape, family=family, layer_scan=layer_scan)
-        if family == "attnres_block":  # blocks of 3 sublayers straddle transformer blocks
-            spec = spec.replace(residual=(("attnres_block_size", 3),))
-        model = Transformer(spec)
-        params = nn.unbox(model.init(jax.random.key(1), tokens)["params"])
-        leaves, tree = jax.tree.flatten(params)
-        keys = jax.random.split(jax.random.key(2), len(leaves))
-        params = jax.tree.unflatten(tree, [a + 0.3 * jax.random.normal(k, a.shape)
-                                           for a, k in zip(leaves, keys, strict=True)])
-
-        fam = family_of(spec)
-
-        def loss(p):
-            logits = model.apply({"params": permute_blocks(fam, p, order)}, tokens, active=active,
-                                 ident=order)
-            return cross_entropy(logits[:, :-1], tokens[:, 1:])
-
-        return jax.jit(jax.value_and_grad(loss))(params)
-
-    loss_old, grads_old = loss_and_grads("carries")
-    loss_new, grads_new = loss_and_grads("depth_linear")
+    tokens, params, (loss_old, grads_old) = _grouped_reference(family)
+    loss_new, grads_new = _grouped_loss_and_grads(family, "depth_linear", tokens, params)
     np.testing.assert_allclose(float(loss_new), float(loss_old), rtol=1e-6)
     for g_old, g_new in zip(jax.tree.leaves(grads_old), jax.tree.leaves(grads_new), strict=True):
         scale = float(jnp.max(jnp.abs(g_old))) + 1e-12
@@ -97,7 +107,7 @@ def test_depth_mix_vjp_equals_autodiff_of_the_formula(dtype, tol):
     def grads(mix):
         def f(b, q, w):
             return jnp.sum(mix(b, valid, q, w, 1e-6).astype(jnp.float32) * ct)
-        return jax.value_and_grad(f, argnums=(0, 1, 2))(bank, q, w)
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(bank, q, w)
 
     (v_new, g_new), (v_old, g_old) = grads(depth_mix.depth_mix), grads(_plain_depth_mix)
     np.testing.assert_allclose(float(v_new), float(v_old), rtol=tol)
@@ -128,7 +138,7 @@ def test_depth_mixes_vjp_equals_autodiff_of_the_formula():
         def f(bank, r, q, w):
             h, lse = mixes(bank, r, valid_mk, q, w)
             return jnp.sum(h * ct_h) + jnp.sum(lse * ct_lse)
-        return jax.value_and_grad(f, argnums=(0, 1, 2, 3))(bank, inv_rms, q, w)
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3)))(bank, inv_rms, q, w)
 
     (v_new, g_new), (v_old, g_old) = loss(depth_mix.depth_mixes), loss(plain)
     np.testing.assert_allclose(float(v_new), float(v_old), rtol=1e-5)
@@ -154,7 +164,7 @@ def test_partial_mix_merged_with_the_next_source_equals_the_mix_over_all():
     def direct(bank, q, w):
         return jnp.sum(ct * depth_mix.depth_mix(bank, jnp.ones(5, bool), q, w, 1e-6))
 
-    (v2, g2), (v1, g1) = (jax.value_and_grad(f, argnums=(0, 1, 2))(bank, q, w)
+    (v2, g2), (v1, g1) = (jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(bank, q, w)
                           for f in (two_phase, direct))
     np.testing.assert_allclose(float(v2), float(v1), rtol=1e-5)
     for a, b in zip(g2, g1, strict=True):
@@ -200,7 +210,8 @@ def test_grouped_depth_attention_equals_the_concatenated_softmax(monkeypatch, t,
         def f(*a):
             groups = ((a[4], a[5], valid), (a[6], a[7], valid))
             return jnp.sum(jnp.sin(fn(a[0], a[2], a[3], a[1], groups)))
-        return jax.value_and_grad(f, argnums=tuple(range(8)))(q, qd, seq_k, seq_v, ka, va, kf, vf)
+        return jax.jit(jax.value_and_grad(f, argnums=tuple(range(8))))(
+            q, qd, seq_k, seq_v, ka, va, kf, vf)
 
     (v_new, g_new), (v_old, g_old) = run(attention_with_depth), run(
         _concat_attention_with_depth)
@@ -229,8 +240,8 @@ def test_moda_put_slot_equals_a_masked_select(j, ok):
         return jnp.where(written(cache, j, ok), new[:, :, :, None], cache)
 
     def run(fn):
-        return jax.value_and_grad(lambda c, n: jnp.sum(jnp.sin(fn(c, n, j, ok)) * weight),
-                                  argnums=(0, 1))(cache, new)
+        return jax.jit(jax.value_and_grad(lambda c, n: jnp.sum(jnp.sin(fn(c, n, j, ok)) * weight),
+                                          argnums=(0, 1)))(cache, new)
 
     (v_new, (g_cache, g_new)), (v_ref, (g_cache_ref, g_new_ref)) = run(put_slot), run(select)
     np.testing.assert_allclose(float(v_new), float(v_ref), rtol=1e-6)

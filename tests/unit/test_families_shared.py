@@ -225,7 +225,8 @@ def test_skip_blocks(h):
         assert bool(jnp.all(jnp.isfinite(out))), b
         assert _max_diff(out, h.default) > 1e-6, f"skipping block {b} changed nothing"
     none_active = h.logits(active=np.zeros(L, bool))
-    expected = _SkipAllReference(h.spec).apply({"params": h.params}, h.tokens)
+    expected = compile_fast(_SkipAllReference(h.spec).apply, {"params": h.params}, h.tokens)(
+        {"params": h.params}, h.tokens)
     np.testing.assert_allclose(none_active, expected, rtol=1e-5, atol=1e-6)
 
 
@@ -238,15 +239,15 @@ def test_permute_blocks(h):
     Block 0 takes part so that position-dependent structure (keel's first
     block, mix_ln's post-LN blocks) stays with the position."""
     swap = np.array([1, 0, 2])
-    fam = family_of(h.spec)
-    swapped = h.logits(permute_blocks(fam, h.params, swap), ident=swap)
+    permute = compile_fast(functools.partial(permute_blocks, family_of(h.spec)), h.params, swap)
+    swapped = h.logits(permute(h.params, swap), ident=swap)
     assert bool(jnp.all(jnp.isfinite(swapped)))
     assert _max_diff(swapped, h.default) > 1e-6
 
     copy = np.array([0, 0, 2])  # position 1 runs a copy of block 0, identity included
-    twins = permute_blocks(fam, h.params, copy)
+    twins = permute(h.params, copy)
     before = h.logits(twins, ident=copy)
-    after = h.logits(permute_blocks(fam, twins, swap), ident=copy[swap])
+    after = h.logits(permute(twins, swap), ident=copy[swap])
     np.testing.assert_array_equal(after, before)
     # The copy really replaced block 1.
     assert _max_diff(before, h.default) > 1e-6

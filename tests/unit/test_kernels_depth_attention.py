@@ -67,7 +67,8 @@ def test_depth_attention_fp32_matches_reference(backend, n_src, lead, d, valid):
 def test_depth_attention_single_valid_source_reads_it_exactly():
     v, q, w = inputs(6, (13,), 16)
     valid = jnp.asarray([0, 0, 0, 1, 0, 0], bool)
-    np.testing.assert_allclose(fused("interpret")(v, valid, q, w), v[3], rtol=1e-6, atol=1e-6)
+    out = jax.jit(fused("interpret"))(v, valid, q, w)
+    np.testing.assert_allclose(out, v[3], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("backend", ["interpret", "interpret_gpu"])
@@ -81,9 +82,11 @@ def test_reference_is_the_models_depth_mix():
     """What the kernel is checked against is exactly what the model computes."""
     v, q, w = inputs(4, (2, 5), 16, seed=2)
     valid = jnp.asarray([1, 1, 1, 0], bool)
-    assert rel_err(reference(v, valid, q, w), depth_mix(v, valid, q, w, EPS)) < 1e-6
-    grad_model = jax.grad(lambda v: jnp.sum(jnp.sin(depth_mix(v, valid, q, w, EPS))))(v)
-    grad_ref = jax.grad(lambda v: jnp.sum(jnp.sin(reference(v, valid, q, w))))(v)
+    model_mix = jax.jit(lambda v: depth_mix(v, valid, q, w, EPS))
+    ref_mix = jax.jit(lambda v: reference(v, valid, q, w))
+    assert rel_err(ref_mix(v), model_mix(v)) < 1e-6
+    grad_model = jax.jit(jax.grad(lambda v: jnp.sum(jnp.sin(depth_mix(v, valid, q, w, EPS)))))(v)
+    grad_ref = jax.jit(jax.grad(lambda v: jnp.sum(jnp.sin(reference(v, valid, q, w)))))(v)
     # The model's backward is written by hand (depth_mix._depth_mixes_bwd): the
     # same formula summed in another order, so a few fp32 ulps apart.
     assert rel_err(grad_ref, grad_model) < 1e-5
@@ -100,12 +103,15 @@ def test_two_phase_prefill_equals_one_mix_over_all_sources(backend):
     q_kd = jax.random.normal(k[0], (3, 16))
     w_kd = 1.0 + 0.2 * jax.random.normal(k[1], (3, 16))
     partial = 2.0 * jax.random.normal(k[2], (3, 5, 16))
-    o, lse = completed_sources_attention(v, valid, q_kd, w_kd, EPS, backend)
+    o, lse = jax.jit(lambda *a: completed_sources_attention(*a, EPS, backend))(
+        v, valid, q_kd, w_kd)
     everything = jnp.concatenate([v, partial[None]])
+    ref = jax.jit(reference)
+    merge = jax.jit(lambda *a: merge_partial(*a, EPS))
     for i in range(3):
-        assert rel_err(o[i], reference(v, valid, q_kd[i], w_kd[i])) < FP32_TOL
-        merged = merge_partial(o[i], lse[i], partial, q_kd[i], w_kd[i], EPS)
-        direct = reference(everything, jnp.append(valid, True), q_kd[i], w_kd[i])
+        assert rel_err(o[i], ref(v, valid, q_kd[i], w_kd[i])) < FP32_TOL
+        merged = merge(o[i], lse[i], partial, q_kd[i], w_kd[i])
+        direct = ref(everything, jnp.append(valid, True), q_kd[i], w_kd[i])
         assert rel_err(merged, direct) < FP32_TOL
 
 

@@ -122,7 +122,8 @@ def test_mhc_pre_bf16_matches_reference():
 
 
 def test_mhc_pre_n1_sinkhorn_is_exactly_one():
-    _, p, _ = mhc_pre(*mhc_args(1, (5,), 16), backend="interpret", **SINKHORN)
+    _, p, _ = jax.jit(lambda *a: mhc_pre(*a, backend="interpret", **SINKHORN))(
+        *mhc_args(1, (5,), 16))
     np.testing.assert_array_equal(np.asarray(p), 1.0)
 
 
@@ -152,13 +153,19 @@ def test_kernels_compose_to_the_models_hc_routing(sub):
         seed=sub,
     )  # fmt: skip
     h, y = normal(5, (n, 2, 3, d)), normal(6, (2, 3, d))
-    site = Site(sub=sub, pos=jnp.int32(0), ident=jnp.int32(0))
-    x_model, _ = fam.read(p, h, site)
-    h_model = fam.write(p, h, y, site, {}, jnp.bool_(True))
-    ops = hc_operands(*(p[k][sub] for k in ("A0", "beta0", "W_a", "w_b", "s_a", "s_b")))
-    x, mix, beta = hc_pre(h, *ops, use_tanh=True, backend="interpret")
+
+    @jax.jit  # one program (eagerly, interpret mode runs the kernel op by op)
+    def model_and_kernels(p, h, y):
+        site = Site(sub=sub, pos=jnp.int32(0), ident=jnp.int32(0))
+        x_model, _ = fam.read(p, h, site)
+        h_model = fam.write(p, h, y, site, {}, jnp.bool_(True))
+        ops = hc_operands(*(p[k][sub] for k in ("A0", "beta0", "W_a", "w_b", "s_a", "s_b")))
+        x, mix, beta = hc_pre(h, *ops, use_tanh=True, backend="interpret")
+        return x_model, h_model, x, stream_post(h, mix, beta, y, backend="interpret")
+
+    x_model, h_model, x, h_kernels = model_and_kernels(p, h, y)
     assert rel_err(x, x_model) < FP32_TOL
-    assert rel_err(stream_post(h, mix, beta, y, backend="interpret"), h_model) < FP32_TOL
+    assert rel_err(h_kernels, h_model) < FP32_TOL
 
 
 @pytest.mark.parametrize("sub", [0, 1])
@@ -172,13 +179,19 @@ def test_kernels_compose_to_the_models_mhc_routing(sub):
         seed=sub,
     )  # fmt: skip
     h, y = normal(5, (n, 2, 3, d)), normal(6, (2, 3, d))
-    site = Site(sub=sub, pos=jnp.int32(0), ident=jnp.int32(0))
-    x_model, _ = fam.read(p, h, site)
-    h_model = fam.write(p, h, y, site, {}, jnp.bool_(True))
-    names = ("phi", "a_pre", "a_post", "a_res", "b_pre", "b_post", "B_res")
-    ops = mhc_operands(*(p[k][sub] for k in names))
-    x, mix, post = mhc_pre(
-        h, *ops, iters=5, temperature=1.0, eps=fam.cfg.mhc_rms_eps, backend="interpret"
-    )
+
+    @jax.jit  # one program (eagerly, interpret mode runs the kernel op by op)
+    def model_and_kernels(p, h, y):
+        site = Site(sub=sub, pos=jnp.int32(0), ident=jnp.int32(0))
+        x_model, _ = fam.read(p, h, site)
+        h_model = fam.write(p, h, y, site, {}, jnp.bool_(True))
+        names = ("phi", "a_pre", "a_post", "a_res", "b_pre", "b_post", "B_res")
+        ops = mhc_operands(*(p[k][sub] for k in names))
+        x, mix, post = mhc_pre(
+            h, *ops, iters=5, temperature=1.0, eps=fam.cfg.mhc_rms_eps, backend="interpret"
+        )
+        return x_model, h_model, x, stream_post(h, mix, post, y, backend="interpret")
+
+    x_model, h_model, x, h_kernels = model_and_kernels(p, h, y)
     assert rel_err(x, x_model) < FP32_TOL
-    assert rel_err(stream_post(h, mix, post, y, backend="interpret"), h_model) < FP32_TOL
+    assert rel_err(h_kernels, h_model) < FP32_TOL

@@ -1,6 +1,7 @@
 """Backbone known answers: init, RoPE, GQA and depth attention, loss, scan/remat, permutation."""
 
 import contextlib
+import functools
 import io
 import math
 import re
@@ -20,13 +21,22 @@ from depthbench.shapes import Shape
 
 TINY = Shape(depth=3, d_model=32, d_ff=96, n_heads=4, n_kv_heads=4, vocab_size=64)
 
+# Everything below runs under jax.jit: eagerly, each primitive is compiled on its
+# own (seconds per test on CPU); one program per computation is compiled once.
+
+
+@functools.cache
+def compiled(model: nn.Module, method: str = "apply", **kwargs):
+    """``jax.jit(model.<method>)`` with ``kwargs`` bound, one per (model, method, kwargs)."""
+    return jax.jit(functools.partial(getattr(model, method), **kwargs))
+
 
 @pytest.fixture(scope="module")
 def tiny():
     spec = ModelSpec.from_shape(TINY)
     model = Transformer(spec)
     tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, TINY.vocab_size)
-    params = nn.unbox(model.init(jax.random.key(1), tokens)["params"])
+    params = nn.unbox(compiled(model, "init")(jax.random.key(1), tokens)["params"])
     apply = jax.jit(lambda p, t: model.apply({"params": p}, t))
     return spec, model, tokens, params, apply
 
@@ -44,10 +54,12 @@ def test_rope_is_relative():
     q = jax.random.normal(k1, (1, 1, 1, 16))
     k = jax.random.normal(k2, (1, 1, 1, 16))
 
+    @jax.jit
+    def dot(pq, pk):
+        return jnp.sum(layers.rope(q, pq[None], 10000.0) * layers.rope(k, pk[None], 10000.0))
+
     def score(pq, pk):
-        qr = layers.rope(q, jnp.array([pq]), 10000.0)
-        kr = layers.rope(k, jnp.array([pk]), 10000.0)
-        return float(jnp.sum(qr * kr))
+        return float(dot(jnp.int32(pq), jnp.int32(pk)))
 
     assert score(5, 3) == pytest.approx(score(12, 10), rel=1e-5)
     assert score(0, 0) == pytest.approx(float(jnp.sum(q * k)), rel=1e-6)
@@ -61,11 +73,16 @@ def test_gqa_equals_mha_with_repeated_kv():
     x = jax.random.normal(jax.random.key(0), (2, 7, 32))
     pos = jnp.arange(7)
     gqa = layers.Attention(gqa_spec)
-    p = gqa.init(jax.random.key(1), x, pos)["params"]
-    p = nn.unbox(p)
-    rep = {k: (jnp.repeat(v, 2, axis=1) if k in ("k", "v") else v) for k, v in p.items()}
-    y_gqa, _ = gqa.apply({"params": p}, x, pos)
-    y_mha, _ = layers.Attention(mha_spec).apply({"params": rep}, x, pos)
+
+    @jax.jit
+    def outputs(x, pos):
+        p = nn.unbox(gqa.init(jax.random.key(1), x, pos)["params"])
+        rep = {k: (jnp.repeat(v, 2, axis=1) if k in ("k", "v") else v) for k, v in p.items()}
+        y_gqa, _ = gqa.apply({"params": p}, x, pos)
+        y_mha, _ = layers.Attention(mha_spec).apply({"params": rep}, x, pos)
+        return y_gqa, y_mha
+
+    y_gqa, y_mha = outputs(x, pos)
     np.testing.assert_allclose(y_gqa, y_mha, rtol=1e-5, atol=1e-6)
 
 
@@ -74,11 +91,11 @@ def test_depth_attention_without_depth_keys_is_causal_attention():
     q = jax.random.normal(k[0], (2, 5, 4, 8))
     kk = jax.random.normal(k[1], (2, 5, 2, 8))
     v = jax.random.normal(k[2], (2, 5, 2, 8))
-    ref = jax.nn.dot_product_attention(q, kk, v, is_causal=True)
+    ref = jax.jit(functools.partial(jax.nn.dot_product_attention, is_causal=True))(q, kk, v)
     dk = jnp.zeros((2, 5, 2, 3, 8))  # [B, T, key heads, slots, d_h]
     none = jnp.zeros((3,), bool)
     groups = ((dk, dk, none), (dk[:, :, :1], dk[:, :, :1], none))
-    out = attention_with_depth(q, kk, v, q, groups)
+    out = jax.jit(attention_with_depth)(q, kk, v, q, groups)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
 
 
@@ -100,7 +117,7 @@ def test_causal_attention_matches_jax_reference_values_and_grads(kv_heads, block
     v = jax.random.normal(k[2], (2, 6, kv_heads, 8))
 
     def loss(fn):
-        return jax.value_and_grad(lambda *a: jnp.sum(jnp.sin(fn(*a))), argnums=(0, 1, 2))
+        return jax.jit(jax.value_and_grad(lambda *a: jnp.sum(jnp.sin(fn(*a))), argnums=(0, 1, 2)))
 
     ref = loss(lambda *a: jax.nn.dot_product_attention(*a, is_causal=True))(q, kk, v)
     got = loss(layers.causal_attention)(q, kk, v)
@@ -119,8 +136,8 @@ def test_swiglu_vjp_matches_autodiff_of_the_expression(dtype, tol):
     wd = (0.3 * jax.random.normal(k[3], (24, 16))).astype(dtype)
 
     def loss(fn):
-        return jax.value_and_grad(lambda *a: jnp.sum(jnp.sin(fn(*a).astype(jnp.float32))),
-                                  argnums=(0, 1, 2, 3))
+        return jax.jit(jax.value_and_grad(
+            lambda *a: jnp.sum(jnp.sin(fn(*a).astype(jnp.float32))), argnums=(0, 1, 2, 3)))
 
     ref = loss(lambda x, wg, wu, wd: (jax.nn.silu(x @ wg) * (x @ wu)) @ wd)(x, wg, wu, wd)
     got = loss(layers.swiglu)(x, wg, wu, wd)
@@ -134,7 +151,7 @@ def test_swiglu_vjp_matches_autodiff_of_the_expression(dtype, tol):
 def test_cross_entropy_gradient_is_softmax_minus_one_hot():
     logits = jax.random.normal(jax.random.key(0), (2, 3, 5))
     targets = jnp.array([[0, 4, 2], [1, 1, 3]])
-    grad = jax.grad(cross_entropy)(logits, targets)
+    grad = jax.jit(jax.grad(cross_entropy))(logits, targets)
     expected = (jax.nn.softmax(logits, -1) - jax.nn.one_hot(targets, 5)) / 6
     np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-7)
 
@@ -143,15 +160,16 @@ def test_cross_entropy_known_value():
     logits = jnp.log(jnp.array([[[0.5, 0.25, 0.25], [0.1, 0.8, 0.1]]]))
     targets = jnp.array([[0, 1]])
     expected = -(np.log(0.5) + np.log(0.8)) / 2
-    assert float(cross_entropy(logits, targets)) == pytest.approx(expected, rel=1e-6)
+    loss = jax.jit(cross_entropy)
+    assert float(loss(logits, targets)) == pytest.approx(expected, rel=1e-6)
     mask = jnp.array([[1, 0]])
-    assert float(cross_entropy(logits, targets, mask)) == pytest.approx(-np.log(0.5), rel=1e-6)
+    assert float(loss(logits, targets, mask)) == pytest.approx(-np.log(0.5), rel=1e-6)
 
 
 def test_uniform_logits_at_init(tiny):
     """With std-0.02 weights the initial loss is close to log(V)."""
     spec, model, tokens, params, apply = tiny
-    loss = cross_entropy(apply(params, tokens)[:, :-1], tokens[:, 1:])
+    loss = jax.jit(cross_entropy)(apply(params, tokens)[:, :-1], tokens[:, 1:])
     assert float(loss) == pytest.approx(np.log(TINY.vocab_size), abs=0.05)
 
 
@@ -172,7 +190,7 @@ def test_scan_vs_unrolled_and_remat(tiny):
         spec.replace(remat_policy="none"),
         spec.replace(remat_policy="dots_saveable", scan_unroll=spec.depth),
     ):
-        out = Transformer(variant).apply({"params": params}, tokens)
+        out = compiled(Transformer(variant))({"params": params}, tokens)
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
 
 
@@ -212,8 +230,8 @@ def test_matmuls_saveable_same_gradients_fewer_residuals(tiny):
 
 def test_determinism(tiny):
     spec, model, tokens, params, apply = tiny
-    again = nn.unbox(model.init(jax.random.key(1), tokens)["params"])
-    other = nn.unbox(model.init(jax.random.key(2), tokens)["params"])
+    again = nn.unbox(compiled(model, "init")(jax.random.key(1), tokens)["params"])
+    other = nn.unbox(compiled(model, "init")(jax.random.key(2), tokens)["params"])
     np.testing.assert_array_equal(apply(again, tokens), apply(params, tokens))
     assert float(jnp.max(jnp.abs(apply(other, tokens) - apply(params, tokens)))) > 1e-3
 
@@ -221,25 +239,25 @@ def test_determinism(tiny):
 def test_skip_and_permute(tiny):
     """Skipping every block leaves the embedding; swapping blocks equals swapping params."""
     spec, model, tokens, params, apply = tiny
-    skipped = model.apply({"params": params}, tokens, active=jnp.zeros((spec.depth,), bool))
+    skipped = compiled(model)({"params": params}, tokens, active=jnp.zeros((spec.depth,), bool))
     x0 = params["embed"][tokens]
     x = x0 * jax.lax.rsqrt(jnp.mean(x0**2, -1, keepdims=True) + spec.norm_eps)
     expected = (x * params["final_norm"]["scale"]) @ params["head"]
     np.testing.assert_allclose(skipped, expected, rtol=1e-5, atol=1e-6)
 
     order = jnp.array([2, 0, 1])
-    permuted = permute_blocks(family_of(spec), params, order)
-    swapped = model.apply({"params": permuted}, tokens, ident=order)
+    permuted = jax.jit(functools.partial(permute_blocks, family_of(spec)))(params, order)
+    swapped = compiled(model)({"params": permuted}, tokens, ident=order)
     # The same swap built by hand: a model whose block stack is stored in that order.
     by_hand = jax.tree.map(lambda a: a[np.array([2, 0, 1])], params["blocks"])
-    manual = model.apply({"params": {**params, "blocks": by_hand}}, tokens)
+    manual = compiled(model)({"params": {**params, "blocks": by_hand}}, tokens)
     np.testing.assert_array_equal(swapped, manual)
     assert float(jnp.max(jnp.abs(swapped - apply(params, tokens)))) > 1e-4
 
 
 def test_capture_returns_depth_states(tiny):
     spec, model, tokens, params, apply = tiny
-    logits, z = model.apply({"params": params}, tokens, capture=True)
+    logits, z = compiled(model, capture=True)({"params": params}, tokens)
     assert z.shape == (spec.depth + 1, 2, 12, spec.d_model)
     np.testing.assert_array_equal(z[0], params["embed"][tokens])
     np.testing.assert_allclose(logits, apply(params, tokens), rtol=1e-6, atol=1e-6)
@@ -253,13 +271,13 @@ def test_capture_returns_depth_states(tiny):
 
 def test_param_dtypes_and_logical_axes(tiny):
     spec, model, tokens, params, apply = tiny
-    boxed = model.init(jax.random.key(1), tokens)["params"]
+    boxed = compiled(model, "init")(jax.random.key(1), tokens)["params"]
     specs = nn.get_partition_spec(boxed)
     assert tuple(specs["blocks"]["attn"]["q"]) == ("layers", "embed", "heads", "head_dim")
     assert tuple(specs["blocks"]["mlp"]["down"]) == ("layers", "mlp", "embed")
     assert tuple(specs["embed"]) == ("vocab", "embed")
     assert tuple(specs["head"]) == ("embed", "vocab")
     assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(params))
-    bf16 = Transformer(spec.replace(compute_dtype="bfloat16")).apply({"params": params}, tokens)
+    bf16 = compiled(Transformer(spec.replace(compute_dtype="bfloat16")))({"params": params}, tokens)
     assert bf16.dtype == jnp.float32  # logits are returned in fp32
     np.testing.assert_allclose(bf16, apply(params, tokens), atol=0.05)

@@ -61,8 +61,8 @@ def test_registering_extends_config_rules_and_costs(toy):
     # The model reads the typed fields: a gain init of 0 makes every block the identity.
     tokens = jnp.arange(8, dtype=jnp.int32)[None] % SHAPE.vocab_size
     zero = Transformer(spec.with_fields(toy_gain_init=0.0))
-    logits, variables = zero.init_with_output(jax.random.key(0), tokens)
-    skipped = zero.apply(variables, tokens, active=jnp.zeros(SHAPE.depth, bool))
+    logits, variables = jax.jit(zero.init_with_output)(jax.random.key(0), tokens)
+    skipped = jax.jit(zero.apply)(variables, tokens, active=jnp.zeros(SHAPE.depth, bool))
     assert jnp.array_equal(logits, skipped)
     # Its variant, declared in its config, reaches a sweep entry.
     entry = variants.expand_entry({"model.family": "toy_scaled+tiny_scale", "model.depth": 2})

@@ -2,9 +2,10 @@
 
 The CPU suite is dominated by XLA compiling many tiny programs, not by running
 them, so the test session (tests/conftest.py) and every process it starts
-compile with XLA's backend (LLVM) optimisation off and the classic loop emitters.  That changes how fast the
-generated code runs, not what it computes: the programs, their shardings and
-dtypes and the HLO the tests inspect (cost and memory analyses) are the same,
+compile with XLA's backend (LLVM) optimisation off and its classic loop
+emitters.  That changes how fast the generated code runs, not what it
+computes: the programs, their shardings and dtypes and the HLO the tests
+inspect (cost and memory analyses) are the same,
 and an equivalence or bitwise-resume test compares programs compiled with the
 same flags, in this process or in a subprocess given :func:`subprocess_flags`.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 # XLA's CPU "fusion emitters" (the MLIR code generator for fused loops) take
 # about half of the compile time of a tiny model's programs; the classic
-# emitters compile the same HLO about twice as fast (bench/results/test_suite.md).
+# emitters compile the same HLO about twice as fast (bench/results/wall_times.md).
 FAST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
                   "--xla_cpu_use_fusion_emitters=false")
 

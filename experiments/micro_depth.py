@@ -1,15 +1,15 @@
-"""A laptop suite where depth can show: do depth-routing families prefer deeper shapes than pre_ln?
+"""A laptop suite where depth shows: which shapes do pre_ln and the depth-routing families prefer?
 
     launch/local_sweep.sh --config experiments/micro_depth.py --workdir runs/micro_depth --procs 2
     depthbench report runs/micro_depth
 
-9 runs, about 50 minutes on a 2-core CPU with two processes; the report's
+9 runs, about 1.5 to 2 hours on a 2-core CPU with two processes; the report's
 "Loss at equal compute" section gives each family's best aspect ratio at equal
 tokens and at equal training FLOPs.  The quickstart compares families after
 150k tokens, where every family prefers the shallowest shape.  Here the model
 is smaller (a ~470k-parameter budget with a 512-piece vocabulary, so the
-embeddings do not take the budget) and trains 40x longer: 3,000 steps of
-16 x 128 tokens, 6.1M tokens, ~13 tokens per parameter (1.13 passes over the
+embeddings do not take the budget) and trains 80x longer: 6,000 steps of
+16 x 128 tokens, 12.3M tokens, ~26 tokens per parameter (2.3 passes over the
 micro corpus at this vocabulary), evaluated every 300 steps for the curves.
 
 Depths 2, 4 and 8 give d_model 120, 88 and 64, aspect ratios 60, 22 and 8
@@ -20,10 +20,12 @@ pre_ln against the two families that route through depth: attnres_full
 (softmax attention over every earlier sublayer output) and hc with the
 ``sum_then_norm`` readout (equal to pre_ln at init: quickstart.py says why).
 One learning rate, 3e-3 (the best of micro_lr_transfer.py's grid at the
-shallow end for all three), and one seed.  Measured: the best aspect ratio is
-22 (L4) for all three at 3.1M and at 6.1M tokens; attnres_full's depth penalty
-shrinks fastest (results and curves: bench/results/micro_depth.md; README,
-"Where depth shows").
+shallow end for all three), and one seed.  Measured: at this budget pre_ln and
+attnres_full do best at aspect ratio 8 (L8) and hc+sum_then_norm at 60 (L2);
+at 3.1M and 6.1M tokens all three did best at 22 (L4).  pre_ln's best ratio is
+never shallower than the other two's here: the paper's split needs more layers
+than a laptop budget allows (results, curves and why: bench/results/micro_depth.md;
+README, "Where depth shows").
 """
 from depthbench.configs import quickstart
 
@@ -41,7 +43,7 @@ def get_config():
     m.vocab_size = 512
     m.n_heads = 4
     t = c.train
-    t.steps = 3000
+    t.steps = 6000
     t.batch_size = 16
     t.log_every = 50
     t.eval_every = 300

@@ -1,144 +1,299 @@
-"""A torch distributed checkpoint (``model_and_optim/``), read one tensor at a time.
+"""A torch distributed checkpoint (``model_and_optim/``), read without torch and without trusting it.
 
-OLMo-core saves ``model.*`` and ``optim.*`` entries with
-``torch.distributed.checkpoint``: ``.metadata`` (a pickled index: every
-entry's shape, dtype and the byte ranges of its chunks in the ``*.distcp``
-files) and the data files.  :class:`DistCheckpoint` reads the index, checks
-that every byte range of every model entry lies inside an existing file (a
-truncated or missing ``.distcp`` is found before anything is converted), and
-loads model tensors one at a time through ``torch.distributed.checkpoint``
-(which reassembles sharded chunks), so memory holds one tensor beyond what
-the caller keeps.  Optimizer entries are never read.
+OLMo-core's trainer saves ``model.*`` and ``optim.*`` entries with its own
+writer (``save_model_and_optim_state``: ``RemoteFileSystemWriter``), in the
+layout of ``torch.distributed.checkpoint``'s ``FileSystemWriter``:
 
-torch is the optional extra ``olmo``; without it the import is one line.
+* ``.metadata``, a pickle of the index: ``Metadata.state_dict_metadata``
+  (every entry: a ``TensorStorageMetadata``, its dtype, size and chunks, or
+  a ``BytesStorageMetadata``) and ``Metadata.storage_data`` (each chunk's
+  ``_StorageInfo``: data file, byte offset, length).  OLMo-core's writer
+  pickles its own ``olmo_core.distributed.checkpoint.filesystem._StorageInfo``
+  there, so ``pickle.load`` needs olmo_core installed, and executes whatever
+  else the pickle names;
+* ``__<rank>_<n>.distcp`` data files: each chunk is a ``torch.save`` archive
+  (a zip: ``data.pkl``, a pickle naming ``torch._utils._rebuild_tensor_v2``
+  and a storage class, and ``data/<key>``, the raw little-endian storage).
+
+Both pickles are read by :mod:`~depthbench.importers.safe_unpickle` with
+allow-lists of exactly these classes (``INDEX_CLASSES``, ``TENSOR_CLASSES``),
+mapped to stand-ins defined here: torch and olmo_core are never imported,
+and a pickle naming anything else (``os.system``) is one line naming it,
+with nothing run.  A tensor is rebuilt in numpy from its storage bytes, its
+offset and strides checked against the storage's size; sharded entries
+(FSDP) are assembled from their chunks.  :class:`DistCheckpoint` checks that
+every byte range of every model entry lies inside an existing file (a
+truncated or missing ``.distcp`` is found before anything is converted) and
+reads one entry at a time, so memory holds one tensor beyond what the caller
+keeps.  Checkpoints whose chunks are transformed (compressed) by a newer
+writer are refused in one line.
 """
 
 from __future__ import annotations
 
-import warnings
+import dataclasses
+import io
+import pickle
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from depthbench.errors import ConfigError
+from depthbench.importers.safe_unpickle import Refused, int_tuple, loads, record
 
 WHAT = "import-olmo"
 MODEL_PREFIX = "model."
 
+_METADATA = "torch.distributed.checkpoint.metadata"
+_STORAGE_INFO = record("_StorageInfo")
 
-def require_torch():
-    """``torch``, or one line naming the extra that provides it."""
-    try:
-        import torch
-        import torch.distributed.checkpoint  # noqa: F401
-    except ImportError:
-        raise ConfigError(f"{WHAT} reads OLMo-core checkpoints with torch: "
-                          "pip install 'depthbench[olmo]'") from None
-    return torch
+
+def _dtypes() -> dict[str, np.dtype]:
+    import ml_dtypes  # installed with jax
+
+    return {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
+            "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
+            "int64": np.dtype(np.int64), "int32": np.dtype(np.int32),
+            "int16": np.dtype(np.int16), "int8": np.dtype(np.int8),
+            "uint8": np.dtype(np.uint8), "bool": np.dtype(np.bool_)}
+
+
+# torch's typed storage classes, as torch.save pickles them, and their dtypes.
+_STORAGES = {"FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",
+             "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
+             "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8",
+             "BoolStorage": "bool"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dtype:
+    """A torch dtype (``torch.float32``) or storage class (``torch.FloatStorage``)."""
+
+    name: str
+
+
+def _layout(name: Any) -> str:
+    """``torch.serialization._get_layout("torch.strided")``: dense tensors only."""
+    if name != "torch.strided":
+        raise pickle.UnpicklingError(f"layout {str(name)[:40]} (only dense tensors are read)")
+    return name
+
+
+def _memory_format(code: Any) -> int:
+    """``_MEM_FORMAT_ENCODING(code)``: the enum's int value."""
+    if not isinstance(code, int):
+        raise pickle.UnpicklingError("memory format is not an int")
+    return code
+
+
+INDEX_CLASSES: dict[tuple[str, str], Any] = {
+    **{(_METADATA, name): record(name) for name in (
+        "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata",
+        "MetadataIndex", "StorageMeta")},
+    (_METADATA, "TensorProperties"): record(
+        "TensorProperties", ("dtype", "layout", "requires_grad", "memory_format", "pin_memory")),
+    (_METADATA, "_MEM_FORMAT_ENCODING"): _memory_format,
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _STORAGE_INFO,
+    # OLMo-core's writer pickles its own copy of the class (same fields).
+    ("olmo_core.distributed.checkpoint.filesystem", "_StorageInfo"): _STORAGE_INFO,
+    ("torch", "Size"): int_tuple,
+    ("torch.serialization", "_get_layout"): _layout,
+    **{("torch", name): _Dtype(name) for name in (
+        "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+        "uint8", "bool")},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Storage:
+    data: np.ndarray  # 1-D, the storage's dtype
+
+
+def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_: Any) -> np.ndarray:
+    """``torch._utils._rebuild_tensor_v2(storage, offset, size, stride, ...)`` as a
+    read-only numpy view, every element it addresses inside the storage."""
+    size, stride = int_tuple(size), int_tuple(stride)
+    if not isinstance(storage, _Storage) or not isinstance(offset, int) or len(size) != len(
+            stride):
+        raise pickle.UnpicklingError("a tensor record that is not (storage, offset, size, stride)")
+    data = storage.data
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else offset - 1
+    if offset < 0 or last >= data.size:
+        raise pickle.UnpicklingError(f"a tensor reaches element {last} of a storage of "
+                                     f"{data.size}")
+    if not all(size):
+        return np.zeros(size, data.dtype)
+    view = np.lib.stride_tricks.as_strided(data[offset:], shape=size,
+                                           strides=[s * data.itemsize for s in stride])
+    view.flags.writeable = False
+    return view
+
+
+TENSOR_CLASSES: dict[tuple[str, str], Any] = {
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+    ("collections", "OrderedDict"): dict,  # the (empty) backward hooks
+    **{("torch", name): _Dtype(dtype) for name, dtype in _STORAGES.items()},
+}
+
+
+def read_torch_save(blob: bytes) -> Any:
+    """The object in a ``torch.save`` archive (a zip), without torch: a tensor as a
+    numpy array, or plain Python data (the optimizer's ``param_groups``)."""
+    dtypes = _dtypes()
+    with zipfile.ZipFile(io.BytesIO(blob)) as archive:
+        names = archive.namelist()
+        pkl = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
+        if pkl is None:
+            raise pickle.UnpicklingError("no data.pkl in the archive")
+        prefix = pkl[: -len("data.pkl")]
+        order = (archive.read(prefix + "byteorder").decode() if prefix + "byteorder" in names
+                 else "little")
+        if order not in ("little", "big"):
+            raise pickle.UnpicklingError(f"byte order {order[:20]!r}")
+
+        def storage(pid: Any) -> _Storage:
+            if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
+                    and isinstance(pid[1], _Dtype) and isinstance(pid[2], str)):
+                raise pickle.UnpicklingError(f"persistent id {str(pid)[:60]}")
+            dtype = dtypes[pid[1].name].newbyteorder("<" if order == "little" else ">")
+            raw = archive.read(f"{prefix}data/{pid[2]}")
+            if len(raw) % dtype.itemsize:
+                raise pickle.UnpicklingError("a storage's size is not a whole number of items")
+            return _Storage(np.frombuffer(raw, dtype).astype(dtype.newbyteorder("="),
+                                                             copy=False))
+
+        return loads(archive.read(pkl), TENSOR_CLASSES, persistent_load=storage)
 
 
 def _one_line(e: BaseException) -> str:
-    """``Type: first line`` of an error; for torch's CheckpointException (which
-    wraps each rank's failure with its traceback) that of the first failure."""
-    failures = getattr(e, "failures", None)
-    if isinstance(failures, dict) and failures:
-        first = next(iter(failures.values()))
-        e = getattr(first, "exc", first)
     text = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
     return f"{type(e).__name__}: {text[:160]}" if text else type(e).__name__
 
 
-def _reader_class():
-    """``FileSystemReader`` that reads the index once and completes its entries:
-    indexes written by other torch versions (OLMo-core's writer under torch 2.8)
-    pickle ``_StorageInfo`` without ``transform_descriptors``, which torch 2.13's
-    reader dereferences."""
-    from torch.distributed.checkpoint import FileSystemReader
+def _refused(path: Path, what: str) -> ConfigError:
+    return ConfigError(f"{WHAT}: {path} names {what}, which a torch checkpoint does not "
+                       "hold: refused, nothing in it was run")
 
-    class Reader(FileSystemReader):
-        _metadata = None
 
-        def read_metadata(self, *args, **kwargs):
-            if self._metadata is None:
-                metadata = super().read_metadata(*args, **kwargs)
-                for info in (metadata.storage_data or {}).values():
-                    if not hasattr(info, "transform_descriptors"):
-                        object.__setattr__(info, "transform_descriptors", None)
-                self._metadata = metadata
-            return self._metadata
-
-    return Reader
+@dataclasses.dataclass(frozen=True)
+class _Chunk:
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    file: str
+    start: int
+    length: int
 
 
 class DistCheckpoint:
-    """The model entries of the distributed checkpoint in ``directory``."""
+    """The entries of the distributed checkpoint in ``directory``."""
 
     def __init__(self, directory: Path):
-        torch = require_torch()
-        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
         self.directory = directory
         meta_path = directory / ".metadata"
         if not meta_path.is_file():
             raise ConfigError(f"{WHAT}: {meta_path} does not exist (expected a torch distributed "
                               "checkpoint: .metadata and *.distcp)")
         try:
-            self._reader = _reader_class()(str(directory))
-            metadata = self._reader.read_metadata()
-            entries = dict(metadata.state_dict_metadata)
-            storage = dict(metadata.storage_data or {})
-        except Exception as e:  # a pickle of anything: any failure means damaged
+            index = loads(meta_path.read_bytes(), INDEX_CLASSES)
+            entries = dict(index.state_dict_metadata)
+            storage = {(key.fqn, int_tuple(getattr(key, "offset", None) or ())): info
+                       for key, info in dict(getattr(index, "storage_data", None) or {}).items()}
+            self.entries = {fqn: self._entry(fqn, entry, storage) for fqn, entry in
+                            entries.items()}
+        except Refused as e:
+            raise _refused(meta_path, e.what) from None
+        except Exception as e:  # any other failure of an untrusted index means damaged
             raise ConfigError(f"{WHAT}: {meta_path} is damaged or not a torch checkpoint index "
                               f"({_one_line(e)})") from None
-        self.tensors: dict[str, tuple[tuple[int, ...], object]] = {}
-        for fqn, entry in entries.items():
-            if fqn.startswith(MODEL_PREFIX) and isinstance(entry, TensorStorageMetadata):
-                self.tensors[fqn[len(MODEL_PREFIX):]] = (tuple(entry.size),
-                                                         entry.properties.dtype)
+        # model tensors without the prefix: (shape, dtype name)
+        self.tensors: dict[str, tuple[tuple[int, ...], str]] = {
+            fqn[len(MODEL_PREFIX):]: (entry[0], entry[1]) for fqn, entry in self.entries.items()
+            if fqn.startswith(MODEL_PREFIX) and entry[1] is not None}
         if not self.tensors:
             raise ConfigError(f"{WHAT}: {meta_path} lists no model.* tensors")
-        self._check_files(storage)
-        self._torch = torch
+        self._check_files([fqn for fqn in self.entries if fqn.startswith(MODEL_PREFIX)])
 
-    def _check_files(self, storage: dict) -> None:
-        """Every chunk of every model tensor inside an existing data file."""
+    @staticmethod
+    def _entry(fqn: str, entry: Any, storage: dict) -> tuple:
+        """``(shape, dtype name, [chunks])`` of a tensor entry; ``((), None, [chunk])``
+        of a bytes entry (``storage``: ``{(fqn, chunk offsets): _StorageInfo}``)."""
+
+        def chunk(offsets: tuple[int, ...], sizes: tuple[int, ...]) -> _Chunk:
+            info = storage.get((fqn, offsets))
+            if info is None:
+                raise ValueError(f"no storage for {fqn} at {offsets}")
+            if getattr(info, "transform_descriptors", None):
+                raise ValueError(f"{fqn} is stored transformed "
+                                 f"({info.transform_descriptors!r:.40}); not supported")
+            start, length = int(info.offset), int(info.length)
+            name = info.relative_path
+            if start < 0 or length < 0 or not isinstance(name, str) or Path(name).name != name:
+                raise ValueError(f"bad storage record for {fqn}")  # (a path out of the folder)
+            return _Chunk(offsets, sizes, info.relative_path, start, length)
+
+        if entry.kind == "BytesStorageMetadata":
+            return (), None, [chunk((), ())]
+        dtype = entry.properties.dtype
+        if entry.kind != "TensorStorageMetadata" or not isinstance(dtype, _Dtype):
+            raise ValueError(f"entry {fqn} is a {entry.kind}")
+        shape = int_tuple(entry.size)
+        return shape, dtype.name, [chunk(int_tuple(c.offsets), int_tuple(c.sizes))
+                                   for c in entry.chunks]
+
+    def _check_files(self, fqns: list[str]) -> None:
+        """Every chunk of every entry in ``fqns`` inside an existing data file."""
         sizes: dict[str, int] = {}
-        for index, info in storage.items():
-            if not getattr(index, "fqn", "").startswith(MODEL_PREFIX):
-                continue
-            rel = str(info.relative_path)
-            if rel not in sizes:
-                path = self.directory / rel
-                sizes[rel] = path.stat().st_size if path.is_file() else -1
-            if sizes[rel] < 0:
-                raise ConfigError(f"{WHAT}: {self.directory / rel} (listed in .metadata) is "
-                                  "missing")
-            end = int(info.offset) + int(info.length)
-            if end > sizes[rel]:
-                raise ConfigError(f"{WHAT}: {self.directory / rel} is truncated: "
-                                  f"{sizes[rel]} bytes, .metadata needs {end} ({index.fqn})")
+        for fqn in fqns:
+            for c in self.entries[fqn][2]:
+                if c.file not in sizes:
+                    path = self.directory / c.file
+                    sizes[c.file] = path.stat().st_size if path.is_file() else -1
+                if sizes[c.file] < 0:
+                    raise ConfigError(f"{WHAT}: {self.directory / c.file} (listed in .metadata) "
+                                      "is missing")
+                if c.start + c.length > sizes[c.file]:
+                    raise ConfigError(f"{WHAT}: {self.directory / c.file} is truncated: "
+                                      f"{sizes[c.file]} bytes, .metadata needs "
+                                      f"{c.start + c.length} ({fqn})")
+
+    def _blob(self, c: _Chunk) -> bytes:
+        with open(self.directory / c.file, "rb") as f:
+            f.seek(c.start)
+            return f.read(c.length)
+
+    def entry(self, fqn: str) -> Any:
+        """Entry ``fqn`` (``model.*`` or ``optim.*``): a tensor as numpy in its stored
+        dtype (bf16 as ``ml_dtypes.bfloat16``, no fp32 copy here), or the Python
+        value a bytes entry holds."""
+        shape, dtype, chunks = self.entries[fqn]
+        self._check_files([fqn])
+        path = self.directory / chunks[0].file
+        try:
+            if dtype is None:
+                return read_torch_save(self._blob(chunks[0]))
+            out = None
+            for c in chunks:
+                part = read_torch_save(self._blob(c))
+                if not isinstance(part, np.ndarray) or part.shape != c.sizes or str(
+                        part.dtype) != str(_dtypes()[dtype]):
+                    raise ValueError(f"chunk at {c.offsets} is not a {dtype} tensor of "
+                                     f"shape {c.sizes}")
+                if len(chunks) == 1 and c.sizes == shape:
+                    return part
+                if out is None:
+                    out = np.zeros(shape, part.dtype)
+                out[tuple(slice(o, o + s) for o, s in zip(c.offsets, c.sizes))] = part
+            if out is None or sum(int(np.prod(c.sizes)) for c in chunks) != out.size:
+                raise ValueError("its chunks do not cover the tensor")
+            return out
+        except Refused as e:
+            raise _refused(path, e.what) from None
+        except Exception as e:
+            raise ConfigError(f"{WHAT}: {path}: entry {fqn} cannot be read, the checkpoint is "
+                              f"damaged ({_one_line(e)})") from None
 
     def read(self, key: str) -> np.ndarray:
-        """Model tensor ``key`` (without the ``model.`` prefix) as numpy in its
-        stored dtype (bf16 as ``ml_dtypes.bfloat16``, a view: no fp32 copy here;
-        the caller's assignment into its fp32 arrays converts)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
-
-        torch = self._torch
-        shape, dtype = self.tensors[key]
-        target = torch.empty(shape, dtype=dtype)
-        state = {MODEL_PREFIX + key: target}
-        try:
-            with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
-                warnings.simplefilter("ignore")
-                dcp.load(state, storage_reader=self._reader)
-        except (Exception, CheckpointException) as e:  # the latter is a BaseException
-            raise ConfigError(f"{WHAT}: {self.directory}: tensor model.{key} cannot be read, "
-                              f"the checkpoint is damaged ({_one_line(e)})") from None
-        out = state[MODEL_PREFIX + key].detach()
-        if out.dtype == torch.bfloat16:
-            import ml_dtypes
-
-            return out.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return out.numpy()
+        """Model tensor ``key`` (without the ``model.`` prefix)."""
+        return self.entry(MODEL_PREFIX + key)

@@ -9,7 +9,8 @@ repository root holding the final checkpoint) has::
     ../tokenizer/ or tokenizer/  the Hugging Face tokenizer files
 
 :mod:`olmo_config` reads the model's design and shape, :mod:`distcp` the
-tensors (one at a time; optimizer state never read), :mod:`olmo_weights`
+tensors (one at a time, without torch or olmo_core, no pickle trusted;
+optimizer state never read), :mod:`olmo_weights`
 places them, and :mod:`run_writer` writes the run: its parameters only
 (item ``params``), fp32 (a leaf the family stores otherwise, as it is),
 at step 0; ``resolved.olmo`` records the source, its training step, block
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from depthbench.errors import ConfigError
 from depthbench.importers import run_writer
-from depthbench.importers.distcp import DistCheckpoint, require_torch
+from depthbench.importers.distcp import DistCheckpoint
 from depthbench.importers.olmo_config import WHAT, read_config, read_model
 from depthbench.importers.olmo_weights import convert
 
@@ -102,7 +103,6 @@ def import_olmo(step_dir: str | Path, out: str | Path, *, progress: bool = True,
                           "contacted; download the step directory first)")
     step = Path(step_dir).expanduser().resolve()
     out = run_writer.check_out(out, WHAT)
-    require_torch()
     saved = read_config(step)
     model = read_model(saved)
     val = _val_tokens(val_tokens, model.model_fields["vocab_size"])
@@ -115,8 +115,7 @@ def import_olmo(step_dir: str | Path, out: str | Path, *, progress: bool = True,
     tok = ((saved.get("dataset") or {}).get("tokenizer") or {})
     match = re.fullmatch(r"step(\d+)", step.name)
     record = {"source": str(step), "step": int(match.group(1)) if match else None,
-              "block": model.block, "dtypes": sorted({str(dt).removeprefix("torch.")
-                                                      for _, dt in ckpt.tensors.values()}),
+              "block": model.block, "dtypes": sorted({dt for _, dt in ckpt.tensors.values()}),
               "hyper_connections": (saved["model"].get("block") or {}).get("hyper_connections"),
               "departures": list(model.departures)}
     return run_writer.write_run(

@@ -68,11 +68,12 @@ def check_out(out: str | Path, command: str) -> Path:
 
 
 def run_config(name: str, family: str, model_fields: dict[str, Any], residual: dict[str, Any],
-               max_len: int):
+               max_len: int, train: dict[str, Any] | None = None):
     """A validated config for an imported model: ``family`` with an explicit
     shape and numerics (``model_fields``: depth, d_model, d_ff, n_heads,
     n_kv_heads, vocab_size, norm_eps, rope_theta), its residual fields, fp32
-    weights and compute."""
+    weights and compute; ``train``: fields of the train section the source
+    trained with (its optimizer rule)."""
     c = base_config()
     c.name = name
     m = c.model
@@ -85,6 +86,8 @@ def run_config(name: str, family: str, model_fields: dict[str, Any], residual: d
     m.remat_policy = "none"
     c.train.seq_len = int(max_len)
     c.train.steps = 1  # nothing was trained here; validation needs > 0 (a fine-tune sets its own)
+    for key, value in (train or {}).items():
+        c.train[key] = value
     return validate(c)
 
 

@@ -59,6 +59,9 @@ EOF
 }
 
 die() { echo "gpu_sweep.sh: error: $*" >&2; exit 2; }
+# An option without its value is bad usage (exit 2, like an unknown one), not
+# bash's own ${2:?} failure (exit 1).
+need() { (($# >= 2)) && [[ -n "$2" ]] || { usage >&2; die "$1 needs a value"; }; }
 
 SCRIPT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 MODE=submit SPEC="" WORKDIR="" NODES=1 GPUS=8 CPUS=16 TIME=24:00:00 JOB=depthbench-sweep
@@ -68,25 +71,25 @@ TOKENIZE_INPUT="" TOKENIZER="" TOKENS_DIR="" TEXT_FIELD=text
 
 while (($#)); do
   case "$1" in
-    --config) SPEC="${2:?--config needs a value}"; shift 2 ;;
-    --workdir) WORKDIR="${2:?--workdir needs a value}"; shift 2 ;;
-    --nodes) NODES="${2:?--nodes needs a value}"; shift 2 ;;
-    --gpus-per-node) GPUS="${2:?--gpus-per-node needs a value}"; shift 2 ;;
-    --cpus-per-task) CPUS="${2:?--cpus-per-task needs a value}"; shift 2 ;;
-    --partition) PARTITION="${2:?--partition needs a value}"; shift 2 ;;
-    --account) ACCOUNT="${2:?--account needs a value}"; shift 2 ;;
-    --qos) QOS="${2:?--qos needs a value}"; shift 2 ;;
-    --time) TIME="${2:?--time needs a value}"; shift 2 ;;
-    --job-name) JOB="${2:?--job-name needs a value}"; shift 2 ;;
-    --sbatch-arg) SBATCH_EXTRA+=("${2:?--sbatch-arg needs a value}"); shift 2 ;;
-    --tokenize-input) TOKENIZE_INPUT="${2:?--tokenize-input needs a value}"; shift 2 ;;
-    --tokenizer) TOKENIZER="${2:?--tokenizer needs a value}"; shift 2 ;;
-    --tokens-dir) TOKENS_DIR="${2:?--tokens-dir needs a value}"; shift 2 ;;
-    --text-field) TEXT_FIELD="${2:?--text-field needs a value}"; shift 2 ;;
-    --venv) VENV="${2:?--venv needs a value}"; shift 2 ;;
-    --port) PORT="${2:?--port needs a value}"; shift 2 ;;
-    --shard) SHARD="${2:?--shard needs a value}"; shift 2 ;;
-    --run) RUN_ARGS+=(--run "${2:?--run needs a value}"); shift 2 ;;
+    --config) need "$@"; SPEC="$2"; shift 2 ;;
+    --workdir) need "$@"; WORKDIR="$2"; shift 2 ;;
+    --nodes) need "$@"; NODES="$2"; shift 2 ;;
+    --gpus-per-node) need "$@"; GPUS="$2"; shift 2 ;;
+    --cpus-per-task) need "$@"; CPUS="$2"; shift 2 ;;
+    --partition) need "$@"; PARTITION="$2"; shift 2 ;;
+    --account) need "$@"; ACCOUNT="$2"; shift 2 ;;
+    --qos) need "$@"; QOS="$2"; shift 2 ;;
+    --time) need "$@"; TIME="$2"; shift 2 ;;
+    --job-name) need "$@"; JOB="$2"; shift 2 ;;
+    --sbatch-arg) need "$@"; SBATCH_EXTRA+=("$2"); shift 2 ;;
+    --tokenize-input) need "$@"; TOKENIZE_INPUT="$2"; shift 2 ;;
+    --tokenizer) need "$@"; TOKENIZER="$2"; shift 2 ;;
+    --tokens-dir) need "$@"; TOKENS_DIR="$2"; shift 2 ;;
+    --text-field) need "$@"; TEXT_FIELD="$2"; shift 2 ;;
+    --venv) need "$@"; VENV="$2"; shift 2 ;;
+    --port) need "$@"; PORT="$2"; shift 2 ;;
+    --shard) need "$@"; SHARD="$2"; shift 2 ;;
+    --run) need "$@"; RUN_ARGS+=(--run "$2"); shift 2 ;;
     --dry-run) DRY=1; shift ;;
     --in-job) MODE=in-job; shift ;;
     --task) MODE=task; shift; [[ "${1:-}" != -- ]] || shift; break ;;

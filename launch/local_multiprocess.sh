@@ -33,14 +33,17 @@ EOF
 }
 
 die() { echo "local_multiprocess.sh: error: $*" >&2; exit 2; }
+# An option without its value is bad usage (exit 2, like an unknown one), not
+# bash's own ${2:?} failure (exit 1).
+need() { (($# >= 2)) && [[ -n "$2" ]] || { usage >&2; die "$1 needs a value"; }; }
 
 N="" DEVICES="" PORT="" LOGS="" GRACE=30 DRY=0
 while (($#)); do
   case "$1" in
-    --devices-per-process) DEVICES="${2:?--devices-per-process needs a value}"; shift 2 ;;
-    --port) PORT="${2:?--port needs a value}"; shift 2 ;;
-    --logs) LOGS="${2:?--logs needs a value}"; shift 2 ;;
-    --grace) GRACE="${2:?--grace needs a value}"; shift 2 ;;
+    --devices-per-process) need "$@"; DEVICES="$2"; shift 2 ;;
+    --port) need "$@"; PORT="$2"; shift 2 ;;
+    --logs) need "$@"; LOGS="$2"; shift 2 ;;
+    --grace) need "$@"; GRACE="$2"; shift 2 ;;
     --dry-run) DRY=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;

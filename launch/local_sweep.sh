@@ -37,17 +37,20 @@ EOF
 }
 
 die() { echo "local_sweep.sh: error: $*" >&2; exit 2; }
+# An option without its value is bad usage (exit 2, like an unknown one), not
+# bash's own ${2:?} failure (exit 1).
+need() { (($# >= 2)) && [[ -n "$2" ]] || { usage >&2; die "$1 needs a value"; }; }
 
 SPEC="" WORKDIR="" PROCS="" GPUS="" CPUS_PER=0 INTERVAL=30 REPORT=0 DRY=0
 OVERRIDES=()
 while (($#)); do
   case "$1" in
-    --config) SPEC="${2:?--config needs a value}"; shift 2 ;;
-    --workdir) WORKDIR="${2:?--workdir needs a value}"; shift 2 ;;
-    --procs) PROCS="${2:?--procs needs a value}"; shift 2 ;;
-    --gpus) GPUS="${2:?--gpus needs a value}"; shift 2 ;;
-    --cpus-per-proc) CPUS_PER="${2:?--cpus-per-proc needs a value}"; shift 2 ;;
-    --interval) INTERVAL="${2:?--interval needs a value}"; shift 2 ;;
+    --config) need "$@"; SPEC="$2"; shift 2 ;;
+    --workdir) need "$@"; WORKDIR="$2"; shift 2 ;;
+    --procs) need "$@"; PROCS="$2"; shift 2 ;;
+    --gpus) need "$@"; GPUS="$2"; shift 2 ;;
+    --cpus-per-proc) need "$@"; CPUS_PER="$2"; shift 2 ;;
+    --interval) need "$@"; INTERVAL="$2"; shift 2 ;;
     --report) REPORT=1; shift ;;
     --dry-run) DRY=1; shift ;;
     -h|--help) usage; exit 0 ;;

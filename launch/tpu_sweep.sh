@@ -76,6 +76,9 @@ EOF
 }
 
 die() { echo "tpu_sweep.sh: error: $*" >&2; exit 2; }
+# An option without its value is bad usage (exit 2, like an unknown one), not
+# bash's own ${2:?} failure (exit 1).
+need() { (($# >= 2)) && [[ -n "$2" ]] || { usage >&2; die "$1 needs a value"; }; }
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SPEC="" WORKDIR="${DEPTHBENCH_WORKDIR:-}"
@@ -92,28 +95,28 @@ RUN_ARGS=() OVERRIDES=()
 
 while (($#)); do
   case "$1" in
-    --config) SPEC="${2:?--config needs a value}"; shift 2 ;;
-    --workdir) WORKDIR="${2:?--workdir needs a value}"; shift 2 ;;
-    --tpu) TPU="${2:?--tpu needs a value}"; shift 2 ;;
-    --zone) ZONE="${2:?--zone needs a value}"; shift 2 ;;
-    --project) PROJECT="${2:?--project needs a value}"; shift 2 ;;
-    --accelerator) ACCEL="${2:?--accelerator needs a value}"; shift 2 ;;
-    --version) VERSION="${2:?--version needs a value}"; shift 2 ;;
+    --config) need "$@"; SPEC="$2"; shift 2 ;;
+    --workdir) need "$@"; WORKDIR="$2"; shift 2 ;;
+    --tpu) need "$@"; TPU="$2"; shift 2 ;;
+    --zone) need "$@"; ZONE="$2"; shift 2 ;;
+    --project) need "$@"; PROJECT="$2"; shift 2 ;;
+    --accelerator) need "$@"; ACCEL="$2"; shift 2 ;;
+    --version) need "$@"; VERSION="$2"; shift 2 ;;
     --create) CREATE=1 INSTALL=1; shift ;;
     --spot) SPOT=1; shift ;;
     --delete) DELETE=1; shift ;;
     --install) INSTALL=1; shift ;;
-    --remote-dir) REMOTE_DIR="${2:?--remote-dir needs a value}"; shift 2 ;;
-    --jax) JAX_REQ="${2:?--jax needs a value}"; shift 2 ;;
-    --stage-data) STAGE_DATA="${2:?--stage-data needs a value}"; shift 2 ;;
-    --stage-dir) STAGE_DIR="${2:?--stage-dir needs a value}"; shift 2 ;;
-    --tokenize) TOKENIZE="${2:?--tokenize needs a value}"; shift 2 ;;
-    --tokenizer) TOKENIZER="${2:?--tokenizer needs a value}"; shift 2 ;;
-    --tokenize-glob) TOKENIZE_GLOB="${2:?--tokenize-glob needs a value}"; shift 2 ;;
-    --text-field) TEXT_FIELD="${2:?--text-field needs a value}"; shift 2 ;;
-    --shard) SHARD="${2:?--shard needs a value}"; shift 2 ;;
-    --run) RUN_ARGS+=(--run "${2:?--run needs a value}"); shift 2 ;;
-    --retries) RETRIES="${2:?--retries needs a value}"; shift 2 ;;
+    --remote-dir) need "$@"; REMOTE_DIR="$2"; shift 2 ;;
+    --jax) need "$@"; JAX_REQ="$2"; shift 2 ;;
+    --stage-data) need "$@"; STAGE_DATA="$2"; shift 2 ;;
+    --stage-dir) need "$@"; STAGE_DIR="$2"; shift 2 ;;
+    --tokenize) need "$@"; TOKENIZE="$2"; shift 2 ;;
+    --tokenizer) need "$@"; TOKENIZER="$2"; shift 2 ;;
+    --tokenize-glob) need "$@"; TOKENIZE_GLOB="$2"; shift 2 ;;
+    --text-field) need "$@"; TEXT_FIELD="$2"; shift 2 ;;
+    --shard) need "$@"; SHARD="$2"; shift 2 ;;
+    --run) need "$@"; RUN_ARGS+=(--run "$2"); shift 2 ;;
+    --retries) need "$@"; RETRIES="$2"; shift 2 ;;
     --dry-run) DRY=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; OVERRIDES=("$@"); break ;;

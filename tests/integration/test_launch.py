@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -110,6 +111,29 @@ def test_scripts_parse_and_are_executable(script):
     help_text = subprocess.run(["bash", str(LAUNCH / script), "--help"], capture_output=True,
                                text=True)
     assert help_text.returncode == 0 and "usage: launch/" in help_text.stdout
+
+
+def _options_with_values(script: str) -> list[str]:
+    """Every option the script's parser reads a value for (``--x) need "$@"; ...``)."""
+    return re.findall(r'^\s+(--[\w-]+)\) need "\$@";', (LAUNCH / script).read_text(), re.M)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_an_option_without_its_value_is_bad_usage(script, fakes):
+    """Each value-taking option given last, or with an empty value: exit 2 (the
+    scripts' documented status for bad usage, not bash's 1), the usage, then one
+    line naming the option; nothing is started."""
+    options = _options_with_values(script)
+    assert len(options) >= 4, options
+    lead = ["2"] if script == "local_multiprocess.sh" else []
+    for option in options:
+        for args in ([*lead, option], [*lead, option, ""]):
+            r = sh(script, *args)
+            assert r.returncode == 2, (args, r.stderr[-2000:])
+            lines = r.stderr.splitlines()
+            assert lines[0].startswith(f"usage: launch/{script} "), (args, r.stderr)
+            assert lines[-1] == f"{script}: error: {option} needs a value", (args, r.stderr)
+    assert calls(fakes) == []
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")

@@ -206,7 +206,7 @@ def test_residual_holds_only_the_chosen_familys_fields(base):
     assert base.model.family == "pre_ln" and base.model.residual.to_dict() == {}
     hc = config.load("micro", ["model.family=hc"])
     assert hc.model.residual.to_dict() == {"hc_n": 4, "hc_scale_init": 0.01,
-                                           "readout": "norm_then_sum", "hc_tanh": True,
+                                           "readout": "sum_then_norm", "hc_tanh": True,
                                            "hc_write": "mixed"}
     assert config.load("micro", ["model.family=lns"]).model.residual.to_dict() == {
         "lns_power": 0.5}
@@ -257,10 +257,10 @@ def test_switching_family_drops_the_old_familys_own_fields(base):
         "sinkhorn_temperature": 1.0, "mhc_bias": 8.0, "mhc_sinkhorn": "linear",
         "mhc_sinkhorn_eps": 1e-6, "mhc_rms_eps": 1e-6, "mhc_res_layout": "out_in",
         "mhc_gate_decay": False, "mhc_phi_dtype": "bfloat16", "mhc_tanh": False}
-    summed = config.apply_overrides(base, {"model.family": "hc",
-                                           "model.residual.readout": "sum_then_norm"})
-    assert config.apply_overrides(summed, ["model.family=mhc"]).model.residual.readout == (
-        "sum_then_norm")  # chosen: kept
+    normed = config.apply_overrides(base, {"model.family": "hc",
+                                           "model.residual.readout": "norm_then_sum"})
+    assert config.apply_overrides(normed, ["model.family=mhc"]).model.residual.readout == (
+        "norm_then_sum")  # chosen: kept
     assert config.apply_overrides(hc, ["model.family=pre_ln"]).model.residual.to_dict() == {}
     # Set in the same override set as the switch: kept (a field of the new family).
     back = config.apply_overrides(mhc, {"model.family": "hc", "model.residual.hc_tanh": False})
@@ -300,7 +300,7 @@ def test_a_spec_sets_another_familys_fields(tmp_path):
         "    return c\n")
     c = config.load(spec)
     assert c.model.residual.to_dict() == {"hc_n": 8, "hc_scale_init": 0.01,
-                                          "readout": "norm_then_sum", "hc_tanh": False,
+                                          "readout": "sum_then_norm", "hc_tanh": False,
                                           "hc_write": "mixed"}
     # A spec building on it switches with set_family (a plain assignment keeps
     # hc_tanh, which mhc does not have).
@@ -358,7 +358,9 @@ def test_an_old_config_json_loads(family):
     assert len(saved["model"]["residual"]) == 19  # what main wrote
     loaded = config.from_saved(saved)
     assert len(saved["model"]["residual"]) == 19  # not modified
-    fresh = config.load("micro", [f"model.family={family}"])
+    # hc's default readout changed since (issue 38): the old run keeps its norm_then_sum.
+    kept = ["model.residual.readout=norm_then_sum"] if family == "hc" else []
+    fresh = config.load("micro", [f"model.family={family}", *kept])
     assert loaded["model"]["residual"] == fresh.model.residual.to_dict()
     assert loaded["resolved"] == saved["resolved"]
     expected_rule = "family" if family == "completep" else "none"

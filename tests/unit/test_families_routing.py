@@ -219,15 +219,16 @@ def test_hc_at_init_is_pre_ln(pre_ln):
     params = with_backbone(fam_params, pparams)
     ref = logits(pspec, pparams)
     # norm_then_sum: n equal streams, each normalised like pre_ln's state: exactly n times.
-    np.testing.assert_allclose(logits(make_spec("hc"), params), 4 * ref, rtol=1e-5, atol=1e-6)
-    # sum_then_norm: N_out(n x) = N_out(x) when the norm is scale invariant.
-    spec = make_spec("hc", readout="sum_then_norm").replace(norm_eps=TINY_EPS)
+    normed = make_spec("hc", readout="norm_then_sum")
+    np.testing.assert_allclose(logits(normed, params), 4 * ref, rtol=1e-5, atol=1e-6)
+    # sum_then_norm (the default): N_out(n x) = N_out(x) when the norm is scale invariant.
+    spec = make_spec("hc").replace(norm_eps=TINY_EPS)
     out = logits(spec, params)
     np.testing.assert_allclose(
         out, logits(pspec.replace(norm_eps=TINY_EPS), pparams), rtol=1e-5, atol=1e-6
     )
     # hc_n = 2 keeps the answer (a different A0, 2 streams).
-    spec2 = make_spec("hc", hc_n=2)
+    spec2 = make_spec("hc", hc_n=2, readout="norm_then_sum")
     params2 = with_backbone(init_params(spec2), pparams)
     np.testing.assert_allclose(logits(spec2, params2), 2 * ref, rtol=1e-5, atol=1e-6)
 

@@ -75,10 +75,21 @@ def test_an_interrupted_legacy_run_resumes_bitwise(legacy, capsys):
 
 
 def test_a_finished_legacy_sweep_is_skipped(legacy, capsys):
+    """Its pre_ln run is skipped; its hc run read out norm-then-sum, hc's default
+    then, and plain ``hc`` means the original's final sum-then-norm now (issue 38):
+    the sweep says so in one line and changes nothing, rather than file the old run
+    under the new meaning."""
     runs = {name: _snapshot(legacy / "sweep" / name) for name in ("pre_ln", "hc")}
-    assert cli_main(["sweep", "--config", str(SPEC), "--workdir", "sweep", "--no-progress"]) == 0
-    out = capsys.readouterr().out
-    assert "2 runs: 2 done" in out
+    assert cli_main(["sweep", "--config", str(SPEC), "--workdir", "sweep", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("depthbench: error: run 'hc' in 'sweep' was started with a different "
+                   "config: model.residual.readout 'norm_then_sum' -> 'sum_then_norm'; use a "
+                   "new --workdir or delete 'sweep/hc'")
+    only_pre_ln = legacy / "pre_ln_spec.py"
+    only_pre_ln.write_text(SPEC.read_text().replace(', {"model.family": "hc"}', ""))
+    assert cli_main(["sweep", "--config", str(only_pre_ln), "--workdir", "sweep",
+                     "--no-progress"]) == 0
+    assert "1 run: 1 done" in capsys.readouterr().out
     for name, before in runs.items():  # not retrained: not a byte changed
         assert _snapshot(legacy / "sweep" / name) == before, name
 

@@ -42,19 +42,27 @@ CASES = [
      {"completep_alpha": 1.0, "completep_base_depth": 24}),
     (model(name="depth_mup", residual_scaling_base_depth=24), "completep",
      {"completep_alpha": 0.5, "completep_base_depth": 24}),
-    (model(name="hc", hyper_connections={"kind": "hc", "num_residual_streams": 4,
-                                         "tanh": None, "collapse": "auto"}), "hc",
-     {"hc_n": 4, "hc_tanh": True, "readout": "norm_then_sum", "hc_write": "mixed"}),
-    # early: a default block carrying HC, before 'collapse' and the later write rule
+    # hc at config.py@8cc2fd74 and later (MoDA's merge saved moda_skip_ffn_kv): final form
+    (model(name="hc", moda_skip_ffn_kv=False,
+           hyper_connections={"kind": "hc", "num_residual_streams": 4, "collapse": "auto"}),
+     "hc", {"hc_n": 4, "hc_tanh": True, "readout": "sum_then_norm", "hc_write": "mixed"}),
+    # early: a default block carrying HC (config.py before 5152cab)
     (model(hyper_connections={"kind": "hc", "num_residual_streams": 4, "tanh": True}), "hc",
-     {"hc_n": 4, "hc_tanh": True, "hc_write": "residual"}),
-    (model(name="mhc", hyper_connections={"kind": "mhc", "tanh": False, "sinkhorn_iters": 20,
-                                          "sinkhorn_tau": 1.0, "collapse": "auto"}), "mhc",
-     {"hc_n": 4, "sinkhorn_iters": 20, "readout": "norm_then_sum", "mhc_sinkhorn": "log",
+     {"hc_n": 4, "hc_tanh": True, "hc_write": "residual", "readout": "norm_then_sum"}),
+    # 5152cab: an hc block whose config saved tanh (a bool then): early, by inference
+    (model(name="hc", hyper_connections={"kind": "hc", "tanh": True, "collapse": "auto"}),
+     "hc", {"hc_write": "residual", "readout": "norm_then_sum"}),
+    # the same fields at 5152cab and 2a9d668..8cc2fd74: the final form, chosen
+    (model(name="hc", hyper_connections={"kind": "hc", "collapse": "auto"}), "hc",
+     {"hc_write": "mixed", "readout": "sum_then_norm"}),
+    (model(name="mhc", moda_skip_ffn_kv=False,
+           hyper_connections={"kind": "mhc", "tanh": False, "sinkhorn_iters": 20,
+                              "sinkhorn_tau": 1.0, "collapse": "auto"}), "mhc",
+     {"hc_n": 4, "sinkhorn_iters": 20, "readout": "sum_then_norm", "mhc_sinkhorn": "log",
       "mhc_res_layout": "in_out", "mhc_rms_eps": 1e-8, "mhc_gate_decay": True,
       "mhc_tanh": False}),
     (model(name="mhc", hyper_connections={"kind": "mhc", "tanh": True}), "mhc",
-     {"mhc_tanh": True}),  # the first mHC checkpoints
+     {"mhc_tanh": True, "readout": "norm_then_sum"}),  # the first mHC checkpoints
     (model(name="mhc", hyper_connections={"kind": "liger_mhc", "collapse": "auto"}), "mhc",
      {"readout": "mean_then_norm", "sinkhorn_temperature": 1.0, "mhc_sinkhorn": "linear",
       "mhc_sinkhorn_eps": 1e-6, "mhc_rms_eps": 1e-6, "mhc_res_layout": "out_in",
@@ -89,6 +97,38 @@ def test_every_choice_is_a_field_no_departures():
         m = read_model(saved)
         assert m.departures == (), family
         registry.family_config(m.family, m.residual)  # every field known and typed
+
+
+@pytest.mark.parametrize("block,form,certain", [
+    (model(hyper_connections={"kind": "mhc", "tanh": True}), "early", True),  # default block
+    (model(name="mhc", moda_skip_ffn_kv=False, hyper_connections={"kind": "mhc"}), "final",
+     True),
+    (model(name="hc", hyper_connections={"kind": "hc", "tanh": True}), "early", False),
+    (model(name="mhc", hyper_connections={"kind": "mhc", "tanh": True}), "early", False),
+    (model(name="mhc", hyper_connections={"kind": "mhc", "tanh": False}), "final", False),
+    (model(name="hc", hyper_connections={"kind": "hc"}), "final", False),
+])
+def test_hc_form_from_the_fields_of_each_era(block, form, certain):
+    """What config.json says of the HC era (hc_form's docstring), and that an
+    undecided case says it chose; --hc-form overrides either way; Liger's mHC has
+    one form."""
+    m = read_model(block)
+    assert (m.form.form, m.form.certain) == (form, certain)
+    other = "early" if form == "final" else "final"
+    forced = read_model(block, other)
+    assert forced.form.form == other and forced.form.certain and "--hc-form" in forced.form.why
+    readout = {"early": "norm_then_sum", "final": "sum_then_norm"}
+    assert (m.residual["readout"], forced.residual["readout"]) == (readout[form], readout[other])
+    liger = read_model(model(name="mhc", hyper_connections={"kind": "liger_mhc"}), "early")
+    assert liger.form is None and liger.residual["readout"] == "mean_then_norm"
+
+
+def test_depth_only_completep_trains_with_its_depth_rule():
+    """The original's depth-only launcher groups blocks.* with the depth rule's lr
+    and eps (pretrain_preln_mup.py@aba1f65): the imported run sets train.lr_rule."""
+    m = read_model(model(name="depth_mup", residual_scaling_base_depth=2))
+    assert m.train == {"lr_rule": "family"}
+    assert read_model(model()).train == {}
 
 
 def test_depth_width_head_factor_from_the_embedding_eps_override():

@@ -154,7 +154,8 @@ def test_damaged_or_unsupported_step_is_one_line(tmp_path, released, capsys, cas
     assert snapshot(tmp_path) == before  # nothing written, nothing left behind
 
 
-def test_bad_out_and_missing_torch_are_one_line(tmp_path, released, capsys, monkeypatch):
+def test_bad_out_is_one_line_and_neither_torch_nor_olmo_core_is_needed(tmp_path, released,
+                                                                        capsys, monkeypatch):
     step = str(released[0] / "step5")
     (tmp_path / "file.txt").write_text("mine")
     (tmp_path / "full").mkdir()
@@ -167,10 +168,11 @@ def test_bad_out_and_missing_torch_are_one_line(tmp_path, released, capsys, monk
         _assert_one_line(capsys, rc, needle)
     rc = cli_main(["import-olmo", str(tmp_path / "absent"), "--out", str(tmp_path / "r")])
     _assert_one_line(capsys, rc, "is not a local directory")
-    monkeypatch.setitem(sys.modules, "torch", None)  # an install without the olmo extra
-    rc = cli_main(["import-olmo", step, "--out", str(tmp_path / "r"), "--no-progress"])
-    _assert_one_line(capsys, rc, "pip install 'depthbench[olmo]'")
     assert snapshot(tmp_path) == before
+    for name in ("torch", "olmo_core"):  # an install without them: importing either fails
+        monkeypatch.setitem(sys.modules, name, None)
+    assert cli_main(["import-olmo", step, "--out", str(tmp_path / "r"), "--no-progress"]) == 0
+    assert load_run(tmp_path / "r").spec.family == "pre_ln"
 
 
 def test_val_tokens_is_recorded_and_a_bad_file_is_one_line(tmp_path, released, capsys):

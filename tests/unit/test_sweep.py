@@ -391,7 +391,7 @@ def get_config():
 
 def get_sweep():
     return [{"model.family": f, "model.depth": 2, "train.lr": 3e-3}
-            for f in ("hc", "hc+sum_then_norm", "moda+pre_norm+unrotated_query")]
+            for f in ("hc", "hc+norm_then_sum", "moda+pre_norm+unrotated_query")]
 """
 
 
@@ -401,19 +401,19 @@ def test_variant_names_round_trip_through_sweep_results_and_report(tmp_path):
     spec = tmp_path / "variants.py"
     spec.write_text(VARIANT_SPEC)
     sweep = sweeplib.expand(spec)
-    names = ["hc-L2-lr3e-03", "hc+sum_then_norm-L2-lr3e-03",
+    names = ["hc-L2-lr3e-03", "hc+norm_then_sum-L2-lr3e-03",
              "moda+pre_norm+unrotated_query-L2-lr3e-03"]
     assert [r.name for r in sweep.runs] == names
-    plain, summed, moda = (r.config for r in sweep.runs)
-    assert plain.model.family == summed.model.family == "hc"
-    assert plain.model.residual.readout == "norm_then_sum"  # the original default stays
-    assert summed.model.residual.readout == "sum_then_norm"
+    plain, normed, moda = (r.config for r in sweep.runs)
+    assert plain.model.family == normed.model.family == "hc"
+    assert plain.model.residual.readout == "sum_then_norm"  # the original's final default
+    assert normed.model.residual.readout == "norm_then_sum"
     assert moda.model.family == "moda" and moda.model.residual.moda_norm == "pre"
     assert moda.model.residual.moda_depth_query == "unrotated"
     work = tmp_path / "work"
     sweeplib.run_sweep(sweep, work, runner=FakeRunner(), progress=False)
     rows = read_csv(work / "results.csv")
-    assert [rows[n]["family"] for n in names] == ["hc", "hc+sum_then_norm",
+    assert [rows[n]["family"] for n in names] == ["hc", "hc+norm_then_sum",
                                                   "moda+pre_norm+unrotated_query"]
     # A second expansion (re-run) skips them, and the report keeps one row per label.
     again = FakeRunner()
@@ -421,15 +421,15 @@ def test_variant_names_round_trip_through_sweep_results_and_report(tmp_path):
     assert again.calls == []
     rep = report.write_report(work, plots=False)
     families = [fr.family for fr in rep.summary["micro"]]
-    assert families == ["hc", "hc+sum_then_norm", "moda+pre_norm+unrotated_query"]
+    assert families == ["hc", "hc+norm_then_sum", "moda+pre_norm+unrotated_query"]
     text = (work / "report.md").read_text()
-    assert "`hc+sum_then_norm`" in text and "variant's effect" in text
-    assert "| hc+sum_then_norm |" in text
+    assert "`hc+norm_then_sum`" in text and "variant's effect" in text
+    assert "| hc+norm_then_sum |" in text
 
 
 def test_bad_variants_are_one_line_errors(tmp_path):
     spec = tmp_path / "bad.py"
-    spec.write_text(VARIANT_SPEC.replace("hc+sum_then_norm", "hc+sum_then_nrom"))
+    spec.write_text(VARIANT_SPEC.replace("hc+norm_then_sum", "hc+sum_then_nrom"))
     with pytest.raises(ConfigError, match="variant 'sum_then_nrom' in 'hc\\+sum_then_nrom'"):
         sweeplib.expand(spec)
     spec.write_text(VARIANT_SPEC)
@@ -441,7 +441,9 @@ def test_identity_holds_only_the_chosen_familys_residual_fields():
     """A run's identity is the shared fields plus its own family's: another
     family's fields (all of which run directories written before per-family
     configs hold) may differ or be absent without refusing the run."""
-    hc = apply_overrides(base_config(), ["model.family=hc"]).to_dict()
+    # (the legacy run read out norm_then_sum, hc's default then)
+    hc = apply_overrides(base_config(), ["model.family=hc",
+                                         "model.residual.readout=norm_then_sum"]).to_dict()
     saved, now = copy.deepcopy(hc), copy.deepcopy(hc)
     # Every family's residual fields, as main wrote them before per-family configs.
     legacy = FIXTURES / "legacy_config" / "hc" / "config.json"

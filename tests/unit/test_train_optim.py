@@ -176,9 +176,13 @@ def test_completep_constants_follow_the_paper(depth, base, alpha):
     assert fam.alpha == a
     assert fam.multiplier == pytest.approx(m**-a, rel=1e-12)
     assert fam.hidden_lr == pytest.approx(m ** (a - 1.0), rel=1e-12)
-    assert optim.adam_eps(config, fam) == 1e-8  # the rule is off: the recipe's eps
+    assert optim.adam_eps(config, fam, MODEL_PARAMS) == 1e-8  # the rule is off: the recipe's
     config.train.lr_rule = "family"
-    assert optim.adam_eps(config, fam) == pytest.approx(1e-8 * m**-a, rel=1e-12)
+    eps = optim.adam_eps(config, fam, MODEL_PARAMS)
+    # The original's groups (pretrain_preln_mup.py@aba1f65): eps * m^-alpha on the blocks,
+    # the recipe's eps on the embedding, the head and the final norm.
+    assert jax.tree.leaves(eps["blocks"]) == pytest.approx([1e-8 * m**-a] * 7, rel=1e-12)
+    assert [eps["embed"], eps["head"], eps["final_norm"]["scale"]] == [1e-8] * 3
 
 
 def test_completep_eps_reaches_adam():
@@ -186,14 +190,17 @@ def test_completep_eps_reaches_adam():
     of eps, the first update differs from the recipe's by exactly that factor."""
     config, fam = _completep(16, 4)
     config.train.lr_rule = "family"
-    eps = optim.adam_eps(config, fam)
-    assert eps == pytest.approx(2.5e-9)
-    g = {"w": jnp.full((3,), 1e-8)}
-    for e in (1e-8, eps):
-        tx = optim.adamw(lambda s: 1.0, eps=e, weight_decay=0.0)
-        u, _ = jax.jit(tx.update)(g, tx.init(g), g)
-        # First Adam step: m_hat = g, sqrt(v_hat) = |g|: update = -g / (|g| + eps).
-        np.testing.assert_allclose(u["w"], -1e-8 / (1e-8 + e), rtol=1e-5)
+    g = {"blocks": {"w": jnp.full((3,), 1e-8)}, "embed": jnp.full((2,), 1e-8)}
+    eps = optim.adam_eps(config, fam, g)
+    assert eps == {"blocks": {"w": pytest.approx(2.5e-9)}, "embed": 1e-8}
+    tx = optim.adamw(lambda s: 1.0, eps=eps, weight_decay=0.0)
+    u, state = jax.jit(tx.update)(g, tx.init(g), g)
+    # First Adam step: m_hat = g, sqrt(v_hat) = |g|: update = -g / (|g| + eps).
+    np.testing.assert_allclose(u["blocks"]["w"], -1e-8 / (1e-8 + 2.5e-9), rtol=1e-5)
+    np.testing.assert_allclose(u["embed"], -1e-8 / (1e-8 + 1e-8), rtol=1e-5)
+    # The state is optax's own Adam state, so checkpoints of either form restore alike.
+    plain = optim.adamw(lambda s: 1.0, eps=1e-8, weight_decay=0.0)
+    assert jax.tree.structure(state) == jax.tree.structure(plain.init(g))
 
 
 MODEL_PARAMS = {

@@ -3,7 +3,8 @@ DepthBench released (OLMo-core distributed checkpoint) as a run directory of the
 family it trained (see :mod:`depthbench.importers.olmo`).
 
 Exit status: 0 imported, 2 bad input (one line: a design or option depthbench
-cannot map, a missing or damaged file, a non-empty --out, torch missing).
+cannot map, a missing or damaged file, a checkpoint pickle naming a class a torch
+checkpoint does not hold, a non-empty --out).
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ model_and_optim/.metadata and *.distcp; the hub is never contacted), or a
 repository root holding the final checkpoint.  The tokenizer files of
 STEP_DIR/tokenizer/ or STEP_DIR/../tokenizer/ are copied into RUN_DIR.
 Optimizer state is not read; the weights are stored in fp32 (a leaf the
-family keeps in bf16, as stored).  --val-tokens names a 1-D token .npy (the
+family keeps in bf16, as stored).  hc and PyTorch mHC were trained in two
+forms by the original (docs/ORIGINAL.md); the import tells them apart from
+config.json's fields, prints its choice where those cannot, and
+--hc-form picks one.  --val-tokens names a 1-D token .npy (the
 original's held-out shard, tokenised: docs/REPRODUCE.md) that `depthbench
-analyze` reads as the run's validation split.  Needs torch: pip install
-'depthbench[olmo]'.  Every choice the original made is a field of the run's
-family; what a field cannot carry (a depth-width run's training rules) is
-said (resolved.olmo.departures in RUN_DIR/config.json).
+analyze` reads as the run's validation split.  Needs neither torch nor
+olmo_core: the checkpoint's pickles are read with an allow-list of torch's
+checkpoint classes, and nothing they name is run.  Every choice the original
+made is a field of the run's family; what a field cannot carry (a depth-width
+run's training rules) is said (resolved.olmo.departures in RUN_DIR/config.json).
 """
 
 
@@ -37,7 +42,7 @@ def _run(args: argparse.Namespace) -> int:
     from depthbench.importers.olmo import import_olmo  # late: keeps `depthbench --help` fast
 
     written = import_olmo(args.step_dir, args.out, progress=not args.no_progress,
-                          val_tokens=args.val_tokens)
+                          val_tokens=args.val_tokens, hc_form=args.hc_form)
     resolved = written["resolved"]
     shape, olmo = resolved["shape"], resolved["olmo"]
     print(f"imported {args.step_dir} -> {args.out}: {written['model']['family']} (original "
@@ -48,6 +53,11 @@ def _run(args: argparse.Namespace) -> int:
     if resolved["tokenizer"]["val_tokens_path"]:
         print(f"  validation split: {resolved['tokenizer']['val_tokens_path']} "
               f"({resolved['tokenizer']['val_tokens']:,} tokens)")
+    form = olmo.get("hc_form")
+    if form and not form["certain"]:
+        other = "early" if form["form"] == "final" else "final"
+        print(f"  {written['model']['family']} form: {form['form']} ({form['why']}); "
+              f"--hc-form {other} imports the {other} form")
     for note in olmo["departures"]:
         print(f"  differs from the original: {note}")
     return 0
@@ -61,3 +71,9 @@ def register(subparsers) -> None:
         source=("step_dir", "STEP_DIR", "local step directory"), run=_run)
     parser.add_argument("--val-tokens", metavar="FILE",
                         help="token .npy recorded as the run's validation split (analyze)")
+    parser.add_argument("--hc-form", choices=("auto", "final", "early"), default="auto",
+                        help="hc and PyTorch mHC checkpoints: the original's final form (mixed "
+                             "write, streams summed before the head's norm) or its early one "
+                             "(residual write, each stream normed; 5152cab and before); auto "
+                             "(default) reads it from config.json and says when it had to "
+                             "choose")

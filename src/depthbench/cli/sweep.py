@@ -80,7 +80,7 @@ def _print_runs(rows: list[dict], runs: list[sweeplib.Run]) -> None:
 def _summary(rows: list[dict]) -> str:
     counts = {s: sum(r["status"] == s for r in rows) for s in sweeplib.STATUSES}
     parts = [f"{n} {s}" for s, n in counts.items() if n]
-    return f"{len(rows)} runs: {', '.join(parts)}"
+    return f"{len(rows)} run{'' if len(rows) == 1 else 's'}: {', '.join(parts)}"
 
 
 MAX_RUNS_ENV = "DEPTHBENCH_MAX_RUNS"

@@ -1,4 +1,4 @@
-"""A torch distributed checkpoint (``model_and_optim/``), read without torch and without trusting it.
+"""A torch distributed checkpoint (``model_and_optim/``), read without torch, trusting nothing.
 
 OLMo-core's trainer saves ``model.*`` and ``optim.*`` entries with its own
 writer (``save_model_and_optim_state``: ``RemoteFileSystemWriter``), in the
@@ -119,7 +119,8 @@ def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_: Any) 
             stride):
         raise pickle.UnpicklingError("a tensor record that is not (storage, offset, size, stride)")
     data = storage.data
-    last = offset + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else offset - 1
+    reach = sum((n - 1) * s for n, s in zip(size, stride, strict=True))
+    last = offset + reach if all(size) else offset - 1
     if offset < 0 or last >= data.size:
         raise pickle.UnpicklingError(f"a tensor reaches element {last} of a storage of "
                                      f"{data.size}")
@@ -284,7 +285,8 @@ class DistCheckpoint:
                     return part
                 if out is None:
                     out = np.zeros(shape, part.dtype)
-                out[tuple(slice(o, o + s) for o, s in zip(c.offsets, c.sizes))] = part
+                box = zip(c.offsets, c.sizes, strict=True)
+                out[tuple(slice(o, o + s) for o, s in box)] = part
             if out is None or sum(int(np.prod(c.sizes)) for c in chunks) != out.size:
                 raise ValueError("its chunks do not cover the tensor")
             return out

@@ -94,21 +94,23 @@ def _val_tokens(path: str | None, vocab_size: int) -> tuple[str, int]:
 
 
 def import_olmo(step_dir: str | Path, out: str | Path, *, progress: bool = True,
-                val_tokens: str | None = None) -> dict:
+                val_tokens: str | None = None, hc_form: str = "auto") -> dict:
     """Convert the step directory ``step_dir`` into the run directory ``out``;
     return the config dict written to ``out/config.json``.  ``val_tokens``: a
-    token .npy recorded as the run's validation split (what analyses read)."""
+    token .npy recorded as the run's validation split (what analyses read);
+    ``hc_form``: the form of an hc or PyTorch mHC checkpoint (``auto``: from its
+    config.json, :func:`~depthbench.importers.olmo_config.hc_form`)."""
     if "://" in str(step_dir) or not Path(step_dir).expanduser().is_dir():
         raise ConfigError(f"{WHAT}: {str(step_dir)!r} is not a local directory (the hub is never "
                           "contacted; download the step directory first)")
     step = Path(step_dir).expanduser().resolve()
     out = run_writer.check_out(out, WHAT)
     saved = read_config(step)
-    model = read_model(saved)
+    model = read_model(saved, hc_form)
     val = _val_tokens(val_tokens, model.model_fields["vocab_size"])
     ckpt = DistCheckpoint(step / CHECKPOINT_DIR)
     config = run_writer.run_config(WHAT, model.family, model.model_fields, model.residual,
-                                   _seq_len(saved))
+                                   _seq_len(saved), train=model.train)
     present = {key: shape for key, (shape, _) in ckpt.tensors.items()}
     params_np = convert(ckpt.read, present, model, _param_shapes(config), block=model.block,
                         progress=progress)
@@ -117,7 +119,8 @@ def import_olmo(step_dir: str | Path, out: str | Path, *, progress: bool = True,
     record = {"source": str(step), "step": int(match.group(1)) if match else None,
               "block": model.block, "dtypes": sorted({dt for _, dt in ckpt.tensors.values()}),
               "hyper_connections": (saved["model"].get("block") or {}).get("hyper_connections"),
-              "departures": list(model.departures)}
+              "departures": list(model.departures),
+              "hc_form": model.form.record() if model.form else None}
     return run_writer.write_run(
         out, config, params_np, source=("olmo", record), files=tokenizer_files(step),
         tokenizer={"eos": tok.get("eos_token_id"), "bos": tok.get("bos_token_id"),

@@ -48,6 +48,62 @@ class OlmoModel:
     # (head = embeddings).
     layout: dict[str, Any]
     departures: tuple[str, ...]  # what the imported run cannot reproduce (training rules)
+    form: HCForm | None = None  # hc / PyTorch mHC: which of the original's forms, and why
+    train: dict[str, Any] = dataclasses.field(default_factory=dict)  # the optimizer rule
+
+
+HC_FORMS = ("auto", "final", "early")
+
+
+@dataclasses.dataclass(frozen=True)
+class HCForm:
+    """Which of the original's two forms of HC and PyTorch mHC a checkpoint has
+    (docs/ORIGINAL.md): ``final``, the mixed write rule and the streams summed
+    before the head's norm (hyper_connections.py and model.py@8cc2fd74 on), or
+    ``early``, the residual write rule and each stream through the head's norm
+    (@dc75a4e to @5152cab; mHC's write rule did not change, only its readout).
+    ``certain``: config.json says which; otherwise the import says what it chose."""
+
+    form: str
+    certain: bool
+    why: str
+
+    def record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def hc_form(block: dict, kind: str, asked: str = "auto") -> HCForm:
+    """The form of an hc or PyTorch mHC checkpoint from its ``model.block``
+    (OLMo-core's config saver leaves out fields whose value is None), or the
+    one ``asked`` (``--hc-form``).  What the fields of each era are
+    (config.py's versions, read in the original's history):
+
+    * HC on a ``default`` block: config.py before @5152cab: early;
+    * ``moda_skip_ffn_kv`` saved: config.py@8cc2fd74 (MoDA's merge) or later: final;
+    * ``hyper_connections.tanh`` saved for kind ``hc``: ``tanh: bool = True`` was
+      always saved up to @5152cab (and @b2141085); from @2a9d668 it is None
+      unless set, and the HC launcher never sets it: early;
+    * ``tanh = true`` for kind ``mhc``: mHC's tanh default before @2a9d668: early;
+    * anything else: checkpoints of @5152cab and of @2a9d668 to @8cc2fd74 save
+      the same fields: the final form, said to be a choice."""
+    hyper = block.get("hyper_connections") or {}
+    if asked != "auto":
+        return HCForm(asked, True, f"asked for with --hc-form {asked}")
+    if (block.get("name") or "default") == "default":
+        return HCForm("early", True, "HC on a 'default' block: config.py before @5152cab, "
+                      "residual write rule, each stream through the head's norm")
+    if "moda_skip_ffn_kv" in block:
+        return HCForm("final", True, "model.block saves moda_skip_ffn_kv: config.py@8cc2fd74 "
+                      "or later, mixed write rule, streams summed before the head's norm")
+    if kind == "hc" and "tanh" in hyper:
+        return HCForm("early", False, "hyper_connections.tanh is saved, as config.py saved "
+                      "it up to @5152cab (the HC launcher never sets it later)")
+    if kind == "mhc" and hyper.get("tanh") is True:
+        return HCForm("early", False, "hyper_connections.tanh is true, mHC's default "
+                      "before config.py@2a9d668")
+    return HCForm("final", False, "config.json saves the same fields at @5152cab (early "
+                  "form) and @2a9d668 to @8cc2fd74 (final form); chose the original's final "
+                  "code")
 
 
 def read_config(step_dir: Path) -> dict:
@@ -184,8 +240,9 @@ def _head_scale(saved: dict) -> float:
     return 1.0
 
 
-def read_model(saved: dict) -> OlmoModel:
-    """The depthbench reading of ``saved["model"]`` (ConfigError: one line)."""
+def read_model(saved: dict, form: str = "auto") -> OlmoModel:
+    """The depthbench reading of ``saved["model"]`` (ConfigError: one line);
+    ``form``: hc and PyTorch mHC's form (:func:`hc_form`), ``auto`` from config.json."""
     model = _Fields(saved["model"], "model")
     if model.opt("name") not in (None, "default"):
         raise ConfigError(f"{WHAT}: config.json: model.name {model.opt('name')!r} is not "
@@ -203,6 +260,7 @@ def read_model(saved: dict) -> OlmoModel:
         block.refuse(name, allowed=(None, 0, 0.0))
     name = block.opt("name") or "default"
     hyper = block.opt("hyper_connections")
+    hc_form_of = None
     attnres_size = block.opt("attnres_block_size")
     if name == "default" and isinstance(hyper, dict):  # HC/mHC before their own block types
         name = "hc" if hyper.get("kind", "hc") == "hc" else "mhc"
@@ -229,6 +287,7 @@ def read_model(saved: dict) -> OlmoModel:
 
     layout: dict[str, Any] = {"tied": bool(model.opt("tie_word_embeddings"))}
     departures: list[str] = []
+    train: dict[str, Any] = {}
     residual: dict[str, Any] = {}
     if name in _PLAIN:
         family = _PLAIN[name]
@@ -240,13 +299,18 @@ def read_model(saved: dict) -> OlmoModel:
         head_scale = _head_scale(saved)
         residual.update(completep_alpha=0.5 if name == "depth_mup" else 1.0,
                         completep_base_depth=base, completep_head_scale=head_scale)
-        if head_scale != 1.0:
+        if head_scale == 1.0:
+            # Depth-only runs train the blocks with the depth rule (pretrain_preln_mup.py
+            # apply_depth_only_scaling): the family's rule, train.lr_rule = "family".
+            train["lr_rule"] = "family"
+        else:
             departures.append(f"depth-width muP (head output factor d_base/d = {head_scale:g}, "
                               "completep_head_scale): the logits are the original's, but its "
                               "width-muP init and per-group learning rates are not fields, so "
                               "training on from here is not the original's recipe")
     elif name in ("hc", "mhc"):
-        family, residual, more = _hyper(block, name)
+        family, residual, more = _hyper(block, name, form)
+        hc_form_of = more.pop("form")
         layout.update(more)
         departures += more.pop("departures")
     elif name == "attnres":
@@ -272,10 +336,11 @@ def read_model(saved: dict) -> OlmoModel:
                         moda_depth_query="rotated")
         layout["moda_kv"] = True
     return OlmoModel(block=name, family=family, model_fields=fields, residual=residual,
-                     layout=layout, departures=tuple(departures))
+                     layout=layout, departures=tuple(departures), form=hc_form_of,
+                     train=train)
 
 
-def _hyper(block: _Fields, name: str) -> tuple[str, dict, dict]:
+def _hyper(block: _Fields, name: str, asked: str) -> tuple[str, dict, dict]:
     """hc/mhc fields and layout from ``model.block.hyper_connections``."""
     raw = block.opt("hyper_connections")
     hc = _Fields(raw if isinstance(raw, dict) else {}, "model.block.hyper_connections")
@@ -288,13 +353,15 @@ def _hyper(block: _Fields, name: str) -> tuple[str, dict, dict]:
     tanh = (kind == "hc") if tanh is None else bool(tanh)
     collapse = hc.choice("collapse", ("auto", "sum", "mean"), "auto")
     mean = collapse == "mean" or (collapse == "auto" and kind == "liger_mhc")
+    # Liger mHC computes one form in every version (its mean, then the norm).
+    form = None if kind == "liger_mhc" else hc_form(block.data, kind, asked)
+    early = form is not None and form.form == "early"
+    readout = "mean_then_norm" if mean else ("norm_then_sum" if early else "sum_then_norm")
     residual: dict[str, Any] = {"hc_n": n, "hc_scale_init": hc.num("gating_factor_init", 0.01),
-                                "readout": "mean_then_norm" if mean else "norm_then_sum"}
-    layout = {"hc_kind": kind, "streams": n, "departures": []}
+                                "readout": readout}
+    layout = {"hc_kind": kind, "streams": n, "departures": [], "form": form}
     if kind == "hc":
-        # The write rule changed in the original without a config field; its configs
-        # gained 'collapse' in the same change (docs/ORIGINAL.md, hyper_connections.py).
-        residual.update(hc_tanh=tanh, hc_write="mixed" if "collapse" in hc.data else "residual")
+        residual.update(hc_tanh=tanh, hc_write="residual" if early else "mixed")
         return "hc", residual, layout
     residual.update(sinkhorn_iters=hc.int("sinkhorn_iters", default=20), mhc_tanh=tanh)
     if kind == "liger_mhc":

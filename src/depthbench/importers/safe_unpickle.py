@@ -49,7 +49,7 @@ class Record:
                 s is None or isinstance(s, dict) for s in state):
             state = {**(state[0] or {}), **(state[1] or {})}
         elif isinstance(state, tuple) and self.positional and len(state) <= len(self.positional):
-            state = dict(zip(self.positional, state))
+            state = dict(zip(self.positional, state, strict=False))  # (a prefix of them)
         if not isinstance(state, dict) or not all(
                 isinstance(k, str) and not k.startswith("__") for k in state):
             # (a dunder key could shadow __setstate__ for a later BUILD)

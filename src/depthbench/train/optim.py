@@ -8,7 +8,8 @@ static routing); linear warmup from 0 over 10% of the steps, then cosine to
 without decay (:data:`NO_DECAY_SETS`; the recipe's by default).  A family's
 depth rule (its ``LearningRateRule``, applied when ``train.lr_rule =
 "family"``) may scale each leaf's learning rate and Adam's epsilon
-(CompleteP).
+(CompleteP: both on the block parameters only, as the original benchmark's
+``examples/pretrain_preln_mup.py@aba1f65`` groups them).
 
 The chain is spelled out (rather than ``optax.adamw``) so that a family's
 per-parameter learning-rate multipliers (CompleteP's depth rule) can scale
@@ -143,12 +144,44 @@ def lr_multipliers(config, family, params: Any) -> Any | None:
     return mults
 
 
-def adam_eps(config, family) -> float:
-    """``train.eps``, times the family's ``eps_multiplier()`` under its rule
-    (CompleteP: ``(L / L_base)^(-alpha)``)."""
+def adam_eps(config, family, params: Any) -> float | Any:
+    """``train.eps``, times the family's per-leaf ``eps_multipliers`` under its
+    rule (CompleteP: ``(L / L_base)^(-alpha)`` on the block parameters): one
+    float when every leaf has the same, else a tree of floats like ``params``."""
     eps = float(config.train.eps)
     rule = lr_rule(config, family)
-    return eps if rule is None else eps * float(rule.eps_multiplier())
+    if rule is None:
+        return eps
+    mults = rule.eps_multipliers(params)
+    if jax.tree.structure(mults) != jax.tree.structure(params):
+        raise ValueError(f"{family.name}.eps_multipliers returned a tree that does not match "
+                         "the parameters")
+    factors = set(jax.tree.leaves(mults))
+    if len(factors) == 1:
+        return eps * float(factors.pop())
+    return jax.tree.map(lambda m: eps * float(m), mults)
+
+
+def scale_by_adam(b1: float, b2: float, eps: float | Any) -> optax.GradientTransformation:
+    """``optax.scale_by_adam``, with ``eps`` one float or a tree of per-leaf floats
+    (the same state, ``optax.ScaleByAdamState``, either way)."""
+    if isinstance(eps, (int, float)):
+        return optax.scale_by_adam(b1=b1, b2=b2, eps=float(eps))
+    plain = optax.scale_by_adam(b1=b1, b2=b2)
+
+    def update(updates, state, params=None):
+        del params
+        mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+        nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+        count = optax.safe_increment(state.count)
+        mu_hat = optax.tree.bias_correction(mu, b1, count)
+        nu_hat = optax.tree.bias_correction(nu, b2, count)
+        out = jax.tree.map(lambda m, v, e: m / (jnp.sqrt(v) + jnp.asarray(e, m.dtype)),
+                           mu_hat, nu_hat, eps)
+        return out, optax.ScaleByAdamState(count=count, mu=mu,
+                                           nu=optax.tree.cast_like(nu, state.nu))
+
+    return optax.GradientTransformation(plain.init, update)
 
 
 def scale_by_tree(multipliers: Any) -> optax.GradientTransformation:
@@ -165,11 +198,12 @@ def scale_by_tree(multipliers: Any) -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
-def adamw(schedule: Callable, *, b1: float = 0.9, b2: float = 0.95, eps: float = 1e-8,
+def adamw(schedule: Callable, *, b1: float = 0.9, b2: float = 0.95, eps: float | Any = 1e-8,
           weight_decay: float = 0.1, clip_norm: float = 1.0, mask: Any = None,
           multipliers: Any = None) -> optax.GradientTransformation:
-    """clip -> Adam moments -> decoupled decay (masked) -> per-leaf lr -> -lr(step)."""
-    parts = [optax.clip_by_global_norm(clip_norm), optax.scale_by_adam(b1=b1, b2=b2, eps=eps)]
+    """clip -> Adam moments -> decoupled decay (masked) -> per-leaf lr -> -lr(step);
+    ``eps``: one float, or a tree of per-leaf floats (:func:`adam_eps`)."""
+    parts = [optax.clip_by_global_norm(clip_norm), scale_by_adam(b1, b2, eps)]
     if weight_decay:
         parts.append(optax.add_decayed_weights(weight_decay, mask))
     if multipliers is not None:
@@ -187,7 +221,7 @@ def from_config(config, family, params: Any) -> tuple[optax.GradientTransformati
     if unknown:
         raise ConfigError(f"config.train.no_decay: {', '.join(unknown)} is neither a preset "
                           f"({', '.join(NO_DECAY_SETS)}) nor a parameter of this model")
-    tx = adamw(schedule, b1=float(t.b1), b2=float(t.b2), eps=adam_eps(config, family),
+    tx = adamw(schedule, b1=float(t.b1), b2=float(t.b2), eps=adam_eps(config, family, params),
                weight_decay=float(t.weight_decay), clip_norm=float(t.clip_norm),
                mask=decay_mask(params, no_decay_names(config, family), no_decay_paths(config)),
                multipliers=lr_multipliers(config, family, params))

@@ -250,8 +250,8 @@ class LearningRateRule(abc.ABC):
         """Per-leaf learning-rate factor (python floats, same tree as ``params``)."""
 
     @abc.abstractmethod
-    def eps_multiplier(self) -> float:
-        """The factor on AdamW's epsilon."""
+    def eps_multipliers(self, params: Any) -> Any:
+        """Per-leaf factor on AdamW's epsilon (python floats, same tree as ``params``)."""
 
 
 class Variants:

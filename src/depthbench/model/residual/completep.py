@@ -15,14 +15,16 @@ norm keep ``eta``.  :meth:`CompleteP.lr_multipliers` returns that factor
 per leaf (the family's ``LearningRateRule``); the trainer multiplies each
 leaf's AdamW update by it when ``config.train.lr_rule == "family"``
 (decoupled weight decay is scaled with it, as PyTorch's per-group ``lr``
-does).  With ``alpha = 1`` the rule
-is the identity.  Under the same rule AdamW's epsilon is
-``eps * (L / L_base)^(-alpha)`` (:meth:`CompleteP.eps_multiplier`): the
-reference code multiplies the optimizer's one ``adam_eps`` by
-``(1 / m_N) * m_L^(-alpha)`` (``m_N`` the muP width multiplier, 1 here: no
-width muP; ``m_L = L / L_base``), for every parameter group alike, so that
-epsilon stays in proportion to the gradients, which shrink like the branch
-multiplier.
+does).  With ``alpha = 1`` the learning-rate factor is 1.  Under the same
+rule AdamW's epsilon of the block parameters is ``eps * (L / L_base)^(-alpha)``
+(:meth:`CompleteP.eps_multipliers`), so that it stays in proportion to their
+gradients, which shrink like the branch multiplier; the embedding, the head
+and the final norm keep ``eps``.  That is the original benchmark's grouping
+(``examples/pretrain_preln_mup.py@aba1f65``, ``apply_depth_only_scaling``:
+one override for ``blocks.*`` with ``lr * m_L^(alpha-1)`` and ``eps *
+m_L^(-alpha)``; the optimizer state of its own checkpoints shows the same
+groups, tests/integration/test_original_checkpoints.py), where the reference
+code scales one ``adam_eps`` for every group alike.
 
 ``alpha = 1`` (the default) is CompleteP, the paper's recommendation: the only
 setting with both depth-wise transfer and non-lazy layers.  ``alpha = 0.5``
@@ -108,7 +110,7 @@ class CompleteP(ResidualFamily, LearningRateRule):
         return hidden_lr_multiplier(self.spec.depth, self.base_depth, self.alpha)
 
     def eps_multiplier(self) -> float:
-        """AdamW epsilon factor under ``train.lr_rule = "family"``."""
+        """AdamW epsilon factor of the block parameters under ``train.lr_rule = "family"``."""
         return eps_multiplier(self.spec.depth, self.base_depth, self.alpha)
 
     def write(self, p, state, y, site, aux, active):
@@ -127,11 +129,22 @@ class CompleteP(ResidualFamily, LearningRateRule):
         ``params`` is the model's parameter tree (boxed or unboxed): leaves under
         its top-level ``blocks`` get :attr:`hidden_lr`, all others 1.0."""
 
-        def factor(path, _):
-            top = path[0] if path else None
-            return self.hidden_lr if top == jax.tree_util.DictKey("blocks") else 1.0
+        return self._in_blocks(params, self.hidden_lr)
 
-        return jax.tree_util.tree_map_with_path(factor, params)
+    def eps_multipliers(self, params: Any) -> Any:
+        """Per-leaf AdamW epsilon factor: :meth:`eps_multiplier` under ``blocks``, 1.0
+        elsewhere."""
+        return self._in_blocks(params, self.eps_multiplier())
+
+    @staticmethod
+    def _in_blocks(params: Any, factor: float) -> Any:
+        """``factor`` on the leaves under the top-level ``blocks``, 1.0 on the others."""
+
+        def of(path, _):
+            top = path[0] if path else None
+            return factor if top == jax.tree_util.DictKey("blocks") else 1.0
+
+        return jax.tree_util.tree_map_with_path(of, params)
 
     def describe(self) -> dict:
         return {**super().describe(), "branch_multiplier": self.multiplier,

@@ -16,13 +16,19 @@ and ``s_a = s_b = hc_scale_init`` (0.01).  ``A0`` and ``beta0`` are learned
 the block's identity, so a permuted block keeps the connection it was
 initialised (and trained) with.  ``hc_tanh = False`` drops the tanh.
 
-The write rule (``hc_write``) is the original benchmark's in both of its
-versions: ``mixed`` (default) is its later rule (its
-``pretrain/OLMo-core/src/olmo_core/nn/hyper_connections.py`` @8cc2fd74 and
-@f61f873, and the HC paper's); ``residual`` its first released one (@dc75a4e,
-@5152cab: the branch output added to the unmixed streams, the mixing only
-forming the sublayer's input), which its early checkpoints were trained with
-(variant ``hc+early_write``; ``import-olmo`` sets it from the checkpoint).
+The original benchmark trained two forms of hc, and each is a set of fields
+(docs/ORIGINAL.md has the history):
+
+* **final** (the defaults): the ``mixed`` write rule
+  (``pretrain/OLMo-core/src/olmo_core/nn/hyper_connections.py@8cc2fd74`` and
+  ``@f61f873``, the HC paper's) with the ``sum_then_norm`` readout
+  (``nn/transformer/model.py@8cc2fd74``, ``@d15e34b``);
+* **early** (variant ``hc+early``): the
+  ``residual`` rule, the branch output added to the unmixed streams, the
+  mixing only forming the sublayer's input (``hyper_connections.py@dc75a4e``
+  to ``@5152cab``), with the ``norm_then_sum`` readout (``model.py@dc75a4e`` to
+  ``@5152cab``).  ``import-olmo`` tells them apart from the checkpoint's
+  ``config.json`` (``importers/olmo_config.py``).
 
 Each block has two connectors (attention, MLP), stacked on a leading axis
 of size 2.  All coefficient maths is fp32.  ``read`` and ``write`` both
@@ -73,7 +79,10 @@ class HCConfig(StreamConfig):
     hc_tanh: bool = True  # tanh on the dynamic parts
     hc_write: str = "mixed"  # "mixed": H <- mixed[1:] + beta y | "residual": H <- H + beta y
 
-    variants = {**StreamConfig.variants, "early_write": {"hc_write": "residual"}}
+    variants = {**StreamConfig.variants,
+                "early": {"hc_write": "residual", "readout": "norm_then_sum"}}
+    # Run directories saved before ``readout`` existed read out norm-then-sum.
+    saved_before = {"readout": "norm_then_sum"}
 
     def validate(self, config) -> None:
         super().validate(config)

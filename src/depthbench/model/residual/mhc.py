@@ -31,12 +31,15 @@ separates them is a field (defaults: the Liger form its 400M runs used,
 * ``mhc_phi_dtype``: ``phi``'s storage (Liger keeps it in bf16,
   ``liger_phi_dtype``; ``param`` follows ``model.param_dtype``);
 * ``mhc_tanh``: ``tanh`` on ``u`` before the gates (the first mHC
-  checkpoints, hyper_connections.py@dc75a4e, ``tanh: bool = True``);
+  checkpoints, config.py@dc75a4e to @5152cab, ``tanh: bool = True``);
 * ``readout``: ``mean_then_norm`` (Liger's mean collapse) or PyTorch mHC's
-  ``norm_then_sum`` (``streams.py``).
+  ``sum_then_norm`` (its final code, model.py@8cc2fd74; ``norm_then_sum``
+  up to model.py@5152cab: ``streams.py``).
 
-The variant ``mhc+pytorch`` sets the PyTorch form (the form depthbench
-trained before; a run directory saved then reads as it, ``saved_before``).
+The variant ``mhc+pytorch`` sets the final PyTorch form, ``mhc+pytorch_early``
+the first one (tanh on, ``norm_then_sum``: config.py and model.py@dc75a4e); a
+run directory saved before these fields existed trained the PyTorch form with
+``norm_then_sum`` and reads as it (``saved_before``).
 
 ``phi`` is stored as ``[n, d, n^2 + 2n]`` (the same matrix, rows split by
 stream so its ``d`` axis shards like the streams' feature axis).  Init:
@@ -99,10 +102,12 @@ def mhc_res_init(n: int, bias: float):
     return init
 
 
-# The PyTorch mHC of the original benchmark (hyper_connections.py@f61f873
-# ``_forward_mhc``), depthbench's mhc before it followed the Liger form.
+# The PyTorch mHC of the original benchmark's final code (hyper_connections.py@f61f873
+# ``_forward_mhc``, model.py@8cc2fd74's readout), and its first form (tanh on, each
+# stream through the head's norm: config.py and model.py@dc75a4e).
 PYTORCH = {"mhc_sinkhorn": "log", "mhc_res_layout": "in_out", "mhc_rms_eps": 1e-8,
-           "mhc_gate_decay": True, "mhc_phi_dtype": "param", "readout": "norm_then_sum"}
+           "mhc_gate_decay": True, "mhc_phi_dtype": "param", "readout": "sum_then_norm"}
+PYTORCH_EARLY = {**PYTORCH, "readout": "norm_then_sum", "mhc_tanh": True}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +124,7 @@ class MHCConfig(StreamConfig):
     mhc_phi_dtype: str = "bfloat16"  # phi's storage: bfloat16 (Liger) | float32 | param
     mhc_tanh: bool = False  # tanh(u) before the gates (the first mHC checkpoints)
 
-    variants = {**StreamConfig.variants, "pytorch": PYTORCH}
+    variants = {**StreamConfig.variants, "pytorch": PYTORCH, "pytorch_early": PYTORCH_EARLY}
     # Run directories saved before these fields existed trained the PyTorch form
     # with fp32 phi and rms(f)'s eps = model.norm_eps (1e-6 by default).
     saved_before = {**PYTORCH, "mhc_rms_eps": 1e-6, "mhc_phi_dtype": "float32",

@@ -6,17 +6,21 @@ std of the attention output projection and the MLP down-projection by
 ``sqrt(n)`` (the sublayer output is written into ``n`` streams that are
 summed at the readout), and read out with ``config.model.residual.readout``:
 
-* ``norm_then_sum``: ``sum_s N_out(H[s])`` (the original benchmark's hc and
-  PyTorch mHC: its ``collapse = "auto"``, model.py@5152cab);
-* ``sum_then_norm``: ``N_out(sum_s H[s])`` (the HC paper's form);
+* ``sum_then_norm``: ``N_out(sum_s H[s])`` (the HC paper's form, and the
+  original benchmark's final hc and PyTorch mHC: ``model.py@8cc2fd74`` and
+  ``@d15e34b`` collapse the streams before the head's norm, its test
+  ``test_hc_collapses_streams_before_final_norm``);
+* ``norm_then_sum``: ``sum_s N_out(H[s])`` (the original's earlier hc and
+  PyTorch mHC: ``model.py@dc75a4e`` to ``@5152cab`` and ``@b2141085``, each
+  stream through the head's norm, then summed);
 * ``mean_then_norm``: ``N_out(mean_s H[s])`` (the original's Liger mHC, its
-  ``collapse = "auto"`` for ``liger_mhc``: docs/liger_mhc.md@2d16225; equal
-  to ``sum_then_norm`` up to the norm's eps).
+  ``collapse = "auto"`` for ``liger_mhc`` in every version: docs/liger_mhc.md@2d16225;
+  equal to ``sum_then_norm`` up to the norm's eps).
 
-hc defaults to ``norm_then_sum``, mhc to ``mean_then_norm``, as the original
-trained them; all three are variants of both families (``hc+sum_then_norm``):
-``norm_then_sum`` makes the initial logits ``n`` times pre_ln's, the others
-are its control.
+hc defaults to ``sum_then_norm``, mhc to ``mean_then_norm``, as the original's
+final code computes them; all three are variants of both families
+(``hc+norm_then_sum``): ``norm_then_sum`` makes the initial logits ``n`` times
+pre_ln's, the others equal pre_ln's at init.
 
 The logit lens (analysis option ``lens_rule``) decodes a boundary's streams
 as the original's analysis does by default, ``reduce_then_norm``:
@@ -142,7 +146,7 @@ class StreamConfig(FamilyConfig, Variants):
 
     hc_n: int = 4  # expansion: the number of streams
     hc_scale_init: float = 0.01  # hc: s_a, s_b; mhc: a_pre, a_post, a_res
-    readout: str = "norm_then_sum"  # "norm_then_sum" | "sum_then_norm" | "mean_then_norm"
+    readout: str = "sum_then_norm"  # "sum_then_norm" | "norm_then_sum" | "mean_then_norm"
 
     variants = {mode: {"readout": mode} for mode in READOUTS}
 

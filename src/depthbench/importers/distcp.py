@@ -88,6 +88,13 @@ def _memory_format(code: Any) -> int:
     return code
 
 
+def _path(*parts: Any) -> str:
+    """A ``pathlib`` path (torch's writer records ``checkpoint_id`` as one) as text."""
+    if not all(isinstance(p, str) for p in parts):
+        raise pickle.UnpicklingError("a path made of something other than text")
+    return "/".join(parts)
+
+
 INDEX_CLASSES: dict[tuple[str, str], Any] = {
     **{(_METADATA, name): record(name) for name in (
         "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata",
@@ -100,6 +107,8 @@ INDEX_CLASSES: dict[tuple[str, str], Any] = {
     ("olmo_core.distributed.checkpoint.filesystem", "_StorageInfo"): _STORAGE_INFO,
     ("torch", "Size"): int_tuple,
     ("torch.serialization", "_get_layout"): _layout,
+    **{("pathlib", name): _path for name in ("Path", "PosixPath", "WindowsPath",
+                                             "PurePosixPath", "PureWindowsPath")},
     **{("torch", name): _Dtype(name) for name in (
         "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8",
         "uint8", "bool")},

@@ -19,8 +19,8 @@ here re-implements the original; what is compared:
   nothing) must give the loss of the original's stepped weights, the cross
   entropy of ``ref``.
 
-Used by tests/integration/test_original_checkpoints.py and by
-``python -m olmo_reference.measure`` (docs/ORIGINAL.md's table).
+Used by tests/integration/test_original_checkpoints.py; run as a script it
+prints docs/ORIGINAL.md's table (``python tests/original_outputs.py [DESIGN ...]``).
 """
 
 from __future__ import annotations
@@ -169,3 +169,32 @@ def step_against_the_original(design: str, run) -> dict[str, float]:
     after = float(step_lib.make_eval_step(s)(new.params, batch))
     return {"grad": grad, "loss_before": float(loss), "loss_after": after,
             "ref_after": cross_entropy(reference_logits(design), tok)}
+
+
+def main(argv: list[str]) -> int:
+    import sys
+    import tempfile
+
+    from depthbench import load_run
+
+    print(f"{'design':16} {'family':12} {'logits':>8} {'gradient':>9} {'loss after step':>16}"
+          f" {'original':>9}")
+    for design in argv or DESIGNS:
+        with tempfile.TemporaryDirectory() as tmp:
+            run = load_run(import_run(design, Path(tmp) / "run"))
+            err = relative(run.logits(tokens(design)), reference_logits(design))
+            cols = ["(departure)", "", ""]
+            if design not in NOT_STEPPED:
+                step = step_against_the_original(design, run)
+                cols = [f"{step['grad']:.1e}", f"{step['loss_after']:.6f}",
+                        f"{step['ref_after']:.6f}"]
+        print(f"{design:16} {run.spec.family:12} {err:8.1e} {cols[0]:>9} {cols[1]:>16} "
+              f"{cols[2]:>9}", flush=True)
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,15 +1,12 @@
-"""PyTorch references for the designs the original DepthBench trained.
+"""PyTorch references for what the original's own checkpoints do not decide.
 
-Built on upstream OLMo-core's own modules (``ai2-olmo-core``: attention,
-RoPE, SwiGLU, norms, LM head, and its ``default`` / ``default_scaled`` /
-``peri_norm`` blocks as they are) and liger-kernel's mHC coefficient kernel
-(under ``TRITON_INTERPRET=1`` on CPU).  The blocks OLMo-core does not have
-(deepnorm, keel, post-norm, CompleteP, HC, mHC, AttnRes, MoDA) are written
-here from the original's code (keyu-wang-2002/DepthBench,
-``pretrain/OLMo-core/src/olmo_core/nn/``; read, not copied; docs/ORIGINAL.md
-cites each file), with the original's module names, so that
-``state_dict()`` has the original's checkpoint keys.  :mod:`.step_dir`
-saves a model in the original's format (OLMo-core's own checkpoint writer).
+tests/fixtures/original_checkpoints/ (tests/original_outputs.py) tests every
+design against what the original's own code wrote.  :mod:`.original` builds,
+on upstream OLMo-core's own modules (``ai2-olmo-core``) and liger-kernel's mHC
+kernels (under ``TRITON_INTERPRET=1`` on CPU), the cases those fixtures
+cannot tell apart (mHC routing far from its init, the early HC and mHC forms,
+upstream's own blocks); :mod:`.step_dir` saves a model in the original's
+format (OLMo-core's own checkpoint writer).
 
 Needs the ``test-olmo`` extra; tests importorskip it.
 """

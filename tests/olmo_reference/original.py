@@ -1,23 +1,27 @@
-"""The original DepthBench's designs as small PyTorch models on upstream OLMo-core modules.
+"""The original DepthBench's designs where its own checkpoints do not decide: PyTorch models.
 
-:func:`build` returns ``(model, config)``: a model whose ``state_dict()``
-keys are the original's (``embeddings.weight``, ``blocks.{i}...``,
-``lm_head.{norm,w_out}.weight`` and each design's own) and the ``model``
-section of the config.json the original's trainer would have saved for it.
-The backbone (attention with RoPE, SwiGLU, RMSNorm/LayerNorm, LM head) is
-upstream OLMo-core's; pre_ln, lns and sandwich_ln use its ``default``,
-``default_scaled`` and ``peri_norm`` blocks unchanged.  The other blocks
-follow the original's files (read, not copied; docs/ORIGINAL.md cites the
-file and commit of each):
+tests/fixtures/original_checkpoints/ holds every design as the original's own
+code wrote it (tests/original_outputs.py tests them all).  What those
+fixtures cannot tell apart is tested here, on models built from upstream
+OLMo-core's own modules (``ai2-olmo-core``: attention, RoPE, SwiGLU, norms,
+LM head):
 
-* deepnorm, keel, post-norm, depth-muP/CompleteP:
-  ``olmo_core/nn/transformer/block.py``;
-* HC (both write rules), PyTorch mHC, Liger mHC: ``olmo_core/nn/hyper_connections.py``
-  (Liger's coefficients through liger-kernel's own ``liger_mhc_coeffs``);
-* AttnRes (``fused_attnres``'s math in PyTorch): ``block.py``, ``model.py``,
-  ``olmo_core/kernels/attnres.py``;
-* MoDA (the depth attention of its ``parallel_moda`` kernel in PyTorch):
-  ``olmo_core/nn/moda.py``, ``examples/moda_common.py``.
+* pre_ln, lns, sandwich_ln: upstream's ``default``, ``default_scaled`` and
+  ``peri_norm`` blocks as they are (another OLMo-core release than the
+  original's base, and its writer);
+* mHC with routing far from its init: the fixtures' routing biases sit at
+  their +-8 init (plus small noise), where the Sinkhorn is saturated and its
+  forms (log or linear, ``[in, out]`` or ``[out, in]``) agree to 1e-4; here
+  the PyTorch form (``mhc``, written from hyper_connections.py@f61f873
+  ``_forward_mhc`` and model.py@8cc2fd74's readout) and Liger's (``mhc_liger``,
+  liger-kernel's own kernels under ``TRITON_INTERPRET=1``);
+* the forms the original trained first and the fixtures do not have: HC's
+  residual write with each stream normed at the readout (``hc_early``), mHC
+  with tanh and the same readout (``mhc_tanh``, @dc75a4e).
+
+The blocks are written from the original's files (read, not copied;
+docs/ORIGINAL.md cites each) with its module names, so ``state_dict()`` has
+its checkpoint keys; :mod:`.step_dir` saves them with OLMo-core's writer.
 """
 
 from __future__ import annotations
@@ -26,19 +30,18 @@ import math
 
 import torch
 import torch.nn.functional as F
-from olmo_core.nn.layer_norm import LayerNormConfig, LayerNormType
 from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
 from olmo_core.nn.transformer.block import TransformerBlock
 from torch import nn
 
 EPS = 1e-6  # the original's shape configs' rms_norm_eps (configs/llama_400m_L*.json)
-DESIGNS = ("pre_ln", "lns", "sandwich_ln", "deepnorm", "keel", "post_ln", "completep",
-           "depth_mup", "completep_width", "hc", "hc_early", "mhc", "mhc_tanh", "mhc_liger",
-           "attnres_full", "attnres_block", "moda_pre", "moda_post")
-# completep_width: a depth-width muP run (pretrain_preln_mup.py@aba1f65), its LM head's
-# output times d_base / d, recorded only through the embedding's AdamW eps override.
-WIDTH_BASE = 16
+DESIGNS = ("pre_ln", "lns", "sandwich_ln", "hc_early", "mhc", "mhc_tanh", "mhc_liger")
 UPSTREAM = {"pre_ln": "default", "lns": "default_scaled", "sandwich_ln": "peri_norm"}
+# Each design's readout: the streams summed before the head's norm (the final code,
+# model.py@8cc2fd74), each stream normed then summed (the first forms, model.py@5152cab
+# and before), or Liger's mean before the norm.
+READOUT = {"hc_early": "norm_then_sum", "mhc": "sum_then_norm", "mhc_tanh": "norm_then_sum",
+           "mhc_liger": "mean_then_norm"}
 
 
 def base_config(depth: int, *, d_model: int = 32, n_heads: int = 4, n_kv_heads: int = 2,
@@ -49,50 +52,11 @@ def base_config(depth: int, *, d_model: int = 32, n_heads: int = 4, n_kv_heads: 
         block_name=TransformerBlockType(block))
 
 
-# ----------------------------------------------------------------- plain blocks
-
-
-def _kwargs(cfg: TransformerConfig, i: int, **over) -> dict:
+def _kwargs(cfg: TransformerConfig, i: int) -> dict:
     b = cfg.block
     return dict(d_model=cfg.d_model, block_idx=i, n_layers=cfg.n_layers,
                 sequence_mixer=b.sequence_mixer, feed_forward=b.feed_forward,
-                layer_norm=over.pop("layer_norm", b.layer_norm), init_device="cpu", **over)
-
-
-class DeepNormBlock(TransformerBlock):
-    """``x <- LN(alpha x + F(x))``, ``alpha = (2L)^(1/4)``, LN mean-centred, no bias."""
-
-    def forward(self, x, **kw):
-        alpha = (2 * self.n_layers) ** 0.25
-        h = self.attention_norm(alpha * x + self.attention(x))
-        return self.feed_forward_norm(alpha * h + self.feed_forward(h))
-
-
-class KeelBlock(TransformerBlock):
-    """Block 0: ``h = x + Attn(N_a x)``, ``out = N_pf(h + MLP(N_f h))``; later blocks
-    scale the carried stream by ``alpha = 2L`` inside ``N_pa`` and ``N_pf``."""
-
-    def __init__(self, **kw):
-        super().__init__(**kw)
-        d, ln = kw["d_model"], kw["layer_norm"]
-        self.post_attention_norm = None if self.block_idx == 0 else ln.build(d, init_device="cpu")
-        self.post_feed_forward_norm = ln.build(d, init_device="cpu")
-
-    def forward(self, x, **kw):
-        alpha = float(2 * self.n_layers)
-        a = self.attention(self.attention_norm(x))
-        h = x + a if self.post_attention_norm is None else self.post_attention_norm(alpha * x + a)
-        m = self.feed_forward(self.feed_forward_norm(h))
-        carry = 1.0 if self.block_idx == 0 else alpha
-        return self.post_feed_forward_norm(carry * h + m)
-
-
-class PostNormBlock(TransformerBlock):
-    """``x <- N(x + F(x))`` (the original's post-norm baseline, its MoDA comparison)."""
-
-    def forward(self, x, **kw):
-        h = self.attention_norm(x + self.attention(x))
-        return self.feed_forward_norm(h + self.feed_forward(h))
+                layer_norm=b.layer_norm, init_device="cpu")
 
 
 # ----------------------------------------------------------------- hyper-connections
@@ -134,14 +98,15 @@ class Branch(nn.Module):
         return getattr(self, self.attr)(self.norm(x))
 
 
-class HC(nn.Module):
-    """Dynamic hyper-connections (tanh): ``A = A0 + s_a tanh(hn W_a)``,
-    ``beta = beta0 + s_b tanh(hn w_b)``; write ``mixed[1:] + beta y`` (the later
-    rule) or ``H + beta y`` (``early``, the first released version)."""
+class EarlyHC(nn.Module):
+    """Dynamic hyper-connections (tanh) as the original first released them
+    (hyper_connections.py@dc75a4e to @5152cab): ``A = A0 + s_a tanh(hn W_a)``,
+    ``beta = beta0 + s_b tanh(hn w_b)``, the write ``H + beta y`` (the branch output
+    added to the unmixed streams; its checkpoints are not among the fixtures)."""
 
-    def __init__(self, n, d, layer_index, branch, early=False):
+    def __init__(self, n, d, layer_index, branch):
         super().__init__()
-        self.n, self.branch, self.early = n, branch, early
+        self.n, self.branch = n, branch
         static = torch.zeros(n, n + 1)
         static[layer_index % n, 0] = 1.0
         static[:, 1:] = torch.eye(n)
@@ -160,10 +125,7 @@ class HC(nn.Module):
         mixed = torch.einsum("...st,...sd->...td", alpha, s)
         y = self.branch(mixed[..., 0, :])
         beta = self.static_beta + self.dynamic_beta_scale * torch.tanh(hn @ self.dynamic_beta_proj)
-        write = y.unsqueeze(-2) * beta.unsqueeze(-1)
-        if self.early:
-            return x + _from_streams(write)
-        return _from_streams(mixed[..., 1:, :] + write)
+        return x + _from_streams(y.unsqueeze(-2) * beta.unsqueeze(-1))
 
 
 class MHC(nn.Module):
@@ -257,270 +219,65 @@ class HyperBlock(TransformerBlock):
         return self.feed_forward_hyper_connection(self.attention_hyper_connection(x))
 
 
-# ----------------------------------------------------------------- AttnRes
-
-
-def attnres_mix(query, residuals, rms_weight, output_rms_weight, eps):
-    """``fused_attnres``: softmax over sources of ``sum_d q w v / rms(v)`` (scale 1),
-    the weighted sum of the raw sources, then optionally an RMSNorm (same eps)."""
-    v = torch.stack([r.float() for r in residuals])
-    rstd = torch.rsqrt(v.pow(2).mean(-1) + eps)
-    p = torch.softmax((v * (query.reshape(-1) * rms_weight)).sum(-1) * rstd, dim=0)
-    o = (p.unsqueeze(-1) * v).sum(0)
-    if output_rms_weight is not None:
-        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps) * output_rms_weight
-    return o
-
-
-class AttnResBlock(TransformerBlock):
-    """Sources ``[x0, committed blocks..., partial]``; a boundary (``j % S == 0``)
-    commits the partial before the mix; the mix carries the sublayer's pre-norm."""
-
-    def __init__(self, size, **kw):
-        super().__init__(**kw)
-        d, i = kw["d_model"], kw["block_idx"]
-        rms = LayerNormConfig(name=LayerNormType.rms, bias=False)
-        if i > 0:
-            self.attn_res_proj = nn.Linear(d, 1, bias=False)
-            self.attn_res_norm = rms.build(d, init_device="cpu")
-        self.mlp_res_proj = nn.Linear(d, 1, bias=False)
-        self.mlp_res_norm = rms.build(d, init_device="cpu")
-        self.attn_boundary = (2 * i) % size == 0
-        self.mlp_boundary = (2 * i + 1) % size == 0
-
-    def forward(self, x, states):
-        partial = x
-        if states is None:
-            h = self.attention_norm(partial)
-            states, partial = [partial], None
-        else:
-            sources = [*states, partial]
-            if self.attn_boundary:
-                states, partial = sources, None
-            h = attnres_mix(self.attn_res_proj.weight, sources, self.attn_res_norm.weight,
-                            self.attention_norm.weight, self.attn_res_norm.eps)
-        a = self.attention(h)
-        partial = a if partial is None else partial + a
-        sources = [*states, partial]
-        if self.mlp_boundary:
-            states, partial = sources, None
-        h = attnres_mix(self.mlp_res_proj.weight, sources, self.mlp_res_norm.weight,
-                        self.feed_forward_norm.weight, self.mlp_res_norm.eps)
-        m = self.feed_forward(h)
-        return (m if partial is None else partial + m), states
-
-
-# ----------------------------------------------------------------- MoDA
-
-
-class MoDAAttention(nn.Module):
-    """Upstream attention whose block ``b > 0`` softmax also covers the depth
-    keys/values at the same token (slots ``0 .. 2b-1``), with the rotated query;
-    writes its own pre-RoPE ``k, v`` to slot ``2b``."""
-
-    def __init__(self, attention, block_idx):
-        super().__init__()
-        self.attention, self.block_idx = attention, block_idx
-
-    def forward(self, x, bank):
-        a = self.attention
-        B, T, _ = x.shape
-        h = a.head_dim
-        q = a.w_q(x).view(B, T, -1, h)
-        k = a.w_k(x).view(B, T, -1, h)
-        v = a.w_v(x).view(B, T, -1, h)
-        bank.append((k, v))  # cache_post_norm_k: there is no k norm, so the raw k
-        q_rot, k_rot = a.rope(q, k, head_first=False)
-        group = q.shape[2] // k.shape[2]
-        kq = k_rot.repeat_interleave(group, dim=2)
-        vq = v.repeat_interleave(group, dim=2)
-        scores = torch.einsum("bqhd,bkhd->bhqk", q_rot, kq) / math.sqrt(h)
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
-        scores = scores.masked_fill(~causal, float("-inf"))
-        if self.block_idx == 0:
-            att = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, -1), vq)
-        else:
-            dk = torch.stack([c[0] for c in bank[:-1]], 2).repeat_interleave(group, dim=3)
-            dv = torch.stack([c[1] for c in bank[:-1]], 2).repeat_interleave(group, dim=3)
-            depth = torch.einsum("bthd,btshd->bhts", q_rot, dk) / math.sqrt(h)
-            p = torch.softmax(torch.cat([scores, depth], -1), -1)
-            att = (torch.einsum("bhqk,bkhd->bqhd", p[..., :T], vq)
-                   + torch.einsum("bhts,btshd->bthd", p[..., T:], dv))
-        return a.w_out(att.reshape(B, T, -1))
-
-
-class MoDAFeedForward(nn.Module):
-    """The MLP plus its extra depth K/V projection (absent on the last block)."""
-
-    def __init__(self, feed_forward, d, n_kv, h, last):
-        super().__init__()
-        self.feed_forward = feed_forward
-        self.kv_proj = None if last else nn.Linear(d, 2 * n_kv * h, bias=False)
-        self.n_kv, self.h = n_kv, h
-
-    def forward(self, x, bank):
-        if self.kv_proj is not None:
-            B, T, _ = x.shape
-            k, v = self.kv_proj(x).view(B, T, 2, self.n_kv, self.h).unbind(2)
-            bank.append((k, v))
-        return self.feed_forward(x)
-
-
-class MoDABlock(TransformerBlock):
-    def __init__(self, post, **kw):
-        super().__init__(**kw)
-        a = self.attention
-        self.post = post
-        self.attention = MoDAAttention(a, self.block_idx)
-        self.feed_forward = MoDAFeedForward(self.feed_forward, kw["d_model"], a.n_kv_heads,
-                                            a.head_dim, self.block_idx == self.n_layers - 1)
-
-    def forward(self, x, bank):
-        if self.post:
-            h = self.attention_norm(x + self.attention(x, bank))
-            return self.feed_forward_norm(h + self.feed_forward(h, bank))
-        h = x + self.attention(self.attention_norm(x), bank)
-        return h + self.feed_forward(self.feed_forward_norm(h), bank)
-
-
-# ----------------------------------------------------------------- the model
-
-
 class OriginalModel(nn.Module):
     """Embeddings, blocks and LM head (upstream's), run with the original's
-    model-level flow: HC streams expanded from and collapsed to one, AttnRes's
-    source list and final mix (fused with the head's norm), MoDA's depth bank."""
+    model-level flow: the streams expanded from one, then read out."""
 
-    def __init__(self, upstream, blocks, *, streams=0, mean=False, kind=""):
+    def __init__(self, upstream, blocks, *, streams: int, readout: str):
         super().__init__()
         self.embeddings, self.lm_head = upstream.embeddings, upstream.lm_head
         self.blocks = nn.ModuleDict({str(i): b for i, b in enumerate(blocks)})
-        self.streams, self.mean, self.kind = streams, mean, kind
-        if kind == "attnres":
-            d = upstream.d_model
-            self.res_proj = nn.Linear(d, 1, bias=False)
-            self.res_norm = LayerNormConfig(name=LayerNormType.rms, bias=False).build(
-                d, init_device="cpu")
+        self.streams, self.readout = streams, readout
 
     def hidden(self, tokens):
         """The LM head's input (normalised)."""
-        h = self.embeddings(tokens)
         n = self.streams
-        if n:
-            h = h.unsqueeze(1).expand(-1, n, *h.shape[1:]).reshape(-1, *h.shape[1:])
-        states, bank = None, []
+        h = self.embeddings(tokens)
+        h = h.unsqueeze(1).expand(-1, n, *h.shape[1:]).reshape(-1, *h.shape[1:])
         for block in self.blocks.values():
-            if self.kind == "attnres":
-                h, states = block(h, states)
-            elif self.kind == "moda":
-                h = block(h, bank)
-            else:
-                h = block(h)
+            h = block(h)
         norm = self.lm_head.norm
-        if self.kind == "attnres":
-            return attnres_mix(self.res_proj.weight, [*states, h], self.res_norm.weight,
-                               norm.weight, self.res_norm.eps)
-        if n and self.mean:
-            return norm(h.reshape(-1, n, *h.shape[1:]).mean(1))
-        if n:
+        streams = h.reshape(-1, n, *h.shape[1:])
+        if self.readout == "norm_then_sum":
             return norm(h).reshape(-1, n, *h.shape[1:]).sum(1)
-        return norm(h)
+        return norm(streams.mean(1) if self.readout == "mean_then_norm" else streams.sum(1))
 
     def forward(self, tokens):
-        return self.lm_head.w_out(self.hidden(tokens)) * self.head_scale
-
-    head_scale = 1.0  # the depth-width runs' patched head multiplies its output
+        return self.lm_head.w_out(self.hidden(tokens))
 
 
-def _block_cfg(cfg: dict, **fields) -> dict:
-    out = {k: v for k, v in cfg.items()}
-    block = dict(out["block"])
-    block.update(fields)
-    out["block"] = block
-    return out
-
-
-def build(design: str, depth: int = 3, *, attnres_size: int = 2, base_depth: int = 2, **shape):
+def build(design: str, depth: int = 3, **shape):
     """``(model, config.json's model section)`` for ``design`` (one of :data:`DESIGNS`)."""
     if design in UPSTREAM:  # upstream OLMo-core's own blocks, as they are
         cfg = base_config(depth, block=UPSTREAM[design], **shape)
         return cfg.build(init_device="cpu"), cfg.as_config_dict()
+    if design not in READOUT:
+        raise ValueError(f"unknown design {design!r}; one of {DESIGNS}")
     cfg = base_config(depth, **shape)
     upstream = cfg.build(init_device="cpu")
     raw = cfg.as_config_dict()
-    L = depth
-    if design == "deepnorm":
-        ln = LayerNormConfig(name=LayerNormType.default, eps=EPS, bias=False)
-        blocks = [DeepNormBlock(**_kwargs(cfg, i, layer_norm=ln)) for i in range(L)]
-        raw = _block_cfg(raw, name="deepnorm")
-        raw["block"]["layer_norm"] = {**raw["block"]["layer_norm"], "name": "default"}
-        return OriginalModel(upstream, blocks), raw
-    if design == "keel":
-        return (OriginalModel(upstream, [KeelBlock(**_kwargs(cfg, i)) for i in range(L)]),
-                _block_cfg(raw, name="keel"))
-    if design == "post_ln":
-        return (OriginalModel(upstream, [PostNormBlock(**_kwargs(cfg, i)) for i in range(L)]),
-                _block_cfg(raw, name="post_norm"))
-    if design in ("completep", "depth_mup", "completep_width"):
-        alpha = 0.5 if design == "depth_mup" else 1.0
-        s = (L / base_depth) ** -alpha
-        blocks = [TransformerBlock(**_kwargs(cfg, i, attention_residual_alpha=s,
-                                             feed_forward_residual_alpha=s)) for i in range(L)]
-        model = OriginalModel(upstream, blocks)
-        if design == "completep_width":
-            model.head_scale = WIDTH_BASE / cfg.d_model
-        return model, _block_cfg(raw, name="depth_mup" if design == "depth_mup" else "completep",
-                                 residual_scaling_base_depth=base_depth)
-    if design in ("hc", "hc_early", "mhc", "mhc_tanh", "mhc_liger"):
-        n = 4
-        if design.startswith("hc"):
-            early = design == "hc_early"
+    n = 4
+    if design == "hc_early":
+        connector = EarlyHC
+        # config.py@5152cab: an hc block, tanh saved (a bool then), collapse "auto"
+        hyper = {"kind": "hc", "num_residual_streams": n, "tanh": True,
+                 "gating_factor_init": 0.01, "collapse": "auto"}
+    else:
+        liger, tanh = design == "mhc_liger", design == "mhc_tanh"
 
-            def connector(n, d, j, br):
-                return HC(n, d, j, br, early=early)
+        def connector(n, d, j, br):
+            return LigerMHC(n, d, j, br) if liger else MHC(n, d, j, br, tanh=tanh)
 
-            hyper = {"kind": "hc", "num_residual_streams": n, "tanh": True,
-                     "gating_factor_init": 0.01}
-            if not early:  # the later configs (and code) carry 'collapse'
-                hyper["collapse"] = "auto"
-        else:
-            liger, tanh = design == "mhc_liger", design == "mhc_tanh"
-
-            def connector(n, d, j, br):
-                return LigerMHC(n, d, j, br) if liger else MHC(n, d, j, br, tanh=tanh)
-
-            hyper = {"kind": "liger_mhc" if liger else "mhc", "num_residual_streams": n,
-                     "tanh": tanh, "gating_factor_init": 0.01, "sinkhorn_iters": 20,
-                     "sinkhorn_tau": 1.0, "collapse": "auto"}
-        blocks = [HyperBlock(connector, n, **_kwargs(cfg, i)) for i in range(L)]
-        name = "hc" if design.startswith("hc") else "mhc"
-        return (OriginalModel(upstream, blocks, streams=n, mean=design == "mhc_liger"),
-                _block_cfg(raw, name=name, hyper_connections=hyper))
-    if design in ("attnres_full", "attnres_block"):
-        size = 1 if design == "attnres_full" else attnres_size
-        blocks = [AttnResBlock(size, **_kwargs(cfg, i)) for i in range(L)]
-        return (OriginalModel(upstream, blocks, kind="attnres"),
-                _block_cfg(raw, name="attnres", attnres_block_size=size))
-    if design in ("moda_pre", "moda_post"):
-        post = design == "moda_post"
-        blocks = [MoDABlock(post, **_kwargs(cfg, i)) for i in range(L)]
-        moda = {"backend": "v17", "cache_post_norm_k": True, "extra_ffn_kv_proj": True,
-                "extra_attn_kv_proj": False, "depth_bs": 64, "depth_warps": 4}
-        raw = _block_cfg(raw, name="post_norm_moda" if post else "moda", moda=moda)
-        raw["block_overrides"] = {str(L - 1): {**raw["block"], "moda_skip_ffn_kv": True}}
-        return OriginalModel(upstream, blocks, kind="moda"), raw
-    raise ValueError(f"unknown design {design!r}; one of {DESIGNS}")
-
-
-def train_module(design: str, d_model: int = 32) -> dict | None:
-    """config.json's ``train_module`` where a design's config records something
-    there (a depth-width run: the embedding's AdamW eps divided by ``d / d_base``);
-    None: the default section."""
-    if design != "completep_width":
-        return None
-    eps = 1e-8
-    return {"optim": {"lr": 2e-3, "eps": eps, "weight_decay": 0.1, "group_overrides": [
-        {"params": ["embeddings.weight"], "opts": {"eps": eps / (d_model / WIDTH_BASE)}}]}}
+        hyper = {"kind": "liger_mhc" if liger else "mhc", "num_residual_streams": n,
+                 "tanh": tanh, "gating_factor_init": 0.01, "sinkhorn_iters": 20,
+                 "sinkhorn_tau": 1.0, "collapse": "auto"}
+    blocks = [HyperBlock(connector, n, **_kwargs(cfg, i)) for i in range(depth)]
+    block = {**raw["block"], "name": "hc" if design == "hc_early" else "mhc",
+             "hyper_connections": hyper}
+    if design in ("mhc", "mhc_liger"):  # saved by config.py@8cc2fd74 and later
+        block["moda_skip_ffn_kv"] = False
+    return (OriginalModel(upstream, blocks, streams=n, readout=READOUT[design]),
+            {**raw, "block": block})
 
 
 def logits(model, tokens) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""One training step in each framework, for the parity tests and measure.py.
+"""One training step in each framework, for the parity tests.
 
 :func:`depthbench_step` runs depthbench's own trainer code (``train/state``,
 ``train/step``) on an imported run; :func:`torch_step` torch's AdamW on the

@@ -78,10 +78,12 @@ def _compare(args: argparse.Namespace) -> int:
     from depthbench.analysis.plots import COMPARABLE, compare
     from depthbench.analysis.store import read_analysis
     from depthbench.config import ConfigError
+    from depthbench.output_paths import output_file
 
     dirs = [Path(d) for d in ([args.run_dir] if args.run_dir else []) + args.compare]
     if args.metric not in COMPARABLE:
         raise ConfigError(f"--metric: {args.metric!r} not one of {', '.join(COMPARABLE)}")
+    out = output_file(args.out or f"compare_{args.metric}.png", "--out")
     results = []
     for d in dirs:
         r = read_analysis(d)
@@ -94,7 +96,6 @@ def _compare(args: argparse.Namespace) -> int:
             raise ConfigError(f"--compare: {d}'s analysis has no {key!r}; re-run "
                               f"`depthbench analyze {d} --metrics {key}`")
         results.append(r)
-    out = Path(args.out or f"compare_{args.metric}.png")
     compare(results, args.metric, out)
     if args.json:
         json.dump({str(d): r.get(args.metric) for d, r in zip(dirs, results, strict=True)},

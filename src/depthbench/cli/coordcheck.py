@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from depthbench.errors import ConfigError
+from depthbench.output_paths import output_file
 
 EPILOG = """\
 examples:
@@ -49,24 +49,15 @@ def _families(text: str) -> list[str]:
     return [f.strip() for f in text.split(",") if f.strip()]
 
 
-def _writable(path: str | None, flag: str) -> Path | None:
-    """``path`` as a Path whose directory exists (checked before any training)."""
-    if path is None:
-        return None
-    out = Path(path).expanduser()
-    if not out.parent.is_dir():
-        raise ConfigError(f"{flag}: directory {str(out.parent)!r} does not exist")
-    return out
-
-
 def _run(args: argparse.Namespace) -> int:
     from depthbench import config as config_lib
     from depthbench.analysis import coordcheck
     from depthbench.formatting import table
     from depthbench.rundir.io import atomic_write_json, json_safe
 
-    json_path = _writable(args.json, "--json")
-    png = None if args.no_plot else _writable(args.out, "--out")
+    # Both outputs checked before any training (a folder, a missing folder, a link loop).
+    json_path = None if args.json is None else output_file(args.json, "--json")
+    png = None if args.no_plot else output_file(args.out, "--out")
     base = config_lib.load(args.config, args.overrides)
     say = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     check = coordcheck.run(base, _families(args.families), _ints(args.depths, "--depths"),

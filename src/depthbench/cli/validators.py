@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from depthbench.output_paths import LOOP, link_loop
+
 __all__ = ["directory", "non_negative_int", "plain_name", "positive_int"]
 
 
@@ -47,13 +49,15 @@ def plain_name(text: str) -> str:
 
 def directory(text: str) -> str:
     """A directory to read or create: absent, or a directory; never a file nor
-    a path through one.  URLs (``gs://...``) pass unchecked: the command says
+    a path through one, nor a link loop.  URLs (``gs://...``) pass unchecked: the command says
     whether it takes them."""
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a directory, got ''")
     if "://" in text:
         return text
     path = Path(text).expanduser()
+    if link_loop(path):
+        raise argparse.ArgumentTypeError(f"{text!r} {LOOP}")
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
     parent = path.parent

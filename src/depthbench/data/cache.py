@@ -21,15 +21,27 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from depthbench import output_paths
 from depthbench.errors import ConfigError
 
 ENV_VAR = "DEPTHBENCH_CACHE"
 
 
 def cache_root(cache_dir: str = "") -> Path:
-    """``data.cache_dir``, else ``$DEPTHBENCH_CACHE``, else ``~/.cache/depthbench``."""
+    """``data.cache_dir``, else ``$DEPTHBENCH_CACHE``, else ``~/.cache/depthbench``
+    (links resolved; a loop is one ConfigError naming :func:`cache_field`)."""
     root = cache_dir or os.environ.get(ENV_VAR) or os.path.join("~", ".cache", "depthbench")
-    return Path(root).expanduser().resolve()
+    return output_paths.resolve(root, cache_field(cache_dir))
+
+
+def cache_field(cache_dir: str = "") -> str:
+    """What chose the cache root, as a message names it: the config field, else
+    the environment variable, else the default."""
+    if cache_dir:
+        return "config.data.cache_dir"
+    if os.environ.get(ENV_VAR):
+        return f"${ENV_VAR}"
+    return f"the data cache (default ~/.cache/depthbench; ${ENV_VAR} moves it)"
 
 
 def usable_dir(path: Path, field: str) -> Path:

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from depthbench import output_paths
 from depthbench.config import ConfigError
 from depthbench.data import cache, split, token_cache
 from depthbench.data import tokenize_inputs as inputs
@@ -199,7 +200,7 @@ def run(input_glob: str, tokenizer_path: str, out: str | Path, opts: Options = O
     check_options(opts)
     if workers < 1:
         raise ConfigError(f"--workers: must be a positive integer, got {workers}")
-    out = Path(out).expanduser().resolve()
+    out = output_paths.resolve(out, "--out")
     files = inputs.input_files(input_glob)
     tk = open_tokenizer(tokenizer_path, field="--tokenizer", eos_token=opts.eos_token)
     if tk.eos_id < 0:

@@ -251,16 +251,27 @@ def distributed_reason(environ: Mapping[str, str] | None = None) -> str | None:
     env = os.environ if environ is None else environ
     if env.get("JAX_COORDINATOR_ADDRESS"):
         return "JAX_COORDINATOR_ADDRESS is set"
-    if env.get("SLURM_JOB_ID") and int(env.get("SLURM_NTASKS", "1") or 1) > 1:
+    if env.get("SLURM_JOB_ID") and _env_count(env, "SLURM_NTASKS") > 1:
         return f"SLURM job with {env['SLURM_NTASKS']} tasks"
     hosts = [h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
     if len(hosts) > 1:
         return f"TPU slice with {len(hosts)} hosts"
     if env.get("MEGASCALE_COORDINATOR_ADDRESS"):
         return "multi-slice TPU (MEGASCALE_COORDINATOR_ADDRESS is set)"
-    if int(env.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
+    if _env_count(env, "OMPI_COMM_WORLD_SIZE") > 1:
         return f"Open MPI launch with {env['OMPI_COMM_WORLD_SIZE']} ranks"
     return None
+
+
+def _env_count(env: Mapping[str, str], var: str) -> int:
+    """A launcher's process count (unset or empty: 1), checked: one line naming
+    the variable, not a ValueError from int()."""
+    text = env.get(var, "").strip()
+    if not text:
+        return 1
+    if not text.isdigit():
+        raise ConfigError(f"{var}: expected a non-negative integer, got {text!r}")
+    return int(text)
 
 
 _initialized = False

@@ -51,10 +51,15 @@ def env_overrides() -> list[str]:
     text = os.environ.get(OVERRIDES_ENV, "").strip()
     if not text:
         return []
+    try:
+        words = shlex.split(text)
+    except ValueError as e:  # an unclosed quote: shlex's "No closing quotation"
+        raise ConfigError(f"${OVERRIDES_ENV}: {str(e).lower()} in {text!r}; "
+                          "expected section.field=value words, quoted as in a shell") from None
     out = []
-    for word in shlex.split(text):
+    for word in words:
         word = word.removeprefix("--").removeprefix("config.")
-        if "=" not in word:
+        if not word.partition("=")[0] or "=" not in word:
             raise ConfigError(f"${OVERRIDES_ENV}: {word!r} is not section.field=value")
         out.append(f"--config.{word}")
     return out
@@ -102,11 +107,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    try:  # as the command does (entry), short of re-executing: main() runs alike
-        hostmem.apply()
-    except ConfigError as e:
+    try:
+        return _dispatch(argv)
+    except ConfigError as e:  # from anywhere: the parser, imports ($DEPTHBENCH_FAMILIES), the work
         sys.stderr.write(f"depthbench: error: {e}\n")
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # `depthbench shapes ... | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as e:  # a full or read-only disk, however the writer says it (TensorStore:
+        if not (isinstance(e, faults.StorageError) or faults.is_storage_error(e)):  # ValueError)
+            raise
+        if not isinstance(e, faults.StorageError):
+            e = faults.storage_error(e, None, "free space and re-run the same command")
+        sys.stderr.write(f"depthbench: error: {e}\n")
+        return faults.EXIT_STORAGE
+
+
+def _dispatch(argv: list[str]) -> int:
+    """Parse ``argv`` and run its command; bad input anywhere is a ConfigError."""
+    hostmem.apply()  # as the command does (entry), short of re-executing: main() runs alike
     if argv[:1] == ["lm-eval"]:  # lm-eval's own flags pass through untouched
         from depthbench.cli import lm_eval_cmd
 
@@ -127,27 +147,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if overrides and not getattr(args, "accepts_overrides", False):
         parser.error(f"'{args.command}' takes no --config.* overrides")
-    try:
-        if getattr(args, "accepts_overrides", False):
-            from_env = env_overrides()
-            if from_env:
-                sys.stderr.write(f"depthbench: ${OVERRIDES_ENV} adds {' '.join(from_env)}\n")
-            overrides = [*overrides, *from_env]
-        args.overrides = overrides
-        return int(args.func(args) or 0)
-    except ConfigError as e:
-        sys.stderr.write(f"depthbench: error: {e}\n")
-        return EXIT_BAD_INPUT
-    except BrokenPipeError:  # `depthbench shapes ... | head`: the reader left, not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except OSError as e:
-        if not (isinstance(e, faults.StorageError) or faults.is_storage_error(e)):
-            raise
-        if not isinstance(e, faults.StorageError):
-            e = faults.storage_error(e, None, "free space and re-run the same command")
-        sys.stderr.write(f"depthbench: error: {e}\n")
-        return faults.EXIT_STORAGE
+    if getattr(args, "accepts_overrides", False):
+        from_env = env_overrides()
+        if from_env:
+            sys.stderr.write(f"depthbench: ${OVERRIDES_ENV} adds {' '.join(from_env)}\n")
+        overrides = [*overrides, *from_env]
+    args.overrides = overrides
+    return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":

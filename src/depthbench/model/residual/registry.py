@@ -162,9 +162,49 @@ for _entry in _BUILTIN:
     _module, _class = _entry.split(":")
     register(vars(importlib.import_module(f"{__name__.rpartition('.')[0]}.{_module}"))[_class])
 
-# Families from outside the package: modules named in DEPTHBENCH_FAMILIES.
-for _name in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+
+def load_plugins(text: str) -> list[str]:
+    """Import the comma-separated modules of ``text`` (``$DEPTHBENCH_FAMILIES``);
+    they register their families.  Whatever goes wrong in one (not found, raises
+    on import, registers a name already taken, declares a field two ways) is one
+    ConfigError naming the variable and the module: it is bad input, exit status
+    2, not a traceback from inside the import."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    before = dict(FAMILIES)
     try:
-        importlib.import_module(_name)
-    except ImportError as e:
-        raise ImportError(f"{PLUGINS_ENV}: cannot import {_name!r}: {e}") from e
+        for name in names:
+            _import_plugin(name)
+    except ConfigError:
+        FAMILIES.clear()
+        FAMILIES.update(before)  # what a failed module registered goes with it
+        raise
+    return names
+
+
+def _import_plugin(name: str) -> None:
+    """Import one family module, every failure as one ConfigError naming it."""
+    if not all(part.isidentifier() for part in name.split(".")):
+        raise ConfigError(f"${PLUGINS_ENV}: {name!r} is not a module name; expected "
+                          "comma-separated importable modules like my_families or "
+                          "pkg.families (not files)")
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name != name and not name.startswith(f"{e.name}."):
+            raise _plugin_error(name, e) from e  # the module imports something missing
+        file = " (a module name, not a file name)" if name.endswith(".py") else ""
+        raise ConfigError(f"${PLUGINS_ENV}: no module named {name!r}{file}; is its "
+                          "directory on PYTHONPATH?") from e
+    except Exception as e:
+        raise _plugin_error(name, e) from e
+
+
+def _plugin_error(name: str, e: Exception) -> ConfigError:
+    """One line for a family module that failed while importing."""
+    what = " ".join(str(e).split()) or "(no message)"
+    return ConfigError(f"${PLUGINS_ENV}: module {name!r} failed on import: "
+                       f"{type(e).__name__}: {what}")
+
+
+# Families from outside the package: modules named in DEPTHBENCH_FAMILIES.
+load_plugins(os.environ.get(PLUGINS_ENV, ""))

@@ -46,6 +46,7 @@ from depthbench.model.residual import registry
 from depthbench.model.residual.capabilities import LearningRateRule
 from depthbench.model.residual.fields import coerce, unknown_field
 from depthbench.model.transformer import remat_policy_names
+from depthbench.train import wandb_sink
 
 FAMILY = "model.family"
 RESIDUAL = "model.residual"
@@ -363,6 +364,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _choice(config, "train.lr_rule", LR_RULES)
     _check_lr_rule(config)
     _choice(config, "parallel.distributed", ("auto", "on", "off"))
+    wandb_sink.check_mode(config.train.get("wandb", ""))
     for field in (
         "model.depth",
         "model.vocab_size",

@@ -27,9 +27,12 @@ def _data_key(config) -> str:
 def data_problems(configs: Iterable, *, files: bool = True) -> list[str]:
     """One line per distinct problem of the configs' ``data`` sections.
 
-    ``files=True`` also checks this host's files (``data.paths`` match, a
-    given tokenizer exists); ``files=False`` only what holds on any host (a
-    corpus that needs ``data.paths`` has some)."""
+    ``files=True`` also checks this host's files as the run's data preparation
+    does before reading them through (``data.paths`` match, a given tokenizer
+    opens, shard headers, the start of each text file:
+    :func:`~depthbench.data.prepare.check_inputs`); ``files=False`` only what
+    holds on any host (a corpus that needs ``data.paths`` has some)."""
+    from depthbench.data.prepare import check_inputs
     from depthbench.data.validate import validate_config
 
     seen, problems = set(), []
@@ -39,16 +42,51 @@ def data_problems(configs: Iterable, *, files: bool = True) -> list[str]:
             continue
         seen.add(key)
         try:
-            validate_config(config, files=files)
+            if files:
+                check_inputs(config)  # what the run's data preparation checks first
+            else:
+                validate_config(config, files=False)
         except ConfigError as e:
             if str(e) not in problems:
                 problems.append(str(e))
     return problems
 
 
+def startup_problems(configs: Iterable) -> list[str]:
+    """One line per distinct problem the runs' own start-up checks find on this
+    host (:mod:`depthbench.train.preflight`: W&B, the data cache, the launch
+    environment): cheap, so a sweep runs them for all its runs before its first."""
+    from depthbench.train import preflight
+
+    problems: list[str] = []
+    for config in configs:
+        try:
+            preflight.check_config(config)
+        except ConfigError as e:
+            if str(e) not in problems:
+                problems.append(str(e))
+    return problems
+
+
+def run_problems(configs: Iterable) -> list[str]:
+    """Every problem a run of these configs would meet on this host before its
+    first step: its data (:func:`data_problems`) and :func:`startup_problems`."""
+    configs = list(configs)
+    problems = data_problems(configs)
+    return problems + [p for p in startup_problems(configs) if p not in problems]
+
+
+def check_startup(configs: Iterable) -> None:
+    """Raise the first of :func:`startup_problems` as a ConfigError (exit status 2)."""
+    _raise_first(startup_problems(configs))
+
+
 def check_data(configs: Iterable, *, files: bool = True) -> None:
     """Raise the first data problem as a ConfigError (exit status 2)."""
-    problems = data_problems(configs, files=files)
+    _raise_first(data_problems(configs, files=files))
+
+
+def _raise_first(problems: list[str]) -> None:
     if problems:
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ConfigError(problems[0] + more)
@@ -97,7 +135,9 @@ def describe_train(config, workdir: str | Path) -> list[tuple[str, str]]:
     problem the run would meet before its first step."""
     from depthbench import costs, parallel
     from depthbench.model.spec import ModelSpec
+    from depthbench.train import preflight
 
+    workdir = preflight.check_run(config, workdir)  # what train checks first, in its order
     check_data([config])
     spec = ModelSpec.from_config(config)
     s, t = spec.shape, config.train
@@ -118,5 +158,5 @@ def describe_train(config, workdir: str | Path) -> list[tuple[str, str]]:
         ("mesh", "  ".join(f"{k} {v}" for k, v in m["shape"].items())
          + f"  ({m['devices']} x {m['device_kind']}, {m['processes']} process(es))"),
         ("data", _data_line(config)),
-        ("workdir", _workdir_line(config, Path(workdir).expanduser().resolve())),
+        ("workdir", _workdir_line(config, workdir)),
     ]

@@ -143,7 +143,8 @@ def _run(args: argparse.Namespace) -> int:
             print(run.name)
         return 0
     if args.dry_run:
-        problems = dryrun.data_problems([r.config for r in runs])
+        _max_runs(args.max_runs)  # $DEPTHBENCH_MAX_RUNS checked as the sweep would
+        problems = dryrun.run_problems([r.config for r in runs])
         rows = [sweeplib.read_row(r, workdir / r.name) for r in runs]
         if args.json:
             json.dump([dict(r, index=run.index, overrides=dict(run.overrides))
@@ -157,7 +158,9 @@ def _run(args: argparse.Namespace) -> int:
         for problem in problems:  # what would stop the runs: one line each, exit status 2
             print(f"depthbench: error: {problem}", file=sys.stderr)
         return 2 if problems else 0
-    runs = _at_most(runs, workdir, _max_runs(args.max_runs))
+    limit = _max_runs(args.max_runs)
+    dryrun.check_startup([r.config for r in runs])  # before the sweep writes anything
+    runs = _at_most(runs, workdir, limit)
     signal.signal(signal.SIGTERM, _terminate)
     outcome = sweeplib.run_sweep(sweep, workdir, runs=runs, lock=not args.no_lock,
                                  progress=not args.no_progress)

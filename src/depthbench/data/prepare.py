@@ -24,8 +24,9 @@ from typing import NamedTuple
 
 from tqdm.auto import tqdm
 
-from depthbench.data import cache, corpora, pipeline, split, token_cache
+from depthbench.data import cache, corpora, pipeline, readers, split, token_cache
 from depthbench.data import spm_tokenizer as tok
+from depthbench.data.tokenize_inputs import PREFLIGHT_BYTES
 from depthbench.data.tokenizer import Tokenizer, open_tokenizer
 from depthbench.data.validate import validate_config
 from depthbench.errors import ConfigError
@@ -78,24 +79,55 @@ class _Ids(NamedTuple):
     pad_id: int
 
 
-def prepare(config, *, progress: bool = True) -> Prepared:
-    """Fetch, split, train the tokenizer and tokenise, reusing every cached step."""
+def check_inputs(config) -> None:
+    """What :func:`prepare` checks before it reads the corpus through, without
+    writing or fetching anything (a dry run's data check): the data fields and
+    files, a given tokenizer (it opens, its vocabulary fits the model), token
+    shards' headers (valid ``.npy`` files of integers, not all empty) and the
+    first :data:`~depthbench.data.tokenize_inputs.PREFLIGHT_BYTES` of each text
+    or JSON-lines file (its encoding, its JSON, the text field).  What needs the
+    whole corpus (every token id below the vocabulary, every later line) only
+    :func:`prepare` finds."""
     validate_config(config)
-    log = _logger(progress)
+    _given_tokenizer(config)
     d = config.data
-    root = cache.usable_dir(cache.cache_root(d.cache_dir), "config.data.cache_dir")
-    given = (
-        open_tokenizer(Path(d.tokenizer).expanduser(), field="config.data.tokenizer",
-                       eos_id=int(d.eos_id))
-        if d.tokenizer
-        else None
-    )
-    if given is not None and given.vocab_size > config.model.vocab_size:
+    if d.corpus == "micro":
+        return  # fetched and checked by prepare
+    files = corpora.resolve_paths(d.paths)
+    if d.corpus == "tokens":
+        corpora.TokenShards(files, d.tokens_dtype, int(d.eos_id))
+    for path in files if d.corpus in ("text", "jsonl") else ():
+        if d.corpus == "text":
+            readers.read_text(path, limit=PREFLIGHT_BYTES)
+        else:
+            for _ in readers.jsonl_documents(path, d.text_field, stop=PREFLIGHT_BYTES):
+                pass
+
+
+def _given_tokenizer(config) -> Tokenizer | None:
+    """``data.tokenizer`` opened (None when the tokenizer is to be trained), its
+    vocabulary checked against the model's."""
+    d = config.data
+    if not d.tokenizer:
+        return None
+    given = open_tokenizer(Path(d.tokenizer).expanduser(), field="config.data.tokenizer",
+                           eos_id=int(d.eos_id))
+    if given.vocab_size > config.model.vocab_size:
         raise ConfigError(
             f"config.data.tokenizer: {given.path} has {given.vocab_size} pieces but "
             f"model.vocab_size is {config.model.vocab_size}; set model.vocab_size >= "
             f"{given.vocab_size}"
         )
+    return given
+
+
+def prepare(config, *, progress: bool = True) -> Prepared:
+    """Fetch, split, train the tokenizer and tokenise, reusing every cached step."""
+    validate_config(config)
+    log = _logger(progress)
+    d = config.data
+    root = cache.usable_dir(cache.cache_root(d.cache_dir), cache.cache_field(d.cache_dir))
+    given = _given_tokenizer(config)
     eos_id = d.eos_id if d.eos_id >= 0 else (given.eos_id if given is not None else -1)
     t0 = time.perf_counter()
     with cache.exclusive(root):

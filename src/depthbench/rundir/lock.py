@@ -173,6 +173,21 @@ class RunLock:
         self._thread.start()
 
 
+def _busy(workdir: Path, lock: RunLock) -> ConfigError:
+    pid = (lock.holder() or {}).get("pid", "?")
+    return ConfigError(f"--workdir: {str(workdir)!r} is being trained by process {pid} on "
+                       "this host; wait for it or stop it first")
+
+
+def check_unclaimed(workdir: Path) -> None:
+    """What :func:`training_claim` would refuse, checked without claiming (a dry
+    run): another live process on this host trains ``workdir``."""
+    lock = RunLock(workdir, foreign_is_stale=True)
+    record = lock.holder()
+    if record is not None and not lock.is_stale(record) and not lock.held_by_this_process():
+        raise _busy(workdir, lock)
+
+
 @contextlib.contextmanager
 def training_claim(workdir: Path, enabled: bool = True) -> Iterator[None]:
     """Hold ``workdir``'s lock while a trainer writes into it: refuse (ConfigError)
@@ -186,9 +201,7 @@ def training_claim(workdir: Path, enabled: bool = True) -> Iterator[None]:
     workdir.mkdir(parents=True, exist_ok=True)
     lock = RunLock(workdir, foreign_is_stale=True)
     if not lock.held_by_this_process() and not lock.acquire():
-        pid = (lock.holder() or {}).get("pid", "?")
-        raise ConfigError(f"--workdir: {str(workdir)!r} is being trained by process {pid} on "
-                          "this host; wait for it or stop it first")
+        raise _busy(workdir, lock)
     try:
         yield
     finally:

@@ -38,7 +38,7 @@ from depthbench.errors import ConfigError
 from depthbench.model.spec import ModelSpec
 from depthbench.rundir import identity, io, lock
 from depthbench.rundir.names import CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE, RESULT_FILE
-from depthbench.train import record, wandb_sink
+from depthbench.train import preflight, record, wandb_sink
 from depthbench.train import state as state_lib
 from depthbench.train import summary as summary_lib
 from depthbench.train.checkpoint import Checkpoints, resume_hint
@@ -57,11 +57,8 @@ def run(config, workdir: str | Path, *, progress: bool = True) -> dict:
     Bad input raises :class:`~depthbench.config.ConfigError`.
     """
     wall_start = time.time()
-    if "://" in str(workdir):
-        raise ConfigError(f"--workdir: {str(workdir)!r} is a URL; runs write to a filesystem "
-                          "path (shared by all hosts: NFS, Lustre, a gcsfuse mount of a bucket)")
-    workdir = Path(workdir).expanduser().resolve()
-    wandb_sink.mode_of(config)  # a bad mode or a missing package: before anything is written
+    # Before anything is written; a dry run checks the same (train/preflight.py).
+    workdir = preflight.check_run(config, workdir)
     parallel.maybe_initialize_distributed(config.parallel.distributed)
     done = identity.check_run_dir(config, workdir)
     if done is not None:

@@ -12,13 +12,14 @@ Depths 2, 4 and 10 give aspect ratios 76, 30 and 8: the span of the paper's
 the same short recipe at one learning rate (~150k tokens: the families are
 compared early in training); micro_all.py is the full suite.
 
-``hc+sum_then_norm`` is the control for a confound: hc keeps the original
-benchmark's ``norm_then_sum`` readout (``sum_s N_out(H[s])``), whose logits
-start exactly ``n = 4`` times pre_ln's; early in training that larger logit
-scale alone lowers the loss.  The same hc with ``sum_then_norm``
-(``N_out(sum_s H[s])``, the HC paper's form, equal to pre_ln at init) shows how
-much of hc's lead is its routing and how much its readout's scale.  mhc is the
-original's Liger mHC, whose mean readout has no such scale.
+``hc+norm_then_sum`` is the control for a confound: hc reads out as the
+original's final code does (``sum_then_norm``, ``N_out(sum_s H[s])``, equal to
+pre_ln at init), while its earlier code normalised each stream before summing
+(``norm_then_sum``, ``sum_s N_out(H[s])``), whose logits start exactly ``n =
+4`` times pre_ln's; early in training that larger logit scale alone lowers the
+loss.  The pair shows how much of hc's lead is its routing and how much the
+earlier readout's scale.  mhc is the original's Liger mHC, whose mean readout
+has no such scale.
 
 attnres_block is left out on purpose: with the original's partition (``S =
 ceil(2L / 8)`` sublayers per block) it equals attnres_full at L2 and L4, so it would add 20% to
@@ -27,7 +28,7 @@ the time for one new point; add it to FAMILIES to see it at L10.
 
 from depthbench.configs import base
 
-FAMILIES = ("pre_ln", "hc", "hc+sum_then_norm", "mhc", "attnres_full")
+FAMILIES = ("pre_ln", "hc", "hc+norm_then_sum", "mhc", "attnres_full")
 DEPTHS = (2, 4, 10)  # micro suite: d_model 152, 120, 80 -> aspect ratios 76, 30, 8
 LRS = (3e-3,)
 

@@ -131,6 +131,9 @@ BAD = [
      "lacks tensor model.blocks.2"),
     ("width_mismatch", lambda s: _edit_config(s, lambda m: m.update(d_model=48)),
      "has shape"),
+    ("a_depthbench_run", lambda s: _edit_config(s, lambda m: m.update(family="pre_ln")),
+     "is a depthbench run directory (its config.json names model.family), not an OLMo-core "
+     "checkpoint"),
 ]
 
 

@@ -112,6 +112,10 @@ def read_config(step_dir: Path) -> dict:
 
     saved = read_source_config(step_dir, WHAT, "an OLMo-core step directory with config.json "
                                "and model_and_optim/")
+    if isinstance(saved.get("model"), dict) and "family" in saved["model"]:
+        raise ConfigError(f"{WHAT}: {step_dir} is a depthbench run directory (its config.json "
+                          "names model.family), not an OLMo-core checkpoint: it needs no "
+                          "import")
     if not isinstance(saved.get("model"), dict):
         raise ConfigError(f"{WHAT}: {step_dir / 'config.json'} has no 'model' section (an "
                           "OLMo-core experiment config saves the TransformerConfig there)")

@@ -38,14 +38,20 @@ class StorageError(OSError):
 
 def os_error_code(e: BaseException) -> int | None:
     """The errno behind ``e``: an OSError's own, or one quoted by a wrapped
-    TensorStore error (Orbax's writes raise ``ValueError`` with the code in text)."""
+    TensorStore error (Orbax's writes raise ``ValueError`` with the code in text,
+    ``os_error_code='28'``, or only the reason: ``RESOURCE_EXHAUSTED: ... No space
+    left on device``)."""
     for err in (e, e.__cause__, e.__context__):
         if isinstance(err, OSError) and err.errno:
             return err.errno
         if err is not None:
-            match = _TENSORSTORE_CODE.search(str(err))
+            text = str(err)
+            match = _TENSORSTORE_CODE.search(text)
             if match:
                 return int(match.group(1))
+            for code in STORAGE_ERRNOS:
+                if os.strerror(code) in text:
+                    return code
     return None
 
 

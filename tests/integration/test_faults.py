@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -465,3 +466,128 @@ def test_full_disk_under_a_reader_is_one_line_and_changes_nothing(reference, tmp
                                 r"analysis\.json \(File too large\); free space and re-run the "
                                 r"same command$",))
     assert _snapshot(workdir) == before  # no half-written analysis.json, no temporary twin
+
+
+# ----------------------------------------------------------------- imports
+#
+# An import builds its run in a hidden `.NAME.importing-PID` folder beside --out and
+# renames it onto --out when complete (importers/run_writer.py): every failure leaves
+# --out as it was, a full or read-only disk is one line naming --out (exit 4), and
+# what a killed import left is removed by the next import into that --out.
+
+
+def _tiny_hf_checkpoint(path: Path) -> Path:
+    """A two-block Llama as Hugging Face saves it (config.json, model.safetensors),
+    written with numpy: the smallest source an import reads."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    vocab, d, ff, kv = 97, 48, 80, 24
+    rng = np.random.default_rng(0)
+    shapes = {"model.embed_tokens.weight": (vocab, d), "model.norm.weight": (d,),
+              "lm_head.weight": (vocab, d)}
+    for i in range(2):
+        shapes |= {f"model.layers.{i}.{name}": shape for name, shape in {
+            "self_attn.q_proj.weight": (d, d), "self_attn.k_proj.weight": (kv, d),
+            "self_attn.v_proj.weight": (kv, d), "self_attn.o_proj.weight": (d, d),
+            "mlp.gate_proj.weight": (ff, d), "mlp.up_proj.weight": (ff, d),
+            "mlp.down_proj.weight": (d, ff), "input_layernorm.weight": (d,),
+            "post_attention_layernorm.weight": (d,)}.items()}
+    path.mkdir(parents=True)
+    save_file({k: (0.02 * rng.standard_normal(s)).astype(np.float32) for k, s in shapes.items()},
+              str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+        "hidden_size": d, "intermediate_size": ff, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+        "rope_theta": 5000.0, "max_position_embeddings": 64, "tie_word_embeddings": False,
+        "hidden_act": "silu"}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def hf_source(tmp_path_factory) -> Path:
+    pytest.importorskip("safetensors", reason="import-hf needs the eval extra")
+    return _tiny_hf_checkpoint(tmp_path_factory.mktemp("hf") / "llama")
+
+
+def _import_argv(source: Path, out: Path) -> list[str]:
+    return ["import-hf", str(source), "--out", str(out), "--no-progress"]
+
+
+def _left_beside(out: Path) -> list[str]:
+    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}."))
+
+
+_IMPORT_STORAGE = (r"^depthbench: error: import-hf: could not write --out {out} \({why}\); "
+                   r"nothing was written there: {hint} and re-run the same command$")
+
+
+@pytest.mark.slow  # a real process: start-up
+def test_full_disk_under_import_is_one_line_and_leaves_nothing(hf_source, tmp_path, capsys):
+    """From the checkpoint's save on (after compiling: the compilation cache stays
+    whole), no file may grow past 3000 bytes: TensorStore's writes fail (EFBIG, as
+    on a full disk); the import says so in one line naming --out, exit 4, and
+    leaves neither --out nor its hidden work folder; with room it imports."""
+    out = tmp_path / "run"
+    done = _drive(tmp_path, {"limit": 3000, "at_save": 1}, _import_argv(hf_source, out))
+    assert done.returncode == 4, done.stderr[-3000:]
+    _check_stderr(done.stderr, (_IMPORT_STORAGE.format(out=re.escape(str(out)),
+                                                       why="File too large", hint="free space"),))
+    assert not out.exists() and _left_beside(out) == []
+    capsys.readouterr()
+    assert cli_main(_import_argv(hf_source, out)) == 0, capsys.readouterr().err[-3000:]
+    assert (out / "config.json").is_file() and check_integrity(out / "checkpoints" / "0") is None
+
+
+@pytest.mark.slow  # a real process: start-up
+def test_a_killed_import_is_cleaned_up_by_the_next(hf_source, tmp_path, capsys):
+    """kill -9 right after the checkpoint is written, before the rename: no --out,
+    the hidden folder stays (its process is gone); the next import removes it."""
+    out = tmp_path / "run"
+    done = _drive(tmp_path, {"signal": "SIGKILL", "at_save": 1}, _import_argv(hf_source, out))
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    left = _left_beside(out)
+    assert not out.exists() and len(left) == 1 and left[0].startswith(".run.importing-")
+    capsys.readouterr()
+    assert cli_main(_import_argv(hf_source, out)) == 0, capsys.readouterr().err[-3000:]
+    assert (out / "config.json").is_file() and _left_beside(out) == []
+
+
+@pytest.mark.parametrize("error, why, hint", [
+    (lambda work: ValueError(f'RESOURCE_EXHAUSTED: Error writing "params.head/0.0" in OCDBT '
+                             f'database at local file "{work}/checkpoints/0.orbax-checkpoint-tmp'
+                             f'/": No space left on device'), "No space left on device",
+     "free space"),
+    (lambda work: OSError(errno.EROFS, "Read-only file system", str(work / "checkpoints")),
+     "Read-only file system", "make it writable"),
+], ids=["TensorStore's full disk", "a read-only disk"])
+def test_import_storage_errors_name_out(hf_source, tmp_path, monkeypatch, capsys, error, why,
+                                        hint):
+    """However the writer says it (TensorStore's text alone, an OSError naming the
+    hidden work folder), the line names --out and the folder is gone."""
+    from depthbench.importers import run_writer
+
+    def fail(directory, *_):
+        raise error(directory.parent)
+
+    monkeypatch.setattr(run_writer, "_save_step0", fail)
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert cli_main(_import_argv(hf_source, out)) == 4
+    _check_stderr(capsys.readouterr().err, (_IMPORT_STORAGE.format(
+        out=re.escape(str(out)), why=why, hint=hint),))
+    assert not out.exists() and _left_beside(out) == []
+
+
+def test_an_import_refuses_an_out_another_import_is_writing(hf_source, tmp_path, capsys):
+    """A live process's work folder beside --out: one line, exit 2, nothing touched."""
+    out = tmp_path / "run"
+    work = tmp_path / f".run.importing-{os.getppid()}"  # a live process: pytest's parent
+    work.mkdir()
+    capsys.readouterr()
+    assert cli_main(_import_argv(hf_source, out)) == 2
+    _check_stderr(capsys.readouterr().err, (
+        rf"^depthbench: error: import-hf: --out '{re.escape(str(out))}' is being written by "
+        rf"another import \(process {os.getppid()}\); wait for it or use another directory$",))
+    assert work.is_dir() and not out.exists()

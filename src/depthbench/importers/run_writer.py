@@ -8,9 +8,13 @@ tokenizer files copied along.  The checkpoint holds either a full
 (``import-hf``: an imported model can be fine-tuned) or only the parameters
 (item ``params``: what ``load_run`` needs, a third of the memory for Adam).
 
-Everything is built in a hidden sibling directory and renamed onto ``--out``
-only once complete, so a failure (bad input found late, a full disk,
-Ctrl-C) leaves ``--out`` as it was.  The parameters arrive as a nested dict
+Everything is built in a hidden sibling directory (``.<name>.importing-PID``)
+and renamed onto ``--out`` only once complete, so a failure (bad input found
+late, a full disk, Ctrl-C) leaves ``--out`` as it was.  A full or read-only
+disk is one line naming ``--out`` (exit status 4, the rule of
+:mod:`depthbench.faults`), however the writer said it (TensorStore's text
+included); the hidden directory a killed import left is removed by the next
+import into the same ``--out`` once its process is gone.  The parameters arrive as a nested dict
 of host (numpy) arrays and are moved to the devices one leaf at a time, each
 host copy dropped as soon as its device copy exists, so the import never
 holds two copies of the model.
@@ -18,14 +22,18 @@ holds two copies of the model.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
+from depthbench import faults, output_paths
 from depthbench.config import base_config, validate
 from depthbench.errors import ConfigError
+from depthbench.rundir.lock import pid_alive
 
 # Tokenizer files an imported run carries (a Hugging Face tokenizer directory's).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -49,8 +57,9 @@ def read_source_config(src: Path, command: str, expected: str) -> dict:
 
 
 def check_out(out: str | Path, command: str) -> Path:
-    """``--out`` resolved; ConfigError unless it is absent or an empty directory."""
-    path = Path(out).expanduser().resolve()
+    """``--out`` resolved (a link loop refused); ConfigError unless it is absent or
+    an empty directory, and no live import is writing it."""
+    path = output_paths.resolve(out, f"{command}: --out")
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{command}: --out {str(path)!r} is a file; give a new (or empty) "
                           "directory")
@@ -64,7 +73,33 @@ def check_out(out: str | Path, command: str) -> Path:
         if not parent.is_dir():
             raise ConfigError(f"{command}: --out {str(path)!r}: {str(parent)!r} is a file, "
                               "not a directory")
+    live = [pid for pid, _ in _work_dirs(path) if pid_alive(pid)]
+    if live:
+        raise ConfigError(f"{command}: --out {str(path)!r} is being written by another import "
+                          f"(process {live[0]}); wait for it or use another directory")
     return path
+
+
+def _work_dirs(out: Path) -> list[tuple[int, Path]]:
+    """The hidden ``.<name>.importing-PID`` directories beside ``out``: where
+    imports into ``out`` build the run before renaming it (:func:`write_run`)."""
+    prefix = f".{out.name}.importing-"
+    if not out.parent.is_dir():
+        return []
+    found = []
+    for p in out.parent.iterdir():
+        pid = p.name.removeprefix(prefix)
+        if p.name.startswith(prefix) and pid.isdigit() and p.is_dir() and not p.is_symlink():
+            found.append((int(pid), p))
+    return found
+
+
+def _remove_leftovers(out: Path) -> None:
+    """Remove what killed imports into ``out`` left (their process is gone):
+    ``kill -9`` skips the cleanup :func:`write_run` does on every other failure."""
+    for pid, work in _work_dirs(out):
+        if pid != os.getpid() and not pid_alive(pid):
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def run_config(name: str, family: str, model_fields: dict[str, Any], residual: dict[str, Any],
@@ -128,7 +163,9 @@ def _save_step0(directory: Path, item: str, tree: Any, meta: dict) -> None:
     import orbax.checkpoint as ocp
 
     from depthbench.rundir.integrity import write_integrity
+    from depthbench.train.checkpoint import quiet_failed_writes
 
+    quiet_failed_writes()  # a full disk is the one line write_run says, not Orbax's reports
     options = ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
                                            enable_async_checkpointing=False)
     manager = ocp.CheckpointManager(directory, options=options)
@@ -166,6 +203,7 @@ def write_run(out: Path, config, params_np: dict, *, source: tuple[str, dict],
     got = jax.tree.map(lambda a: tuple(np.shape(a)), params_np)
     if want != got:  # a programming error in a converter, not bad input
         raise AssertionError(f"converted tree {got} != model tree {want}")
+    _remove_leftovers(out)
     work = out.parent / f".{out.name}.importing-{os.getpid()}"
     try:
         work.mkdir(parents=True)
@@ -199,7 +237,34 @@ def write_run(out: Path, config, params_np: dict, *, source: tuple[str, dict],
         if out.is_dir():
             out.rmdir()  # empty (check_out), replaced by the finished directory
         os.replace(work, out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
+    except BaseException as e:
+        _remove_settled(work)
+        if isinstance(e, Exception) and faults.is_storage_error(e):
+            raise _storage_error(e, out, str(config.name)) from e
         raise
     return written
+
+
+def _remove_settled(work: Path, quiet: float = 0.3, limit: float = 10.0) -> None:
+    """Remove ``work`` and keep it removed: after a failed Orbax save, TensorStore's
+    writes still in flight land for a moment (creating their directories again)."""
+    deadline = time.monotonic() + limit
+    gone_since = None
+    while time.monotonic() < deadline:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+            gone_since = None
+        elif gone_since is None:
+            gone_since = time.monotonic()
+        elif time.monotonic() - gone_since >= quiet:
+            return
+        time.sleep(0.01)
+
+
+def _storage_error(e: Exception, out: Path, command: str) -> faults.StorageError:
+    """A full or read-only disk under the import, as one line naming ``--out``
+    (not the hidden directory the run was being built in, which is gone)."""
+    hint = ("make it writable and re-run the same command" if faults.os_error_code(e) ==
+            errno.EROFS else "free space and re-run the same command")
+    return faults.storage_error(e, f"{command}: could not write --out {out}",
+                                f"nothing was written there: {hint}")

@@ -97,6 +97,22 @@ def _drop_closed_loop_reports() -> None:
     _HOOKED = True
 
 
+def quiet_failed_writes() -> None:
+    """Leave a failed Orbax write (a full disk) to the one line its writer says:
+    drop absl's and asyncio's reports of it and the closed-loop reports after it.
+    Every Orbax writer calls it (the trainer's checkpoints, the importers' step 0)."""
+    absl_logger = logging.getLogger("absl")
+    if _QUIET not in absl_logger.filters:
+        absl_logger.addFilter(_QUIET)
+    # asyncio reports a failed write's gathered futures when they are garbage
+    # collected ("exception was never retrieved"), at a time no one controls
+    # (often after close, at exit), so its filter stays for the process.
+    asyncio_logger = logging.getLogger("asyncio")
+    if _QUIET not in asyncio_logger.filters:
+        asyncio_logger.addFilter(_QUIET)
+    _drop_closed_loop_reports()
+
+
 def resume_hint(directory: Path) -> str:
     """What re-running after a failed write resumes from, as the checkpoints on
     disk say (a step whose save failed is not listed as finished)."""
@@ -124,14 +140,7 @@ class Checkpoints:
             max_to_keep=max(1, int(keep)), create=True, enable_async_checkpointing=async_save,
             async_options=async_options)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
-        logging.getLogger("absl").addFilter(_QUIET)
-        # asyncio reports a failed write's gathered futures when they are garbage
-        # collected ("exception was never retrieved"), at a time no one controls
-        # (often after close, at exit), so its filter stays for the process.
-        asyncio_logger = logging.getLogger("asyncio")
-        if _QUIET not in asyncio_logger.filters:
-            asyncio_logger.addFilter(_QUIET)
-        _drop_closed_loop_reports()
+        quiet_failed_writes()
         self._saved: int | None = None  # the last step saved by this process (maybe in flight)
 
     def save(self, step: int, state: TrainState, data_arg: Any, meta: dict) -> None:

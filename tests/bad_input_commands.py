@@ -3,6 +3,7 @@
 give), the ``disk`` fixture they run against (a ``pytest_plugins`` module of
 tests/conftest.py), and the checks of one case's outcome: exit status 2, one
 line ``depthbench: error: ...``, the disk as it was (:func:`snapshot`).
+:data:`ENV_CASES` does the same for the environment variables the package reads.
 tests/unit/test_bad_inputs_commands.py runs every case in-process,
 tests/integration/test_bad_inputs_in_a_process.py a few in real processes."""
 
@@ -47,6 +48,21 @@ BAD_SWEEP_SPECS = [
 ]
 
 
+# Family modules for $DEPTHBENCH_FAMILIES that fail as it loads them (in disk/plugins).
+FAMILY_MODULES = {
+    "family_raises": "raise RuntimeError('no families today')\n",
+    "family_takes_pre_ln": ("from depthbench.model.residual import registry\n"
+                            "from depthbench.model.residual.pre_ln import PreLN\n\n\n"
+                            "class Again(PreLN):\n    name = 'pre_ln'\n\n\n"
+                            "registry.register(Again)\n"),
+    "family_twice": ("from depthbench.model.residual import registry\n"
+                     "from depthbench.model.residual.pre_ln import PreLN\n\n\n"
+                     "class One(PreLN):\n    name = 'twice'\n\n\n"
+                     "class Two(PreLN):\n    name = 'twice'\n\n\n"
+                     "registry.register(One)\nregistry.register(Two)\n"),
+}
+
+
 @pytest.fixture(scope="module")
 def disk(tmp_path_factory) -> Path:
     """A scratch disk: a run directory (one checkpoint at step 7, a validation
@@ -71,6 +87,11 @@ def disk(tmp_path_factory) -> Path:
     (root / "sweep_manifest_only").mkdir()
     (root / "sweep_manifest_only" / "sweep.json").write_text("{}")
     np.save(root / "tokens.npy", np.arange(10, dtype=np.uint16))
+    (root / "loop_a").symlink_to(root / "loop_b")  # a link loop: every output path refuses it
+    (root / "loop_b").symlink_to(root / "loop_a")
+    (root / "plugins").mkdir()
+    for name, source in FAMILY_MODULES.items():
+        (root / "plugins" / f"{name}.py").write_text(source)
     return root
 
 
@@ -95,6 +116,14 @@ def _lm_eval(d: Path, model_args: str) -> list[str]:
 def _sweep(d: Path, spec: str, *extra: str, workdir: str = "sw") -> list[str]:
     return ["sweep", "--config", spec if "/" in spec or not spec.endswith(".py")
             else str(d / spec), "--workdir", str(d / workdir), *extra]
+
+
+def _coordcheck(d: Path, *extra: str) -> list[str]:
+    return ["coordcheck", "--families", "pre_ln", "--depths", "2,4", "--widths", "32",
+            "--steps", "1", "--quiet", *extra]
+
+
+LOOP = r"is a symbolic-link loop; give a path whose links end somewhere"
 
 
 OUT_OF_REACH = r"--budget: a total budget of 1e\+30 parameters is out of reach at depth 16"
@@ -171,7 +200,21 @@ CASES = [
     ("train: --config a directory", lambda d: ["train", "--config", str(d / "empty"),
                                                "--workdir", str(d / "new")],
      r"config: spec file '\S+/empty' does not exist, and it names none of the bundled specs"),
+    ("train: --workdir a link loop", lambda d: ["train", "--config", "base", "--workdir",
+                                                str(d / "loop_a")],
+     r"--workdir: '\S+/loop_a' " + LOOP + "$"),
+    ("train: a W&B mode that is none (dry run)",
+     lambda d: ["train", "--config", "base", "--workdir", str(d / "new"), "--dry-run",
+                "--config.train.wandb=cloud"],
+     r"config\.train\.wandb: 'cloud' is not one of '', 'offline', 'online'$"),
     # ------------------------------------------------------------------ sweep
+    ("sweep: --workdir a link loop (dry run)",
+     lambda d: _sweep(d, "quickstart", "--dry-run", workdir="loop_a"),
+     r"--workdir: '\S+/loop_a' " + LOOP + "$"),
+    ("sweep: a W&B mode that is none (dry run)",
+     lambda d: _sweep(d, "sweep_two.py", "--dry-run", "--config.train.wandb=cloud"),
+     r"sweep run 0 \(seed0\): config\.train\.wandb: 'cloud' is not one of '', 'offline', "
+     r"'online'$"),
     ("sweep: --workdir a file (dry run)",
      lambda d: _sweep(d, "quickstart", "--dry-run", workdir="a_file"),
      r"--workdir: '\S+/a_file' exists and is not a directory$"),
@@ -215,6 +258,35 @@ CASES = [
     ("analyze: --compare an unknown metric",
      lambda d: ["analyze", "--compare", _run(d), "--metric", "loss"],
      r"--metric: 'loss' not one of angular_distance, "),
+    ("analyze: --compare --out a directory",
+     lambda d: ["analyze", "--compare", _run(d), "--out", str(d / "empty")],
+     r"--out: '\S+/empty' is a directory; give a file name"),
+    # ------------------------------------------------------------- coordcheck
+    # Every output is checked before the first model trains.
+    ("coordcheck: --out a directory", lambda d: _coordcheck(d, "--out", str(d / "empty")),
+     r"--out: '\S+/empty' is a directory; give a file name \(a new file, or one to replace\)$"),
+    ("coordcheck: --json a directory",
+     lambda d: _coordcheck(d, "--no-plot", "--json", str(d / "empty")),
+     r"--json: '\S+/empty' is a directory; give a file name"),
+    ("coordcheck: --out in a missing directory",
+     lambda d: _coordcheck(d, "--out", str(d / "no_dir" / "cc.png")),
+     r"--out: directory '\S+/no_dir' does not exist; create it first$"),
+    ("coordcheck: --json under a file",
+     lambda d: _coordcheck(d, "--no-plot", "--json", str(d / "a_file" / "cc.json")),
+     r"--json: '\S+/a_file/cc\.json': '\S+/a_file' is a file, not a directory$"),
+    ("coordcheck: --json a link loop",
+     lambda d: _coordcheck(d, "--no-plot", "--json", str(d / "loop_a")),
+     r"--json: '\S+/loop_a' " + LOOP + "$"),
+    # ---------------------------------------------------------------- imports
+    ("import-hf: --out a link loop",
+     lambda d: ["import-hf", str(d / "empty"), "--out", str(d / "loop_a")],
+     r"import-hf: --out: '\S+/loop_a' " + LOOP + "$"),
+    ("import-olmo: --out a link loop",
+     lambda d: ["import-olmo", str(d / "empty"), "--out", str(d / "loop_a")],
+     r"import-olmo: --out: '\S+/loop_a' " + LOOP + "$"),
+    ("import-olmo: --out under a link loop",
+     lambda d: ["import-olmo", str(d / "empty"), "--out", str(d / "loop_b" / "run")],
+     r"import-olmo: --out: '\S+/loop_b/run' " + LOOP + "$"),
     # ------------------------------------------------------------------- eval
     ("eval: a batch no memory holds", lambda d: _nll(d, "--batch-size", str(10**9)),
      r"--batch-size: 1000000000 sequences of 16 tokens need \d+ GiB for their logits alone "
@@ -287,6 +359,79 @@ CASES = [
     ("lm-eval: a run that is not one", lambda d: _lm_eval(d, f"run={d / 'empty'}"),
      r"RUN_DIR: '\S+/empty' has no config\.json"),
 ]
+
+
+def _dry_train(d: Path) -> list[str]:
+    return ["train", "--config", "base", "--workdir", str(d / "new"), "--dry-run"]
+
+
+# The environment variables the package reads, each read where its value is checked:
+# (id, variables(disk), argv(disk), pattern of the one stderr line).
+ENV_CASES = [
+    # $DEPTHBENCH_FAMILIES is read when the package is imported: tests/unit runs its
+    # modules through registry.load_plugins, tests/integration in real processes.
+    ("DEPTHBENCH_FAMILIES: a module that does not exist",
+     lambda d: {"DEPTHBENCH_FAMILIES": "no_such_family_module"}, lambda d: ["families"],
+     r"\$DEPTHBENCH_FAMILIES: no module named 'no_such_family_module'; is its directory on "
+     r"PYTHONPATH\?$"),
+    ("DEPTHBENCH_FAMILIES: a module that raises on import",
+     lambda d: {"DEPTHBENCH_FAMILIES": "family_raises"}, lambda d: ["families"],
+     r"\$DEPTHBENCH_FAMILIES: module 'family_raises' failed on import: RuntimeError: no "
+     r"families today$"),
+    ("DEPTHBENCH_FAMILIES: a module registering pre_ln again",
+     lambda d: {"DEPTHBENCH_FAMILIES": "family_takes_pre_ln"}, lambda d: ["families"],
+     r"\$DEPTHBENCH_FAMILIES: module 'family_takes_pre_ln' failed on import: ValueError: "
+     r"register: a family named 'pre_ln' is already registered$"),
+    ("DEPTHBENCH_FAMILIES: a module registering its name twice",
+     lambda d: {"DEPTHBENCH_FAMILIES": "family_twice"}, lambda d: ["families"],
+     r"\$DEPTHBENCH_FAMILIES: module 'family_twice' failed on import: ValueError: register: "
+     r"a family named 'twice' is already registered$"),
+    ("DEPTHBENCH_FAMILIES: a file, not a module",
+     lambda d: {"DEPTHBENCH_FAMILIES": str(d / "plugins" / "family_raises.py")},
+     lambda d: ["families"],
+     r"\$DEPTHBENCH_FAMILIES: '\S+/family_raises\.py' is not a module name; expected "
+     r"comma-separated importable modules"),
+    ("DEPTHBENCH_OVERRIDES: an unclosed quote",
+     lambda d: {"DEPTHBENCH_OVERRIDES": 'train.steps=3 data.paths="oops'}, _dry_train,
+     r"\$DEPTHBENCH_OVERRIDES: no closing quotation in 'train\.steps=3 data\.paths=\"oops'; "
+     r"expected section\.field=value words, quoted as in a shell$"),
+    ("DEPTHBENCH_OVERRIDES: no field", lambda d: {"DEPTHBENCH_OVERRIDES": "=3"}, _dry_train,
+     r"\$DEPTHBENCH_OVERRIDES: '=3' is not section\.field=value$"),
+    ("DEPTHBENCH_OVERRIDES: no value", lambda d: {"DEPTHBENCH_OVERRIDES": "train.steps"},
+     _dry_train, r"\$DEPTHBENCH_OVERRIDES: 'train\.steps' is not section\.field=value$"),
+    ("DEPTHBENCH_MAX_RUNS: not a count (dry run)", lambda d: {"DEPTHBENCH_MAX_RUNS": "abc"},
+     lambda d: _sweep(d, "sweep_two.py", "--dry-run"),
+     r"\$DEPTHBENCH_MAX_RUNS: expected a positive integer, got 'abc'$"),
+    ("DEPTHBENCH_MAX_RUNS: zero", lambda d: {"DEPTHBENCH_MAX_RUNS": "0"},
+     lambda d: _sweep(d, "sweep_two.py", "--no-progress"),
+     r"\$DEPTHBENCH_MAX_RUNS: expected a positive integer, got '0'$"),
+    ("DEPTHBENCH_CACHE: a file (dry run)", lambda d: {"DEPTHBENCH_CACHE": str(d / "a_file")},
+     _dry_train, r"\$DEPTHBENCH_CACHE: \S+/a_file exists and is not a directory$"),
+    ("DEPTHBENCH_CACHE: a link loop (sweep)",
+     lambda d: {"DEPTHBENCH_CACHE": str(d / "loop_a")},
+     lambda d: _sweep(d, "sweep_two.py", "--no-progress"),
+     r"\$DEPTHBENCH_CACHE: '\S+/loop_a' " + LOOP + "$"),
+    ("DEPTHBENCH_MALLOC: not a choice", lambda d: {"DEPTHBENCH_MALLOC": "fast"},
+     lambda d: ["families"],
+     r"\$DEPTHBENCH_MALLOC: 'fast' is not one of system, mimalloc, keep$"),
+    ("SLURM_NTASKS: not a count (dry run)",
+     lambda d: {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "two"}, _dry_train,
+     r"SLURM_NTASKS: expected a non-negative integer, got 'two'$"),
+    ("OMPI_COMM_WORLD_SIZE: not a count (sweep)", lambda d: {"OMPI_COMM_WORLD_SIZE": "x"},
+     lambda d: _sweep(d, "sweep_two.py", "--no-progress"),
+     r"OMPI_COMM_WORLD_SIZE: expected a non-negative integer, got 'x'$"),
+    ("JAX_PROCESS_ID: not below JAX_NUM_PROCESSES (dry run)",
+     lambda d: {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2"}, _dry_train,
+     r"JAX_PROCESS_ID: 2 is not in \[0, JAX_NUM_PROCESSES=2\)$"),
+]
+
+
+# Environment cases read at import: in-process, the loader is called directly.
+IMPORT_TIME = {c[0] for c in ENV_CASES if c[0].startswith("DEPTHBENCH_FAMILIES")}
+
+
+# Environment cases run as real processes too.
+ENV_PROCESS_CASES = IMPORT_TIME | {"DEPTHBENCH_OVERRIDES: an unclosed quote"}
 
 
 # Cases whose stderr is checked in a real process (logging configured as a user's is).

@@ -120,6 +120,7 @@ def disk(tmp_path_factory) -> Path:
         **{LOCK_FILE: json.dumps({"host": socket.gethostname(), "pid": os.getppid()})},
     )  # a live process
     _run_dir(root, "not_a_sweep", None, **{"notes.txt": "hello"})
+    (root / "loop").symlink_to(root / "loop")  # a link to itself
     return root
 
 
@@ -450,6 +451,16 @@ CASES = [
         r"--workdir: .*run_locked' is being trained by process",
     ),
     (
+        "workdir is a link loop",
+        lambda d: _train(d, workdir="loop"),
+        r"--workdir: '\S+/loop' is a symbolic-link loop; give a path whose links end somewhere",
+    ),
+    (
+        "a W&B mode that is none",
+        lambda d: _train(d, "--config.train.wandb=cloud"),
+        r"config\.train\.wandb: 'cloud' is not one of '', 'offline', 'online'$",
+    ),
+    (
         "workdir is a URL",
         lambda d: [*_train(d)[:4], "gs://bucket/run", *_train(d)[5:]],
         r"--workdir: 'gs://bucket/run' is a URL",
@@ -471,8 +482,26 @@ def test_there_are_at_least_30_cases():
     assert len(CASES) >= 30 and len({c[0] for c in CASES}) == len(CASES)
 
 
+# What only the run itself finds: it needs the whole corpus read (every token id) or
+# a checkpoint restored (one without an integrity record, whose files Orbax cannot read).
+FOUND_BY_THE_RUN_ONLY = {"token ids beyond the vocabulary", "no checkpoint is intact"}
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bad_input(case, disk, capsys):
+    _check(case, disk, capsys)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[1](Path("d"))[0] == "train"
+                                  and c[0] not in FOUND_BY_THE_RUN_ONLY], ids=lambda c: c[0])
+def test_a_dry_run_refuses_what_the_run_refuses(case, disk, capsys):
+    """``train --dry-run`` runs the run's own checks (train/preflight.py, the data's
+    check_inputs, the lock): every train case above gives the same line."""
+    name, argv, pattern = case
+    _check((name, lambda d: [*argv(d), "--dry-run"], pattern), disk, capsys)
+
+
+def _check(case, disk, capsys):
     _, argv, pattern = case
     before = snapshot(disk)
     capsys.readouterr()

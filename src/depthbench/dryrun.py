@@ -2,10 +2,13 @@
 ``sweep --dry-run``, ``sweep --list``, and the launchers through them).
 
 Everything that can be known before the first step is checked here: the
-config (already validated when loaded), the ``data`` section against this
-host's files, the mesh against the devices, the batch against the mesh, and
-the run directory against the config it holds.  Training, data preparation
-and compilation are not started.
+config (already validated when loaded), the run's own start-up checks (the
+same code the trainer runs first: :mod:`depthbench.train.preflight`), the
+``data`` section against this host's files as data preparation checks them
+before reading the corpus through, the mesh against the devices, the batch
+against the mesh, and the run directory against the config it holds.
+Training, data preparation and compilation are not started; what needs the
+whole corpus read or a checkpoint restored is left to the run.
 """
 
 from __future__ import annotations

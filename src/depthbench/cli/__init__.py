@@ -32,6 +32,8 @@ environment:
   {OVERRIDES_ENV}='train.steps=3 data.val_windows=8'
       extra --config.* overrides for every command that takes them (they win over
       the command line's); announced on stderr. For smoke tests of scripts.
+  DEPTHBENCH_FAMILIES=my_families,...  modules that register residual families of
+      your own, imported with the package (README: adding a family).
   DEPTHBENCH_MAX_RUNS=N   a sweep process trains at most N runs (sweep --max-runs).
   DEPTHBENCH_CACHE=DIR    data cache root (default ~/.cache/depthbench).
   DEPTHBENCH_MALLOC=system|mimalloc|keep  host memory for XLA:CPU's per-step temp

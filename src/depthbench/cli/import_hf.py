@@ -2,7 +2,8 @@
 checkpoint as a pre_ln run directory (see :mod:`depthbench.importers.hf`).
 
 Exit status: 0 imported, 2 bad input (one line: unsupported config, missing
-file, a non-empty --out).
+file, a non-empty --out), 4 a full or read-only disk (one line naming --out,
+which is left as it was).
 """
 
 from __future__ import annotations

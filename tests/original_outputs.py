@@ -107,31 +107,30 @@ def original_step(design: str) -> OriginalStep:
 
 
 def _tree(design: str, run, values: dict[str, np.ndarray]):
-    """Checkpoint-named tensors as depthbench's parameter tree (the import's placements;
+    """Checkpoint-named tensors as depthbench's parameter tree (the import's mapping;
     its constants, such as keel's unused block-0 norm, at their values)."""
-    from depthbench.importers.olmo import _param_shapes
-    from depthbench.importers.olmo_config import read_config, read_model
+    from depthbench.importers.olmo import _param_shapes, family_of
     from depthbench.importers.olmo_weights import convert
 
-    model = read_model(read_config(step_dir(design)))
     present = {k: v.shape for k, v in values.items()}
-    return convert(values.get, present, model, _param_shapes(run.config), block=model.block)
+    return convert(values.get, present, family_of(run.config), _param_shapes(run.config),
+                   block=design)
 
 
-def _constants_of(design: str, run, tree):
+def _constants_of(run, tree):
     """``tree`` with the import's constant entries set to the constants' values (where
     the original has no parameter, so no gradient)."""
     import jax
 
-    from depthbench.importers.olmo_config import read_config, read_model
-    from depthbench.importers.olmo_weights import placements
+    from depthbench.importers.olmo import family_of
+    from depthbench.importers.olmo_weights import tensors
 
     out = jax.tree.map(np.array, tree)
-    for p in placements(read_model(read_config(step_dir(design))))[1]:
+    for c in tensors(family_of(run.config))[1]:
         leaf = out
-        for name in p.leaf:
+        for name in c.leaf.split("/"):
             leaf = leaf[name]
-        leaf[p.index] = p.value
+        leaf[c.index] = c.value
     return out
 
 
@@ -159,7 +158,7 @@ def step_against_the_original(design: str, run) -> dict[str, float]:
             params)
         opt_state = jax.jit(s.tx.init, out_shardings=s.state_shardings.opt_state)(params)
     theirs = jax.tree.leaves(_tree(design, run, orig.grad))
-    ours = jax.tree.leaves(_constants_of(design, run, jax.device_get(grads)))
+    ours = jax.tree.leaves(_constants_of(run, jax.device_get(grads)))
     scale = max(float(np.max(np.abs(t))) for t in theirs)
     grad = max(float(np.max(np.abs(np.asarray(o, np.float64) - t))) for o, t in
                zip(ours, theirs, strict=True)) / scale

@@ -136,4 +136,4 @@ def test_an_early_hc_checkpoint_says_which_form_it_chose(tmp_path, capsys):
     line = capsys.readouterr().out.splitlines()[1]
     assert line.startswith("  hc form: early (hyper_connections.tanh is saved")
     assert line.endswith("--hc-form final imports the final form")
-    assert load_run(run_dir).resolved["olmo"]["hc_form"]["certain"] is False
+    assert load_run(run_dir).resolved["olmo"]["form"]["certain"] is False

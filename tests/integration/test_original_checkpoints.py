@@ -41,7 +41,7 @@ def test_imported_logits_are_the_originals(tmp_path, design):
     assert olmo["step"] == 1 and olmo["dtypes"] == (
         ["bfloat16", "float32"] if design == "mhc_liger" else ["float32"])
     if design in ("hc", "mhc"):  # the fixtures are the original's final code: it says so
-        assert olmo["hc_form"]["form"] == "final" and olmo["hc_form"]["certain"]
+        assert olmo["form"]["form"] == "final" and olmo["form"]["certain"]
 
 
 @pytest.mark.parametrize("design", STEPPED)

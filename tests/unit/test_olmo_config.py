@@ -82,7 +82,7 @@ CASES = [
 def test_every_trained_design_maps(saved, family, fields):
     m = read_model(saved)
     assert m.family == family
-    assert {k: m.residual[k] for k in fields} == fields
+    assert {k: m.reading.residual[k] for k in fields} == fields
     assert m.model_fields == {"depth": 4, "d_model": 64, "d_ff": 160, "n_heads": 4,
                               "n_kv_heads": 4, "vocab_size": 97, "norm_eps": 1e-6,
                               "rope_theta": 10000.0}
@@ -95,8 +95,8 @@ def test_every_choice_is_a_field_no_departures():
 
     for saved, family, _ in CASES:
         m = read_model(saved)
-        assert m.departures == (), family
-        registry.family_config(m.family, m.residual)  # every field known and typed
+        assert m.reading.departures == (), family
+        registry.family_config(m.family, m.reading.residual)  # every field known and typed
 
 
 @pytest.mark.parametrize("block,form,certain", [
@@ -112,30 +112,32 @@ def test_hc_form_from_the_fields_of_each_era(block, form, certain):
     """What config.json says of the HC era (hc_form's docstring), and that an
     undecided case says it chose; --hc-form overrides either way; Liger's mHC has
     one form."""
-    m = read_model(block)
-    assert (m.form.form, m.form.certain) == (form, certain)
+    m = read_model(block).reading
+    assert (m.choice.value, m.choice.certain) == (form, certain)
     other = "early" if form == "final" else "final"
-    forced = read_model(block, other)
-    assert forced.form.form == other and forced.form.certain and "--hc-form" in forced.form.why
+    forced = read_model(block, {"hc_form": other}).reading
+    assert forced.choice.value == other and forced.choice.certain
+    assert "--hc-form" in forced.choice.why
     readout = {"early": "norm_then_sum", "final": "sum_then_norm"}
     assert (m.residual["readout"], forced.residual["readout"]) == (readout[form], readout[other])
-    liger = read_model(model(name="mhc", hyper_connections={"kind": "liger_mhc"}), "early")
-    assert liger.form is None and liger.residual["readout"] == "mean_then_norm"
+    liger = read_model(model(name="mhc", hyper_connections={"kind": "liger_mhc"}),
+                       {"hc_form": "early"}).reading
+    assert liger.choice is None and liger.residual["readout"] == "mean_then_norm"
 
 
 def test_depth_only_completep_trains_with_its_depth_rule():
     """The original's depth-only launcher groups blocks.* with the depth rule's lr
     and eps (pretrain_preln_mup.py@aba1f65): the imported run sets train.lr_rule."""
     m = read_model(model(name="depth_mup", residual_scaling_base_depth=2))
-    assert m.train == {"lr_rule": "family"}
-    assert read_model(model()).train == {}
+    assert m.reading.train == {"lr_rule": "family"}
+    assert read_model(model()).reading.train == {}
 
 
 def test_depth_width_head_factor_from_the_embedding_eps_override():
     saved = model(name="completep", residual_scaling_base_depth=24)
     saved["train_module"]["optim"]["group_overrides"] = [
         {"params": ["embeddings.weight"], "opts": {"eps": 1e-8 / 0.5}}]  # d / d_base = 0.5
-    m = read_model(saved)
+    m = read_model(saved).reading
     assert m.residual["completep_head_scale"] == pytest.approx(2.0)
     assert len(m.departures) == 1 and "width-muP init" in m.departures[0]
 
@@ -143,11 +145,11 @@ def test_depth_width_head_factor_from_the_embedding_eps_override():
 REFUSED = [
     (model(name="normalized"), "model.block.name 'normalized' is not a design"),
     (model(name="mhc", hyper_connections={"kind": "mhc_static"}), "'mhc_static' is not one of"),
-    (model(name="deepnorm"), "deepnorm needs 'default'"),
+    (model(name="deepnorm"), "a 'deepnorm' block needs 'default'"),
     (model(name="moda", moda={"extra_ffn_kv_proj": False}), "configure_moda"),
     (model(sequence_mixer={**MODEL["block"]["sequence_mixer"], "qk_norm": {"name": "rms"}}),
      "qk_norm"),
-    (model(name="keel", hyper_connections={"kind": "hc"}), "HC routing on a 'keel' block"),
+    (model(name="keel", hyper_connections={"kind": "hc"}), "hc's setting on a 'keel' block"),
     (model(name="completep"), "residual_scaling_base_depth must be an integer"),
     (model(feed_forward={"hidden_size": 160, "activation": "gelu"}), "'gelu' is not one of"),
     (model(name="mhc", hyper_connections={"kind": "liger_mhc", "liger_post_mult": 3.0}),

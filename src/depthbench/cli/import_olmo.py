@@ -53,11 +53,12 @@ def _run(args: argparse.Namespace) -> int:
     if resolved["tokenizer"]["val_tokens_path"]:
         print(f"  validation split: {resolved['tokenizer']['val_tokens_path']} "
               f"({resolved['tokenizer']['val_tokens']:,} tokens)")
-    form = olmo.get("hc_form")
+    form = olmo.get("form")
     if form and not form["certain"]:
         other = "early" if form["form"] == "final" else "final"
+        flag = "--" + form["option"].replace("_", "-")
         print(f"  {written['model']['family']} form: {form['form']} ({form['why']}); "
-              f"--hc-form {other} imports the {other} form")
+              f"{flag} {other} imports the {other} form")
     for note in olmo["departures"]:
         print(f"  differs from the original: {note}")
     return 0

@@ -32,6 +32,14 @@ from depthbench.importers.olmo_weights import convert
 CHECKPOINT_DIR = "model_and_optim"
 
 
+def family_of(config):
+    """The residual family of ``config``'s model (a family instance)."""
+    from depthbench.model.residual import registry
+    from depthbench.model.spec import ModelSpec
+
+    return registry.build(ModelSpec.from_config(config))
+
+
 def _param_shapes(config) -> dict:
     """The model's parameter tree as nested dicts of ``(shape, dtype)`` (no arrays
     made): fp32, except where the family stores a leaf otherwise (Liger mHC's
@@ -94,33 +102,34 @@ def _val_tokens(path: str | None, vocab_size: int) -> tuple[str, int]:
 
 
 def import_olmo(step_dir: str | Path, out: str | Path, *, progress: bool = True,
-                val_tokens: str | None = None, hc_form: str = "auto") -> dict:
+                val_tokens: str | None = None, **options: str) -> dict:
     """Convert the step directory ``step_dir`` into the run directory ``out``;
     return the config dict written to ``out/config.json``.  ``val_tokens``: a
     token .npy recorded as the run's validation split (what analyses read);
-    ``hc_form``: the form of an hc or PyTorch mHC checkpoint (``auto``: from its
-    config.json, :func:`~depthbench.importers.olmo_config.hc_form`)."""
+    ``options``: choices a family's reading of its block takes (its
+    ``from_original``: a form config.json does not decide)."""
     if "://" in str(step_dir) or not Path(step_dir).expanduser().is_dir():
         raise ConfigError(f"{WHAT}: {str(step_dir)!r} is not a local directory (the hub is never "
                           "contacted; download the step directory first)")
     step = Path(step_dir).expanduser().resolve()
     out = run_writer.check_out(out, WHAT)
     saved = read_config(step)
-    model = read_model(saved, hc_form)
+    model = read_model(saved, options)
     val = _val_tokens(val_tokens, model.model_fields["vocab_size"])
     ckpt = DistCheckpoint(step / CHECKPOINT_DIR)
-    config = run_writer.run_config(WHAT, model.family, model.model_fields, model.residual,
-                                   _seq_len(saved), train=model.train)
+    reading = model.reading
+    config = run_writer.run_config(WHAT, model.family, model.model_fields, reading.residual,
+                                   _seq_len(saved), train=reading.train)
     present = {key: shape for key, (shape, _) in ckpt.tensors.items()}
-    params_np = convert(ckpt.read, present, model, _param_shapes(config), block=model.block,
-                        progress=progress)
+    params_np = convert(ckpt.read, present, family_of(config), _param_shapes(config),
+                        block=model.block, tied=model.tied, progress=progress)
     tok = ((saved.get("dataset") or {}).get("tokenizer") or {})
     match = re.fullmatch(r"step(\d+)", step.name)
     record = {"source": str(step), "step": int(match.group(1)) if match else None,
               "block": model.block, "dtypes": sorted({dt for _, dt in ckpt.tensors.values()}),
-              "hyper_connections": (saved["model"].get("block") or {}).get("hyper_connections"),
-              "departures": list(model.departures),
-              "hc_form": model.form.record() if model.form else None}
+              "original_block": saved["model"].get("block"),
+              "departures": list(reading.departures),
+              "form": reading.choice.record() if reading.choice else None}
     return run_writer.write_run(
         out, config, params_np, source=("olmo", record), files=tokenizer_files(step),
         tokenizer={"eos": tok.get("eos_token_id"), "bos": tok.get("bos_token_id"),

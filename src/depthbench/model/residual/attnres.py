@@ -94,6 +94,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from depthbench.errors import ConfigError
 from depthbench.model.depth_scan import read_extents
 from depthbench.model.residual import fused
 from depthbench.model.residual.base import BTD, ResidualFamily, family_param, norm_param, with_axes
@@ -113,6 +114,14 @@ from depthbench.model.residual.depth_mix import (
     slot_inv_rms,
 )
 from depthbench.model.residual.fields import FamilyConfig, check_choice, check_number
+from depthbench.model.residual.original_format import (
+    Constant,
+    OriginalFormat,
+    Place,
+    Reading,
+    Tensor,
+    vector,
+)
 
 MBTD = ("activation_sources", *BTD)
 MBT = MBTD[:-1]
@@ -167,7 +176,7 @@ class AttnResConfig(FamilyConfig):
 
 @dataclasses.dataclass(frozen=True)
 class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, AnalysisOptions,
-                  PreNormEps):
+                  PreNormEps, OriginalFormat):
     name = "attnres_full"
     description = (
         "Attention Residuals: each sublayer reads a softmax mix over the embedding "
@@ -467,6 +476,70 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
 
     def describe(self) -> dict:
         return {**super().describe(), "blocks": list(self.blocks), "sources": self.n_slots}
+
+    # ------------------------------------------------------------ the original's format
+    # AttnResTransformerBlock (block.py@6bdf2ad), attnres_block_size S sublayers per
+    # block (1: full); before the original registered the block type, a default
+    # block carrying attnres_block_size.  Its extra norms are built without an eps:
+    # OLMo-core's RMSNorm default, 1e-5 (attnres_eps).
+    original_blocks = ("attnres",)
+    original_fields = {"attnres_block_size": (None,)}
+
+    @classmethod
+    def _original_size(cls, block) -> int | None:
+        name, size = block.get("name") or "default", block.get("attnres_block_size")
+        if name == "attnres":
+            return 1 if size is None else size
+        return size if name == "default" else None
+
+    @classmethod
+    def original_claims(cls, block):
+        size = cls._original_size(block)
+        return size is not None and (size == 1) == (cls.name == "attnres_full")
+
+    @classmethod
+    def from_original(cls, block, saved, options):
+        size = block.int("attnres_block_size", default=1)
+        residual = {"attnres_eps": 1e-5}
+        if size > 1:
+            residual.update(attnres_block_size=size, attnres_partition="size")
+        return Reading(block="attnres", residual=residual)
+
+    def to_original(self):
+        if float(self.cfg.attnres_eps) != 1e-5 or self.blocks != block_sizes(
+                self.spec.depth, 1, self._original_block_size, "size"):
+            raise ConfigError(f"the original's AttnRes has eps 1e-5 and blocks of a fixed size; "
+                              f"this {self.name} has eps {self.cfg.attnres_eps:g} and blocks "
+                              f"{describe_blocks(self.blocks)}")
+        return {"name": "attnres", "attnres_block_size": self._original_block_size}
+
+    @property
+    def _original_block_size(self) -> int:
+        return self.blocks[0]
+
+    def original_block_tensors(self, i):
+        """``attn_res_proj``, ``attn_res_norm`` (not on block 0: the first sublayer
+        reads the embedding alone), ``mlp_res_proj``, ``mlp_res_norm``."""
+        d = self.spec.d_model
+        out: list = []
+        for sub, side in ((0, "attn"), (1, "mlp")):
+            if i == 0 and sub == 0:
+                out += [Constant("blocks/residual/query", (0, 0), 0.0),
+                        Constant("blocks/residual/key_norm", (0, 0), 1.0)]
+                continue
+            out += [_query(f"{side}_res_proj.weight", d, "blocks/residual/query", (i, sub)),
+                    vector(f"{side}_res_norm.weight", (d,), "blocks/residual/key_norm", (i, sub))]
+        return out
+
+    def original_global_tensors(self):
+        d = self.spec.d_model
+        return [_query("res_proj.weight", d, "residual/query"),
+                vector("res_norm.weight", (d,), "residual/key_norm")]
+
+
+def _query(key: str, d: int, leaf: str, index: tuple = ()) -> Tensor:
+    """A pseudo-query: the original's ``Linear(d, 1)`` weight ``[1, d]``."""
+    return Tensor(key, (1, d), (Place(leaf, index, lambda w: w[0], lambda x: x[None]),))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,10 @@ backbone, a state of one vector per token, no learning-rate rule.
   learning-rate and epsilon factors, applied under ``train.lr_rule =
   "family"`` (CompleteP's);
 * :class:`Variants` (of a family's *config*): named sets of its field values
-  a sweep appends to the family's name (``hc+sum_then_norm``).
+  a sweep appends to the family's name (``hc+sum_then_norm``);
+* :class:`~depthbench.model.residual.original_format.OriginalFormat` (its own
+  module): the family's checkpoints in the original benchmark's format, both
+  ways (its block configs and tensors: ``import-olmo``).
 """
 
 from __future__ import annotations

@@ -48,9 +48,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from depthbench.errors import ConfigError
 from depthbench.model.residual.base import ResidualFamily, gate
 from depthbench.model.residual.capabilities import LearningRateRule, Variants
 from depthbench.model.residual.fields import FamilyConfig, check_number
+from depthbench.model.residual.original_format import OriginalFormat, Reading
 
 
 def branch_multiplier(depth: int, base_depth: int, alpha: float) -> float:
@@ -66,6 +68,20 @@ def hidden_lr_multiplier(depth: int, base_depth: int, alpha: float) -> float:
 def eps_multiplier(depth: int, base_depth: int, alpha: float) -> float:
     """``(L / L_base)^(-alpha)``: the factor on AdamW's epsilon."""
     return (depth / base_depth) ** -alpha
+
+
+def _head_scale(saved) -> float:
+    """The LM-head output factor of the original's depth-width muP runs (its
+    ``pretrain_preln_mup.py`` multiplies the head's output by ``d_base / d``, a
+    patch config.json does not record), recovered from the embedding's AdamW
+    epsilon override ``eps / m_N`` (m_N = d / d_base); 1 for depth-only runs."""
+    optim = ((saved.get("train_module") or {}).get("optim") or {})
+    base_eps = optim.get("eps")
+    for group in optim.get("group_overrides") or []:
+        if group.get("params") == ["embeddings.weight"] and "eps" in (group.get("opts") or {}):
+            width_multiplier = float(base_eps) / float(group["opts"]["eps"])
+            return 1.0 / width_multiplier
+    return 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,13 +101,44 @@ class CompletePConfig(FamilyConfig, Variants):
 
 
 @dataclasses.dataclass(frozen=True)
-class CompleteP(ResidualFamily, LearningRateRule):
+class CompleteP(ResidualFamily, LearningRateRule, OriginalFormat):
     name = "completep"
     description = ("CompleteP / depth-muP: x <- x + (L/L_base)^-alpha F(N(x)), block LR "
                    "x (L/L_base)^(alpha-1)")
     reference = ("Dey et al. 2025, Don't be lazy: CompleteP enables compute-efficient deep "
                  "transformers (arXiv 2505.01618); Yang et al. 2023, Tensor Programs VI")
     Config = CompletePConfig
+    # DepthScaledTransformerBlock (block.py@6bdf2ad), through the original's
+    # examples/pretrain_preln_mup.py@aba1f65.
+    original_blocks = ("depth_mup", "completep")
+    original_fields = {"residual_scaling_base_depth": (None,),
+                       "attention_residual_alpha": (None, 1, 1.0),
+                       "feed_forward_residual_alpha": (None, 1, 1.0)}
+
+    @classmethod
+    def from_original(cls, block, saved, options):
+        name = block.opt("name")
+        head_scale = _head_scale(saved)
+        residual = {"completep_alpha": 0.5 if name == "depth_mup" else 1.0,
+                    "completep_base_depth": block.int("residual_scaling_base_depth"),
+                    "completep_head_scale": head_scale}
+        if head_scale == 1.0:
+            # Depth-only runs train the blocks with the depth rule (apply_depth_only_scaling:
+            # one optimizer group for blocks.*): train.lr_rule = "family".
+            return Reading(block=name, residual=residual, train={"lr_rule": "family"})
+        return Reading(block=name, residual=residual, departures=(
+            f"depth-width muP (head output factor d_base/d = {head_scale:g}, "
+            "completep_head_scale): the logits are the original's, but its width-muP init "
+            "and per-group learning rates are not fields, so training on from here is not "
+            "the original's recipe",))
+
+    def to_original(self):
+        names = {0.5: "depth_mup", 1.0: "completep"}
+        if self.alpha not in names or float(self.cfg.completep_head_scale) != 1.0:
+            raise ConfigError("the original trained depth-muP (alpha 0.5) and CompleteP (1), "
+                              "depth-only or with its width-muP rules; this completep has alpha "
+                              f"{self.alpha:g}, head scale {self.cfg.completep_head_scale:g}")
+        return {"name": names[self.alpha], "residual_scaling_base_depth": self.base_depth}
 
     @property
     def alpha(self) -> float:

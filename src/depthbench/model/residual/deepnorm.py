@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from depthbench.errors import ConfigError
 from depthbench.model.residual.base import ResidualFamily, gate, layer_norm, norm_param, post_norm
 from depthbench.model.residual.fields import FamilyConfig, check_number
+from depthbench.model.residual.original_format import OriginalFormat
 
 _LN = ("attn_post_ln", "mlp_post_ln")
 _BETA_MATRICES = frozenset({"v", "o", "gate", "up", "down"})
@@ -39,12 +41,26 @@ class DeepNormConfig(FamilyConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class DeepNorm(ResidualFamily):
+class DeepNorm(ResidualFamily, OriginalFormat):
     name = "deepnorm"
     description = "DeepNorm: x <- LN(alpha x + F(x)), alpha=(2L)^1/4, init x beta=(8L)^-1/4"
     reference = "Wang et al. 2022, DeepNet: Scaling Transformers to 1,000 Layers (arXiv 2203.00555)"
     pre_norm = False
     Config = DeepNormConfig
+    # DeepNormTransformerBlock (block.py@6bdf2ad): its attention_norm and
+    # feed_forward_norm are the post-LNs, mean-centred (layer_norm.name "default").
+    original_blocks = ("deepnorm",)
+    original_norm = "default"
+
+    def original_norms(self, i):
+        return {"attention_norm": "blocks/residual/attn_post_ln",
+                "feed_forward_norm": "blocks/residual/mlp_post_ln"}
+
+    def to_original(self):
+        if self.cfg.deepnorm_alpha or self.cfg.deepnorm_beta:
+            raise ConfigError("the original's DeepNorm takes alpha and beta from the depth; "
+                              "this deepnorm sets deepnorm_alpha or deepnorm_beta")
+        return {"name": "deepnorm"}
 
     @property
     def alpha(self) -> float:

@@ -45,15 +45,20 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from depthbench.errors import ConfigError
 from depthbench.model.residual import fused
 from depthbench.model.residual.base import family_param, gate, with_axes
 from depthbench.model.residual.fields import check_choice
+from depthbench.model.residual.original_format import Reading, vector
 from depthbench.model.residual.streams import (
+    CONNECTORS,
     NBTD,
     StreamConfig,
     StreamFamily,
     add_weighted,
+    hyper_block,
     mix_streams,
+    read_hyper_connections,
 )
 
 HC_EPS = 1e-8  # the stream norm's eps (spec: 1e-8, no weight)
@@ -99,6 +104,44 @@ class HC(StreamFamily):
     reference = "Zhu et al. 2025, Hyper-Connections (ICLR 2025, arXiv 2409.19606)"
     no_decay = frozenset({"A0", "beta0"})
     Config = HCConfig
+    original_blocks = ("hc",)  # HCTransformerBlock (block.py@6bdf2ad)
+    original_kinds = ("hc",)
+
+    # ------------------------------------------------------------ the original's format
+    @classmethod
+    def from_original(cls, block, saved, options):
+        _, _, form, f = read_hyper_connections(block, cls.original_kinds, options)
+        early = form.value == "early"
+        return Reading(block="hc", choice=form, residual={
+            "hc_n": f["hc_n"], "hc_scale_init": f["hc_scale_init"], "readout": f["readout"],
+            "hc_tanh": f["tanh"], "hc_write": "residual" if early else "mixed"})
+
+    def to_original(self):
+        forms = {("mixed", "sum_then_norm"): False, ("residual", "norm_then_sum"): True}
+        early = forms.get((self.cfg.hc_write, self.readout_mode))
+        if early is None:
+            raise ConfigError(f"the original's hc wrote and read out as mixed/sum_then_norm or "
+                              f"residual/norm_then_sum; this hc is {self.cfg.hc_write}/"
+                              f"{self.readout_mode}")
+        hyper = {"kind": "hc", "num_residual_streams": self.n, "collapse": "auto",
+                 "gating_factor_init": float(self.cfg.hc_scale_init)}
+        if early or not self.cfg.hc_tanh:  # (its early config saved tanh, a bool then)
+            hyper["tanh"] = bool(self.cfg.hc_tanh)
+        return hyper_block("hc", early, hyper)
+
+    def original_block_tensors(self, i):
+        """``{attention,feed_forward}_hyper_connection.*`` of block ``i``."""
+        n, d = self.n, self.spec.d_model
+        out = []
+        for conn, sub in CONNECTORS:
+            for key, shape, leaf in (("static_alpha", (n, n + 1), "A0"),
+                                     ("dynamic_alpha_proj", (d, n + 1), "W_a"),
+                                     ("dynamic_alpha_scale", (), "s_a"),
+                                     ("static_beta", (n,), "beta0"),
+                                     ("dynamic_beta_proj", (d,), "w_b"),
+                                     ("dynamic_beta_scale", (), "s_b")):
+                out.append(vector(f"{conn}.{key}", shape, f"blocks/residual/{leaf}", (i, sub)))
+        return out
 
     # ------------------------------------------------------------ parameters
     def create_block_params(self, mod, ident):

@@ -24,9 +24,11 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from depthbench.errors import ConfigError
 from depthbench.model.residual.base import ResidualFamily, gate, norm_param, post_norm, rms_norm
 from depthbench.model.residual.capabilities import CostTerms
 from depthbench.model.residual.fields import FamilyConfig, check_number
+from depthbench.model.residual.original_format import PRE_NORMS, Constant, OriginalFormat
 
 _POST = ("attn_post_norm", "mlp_post_norm")  # N_pa, N_pf
 
@@ -40,13 +42,29 @@ class KeelConfig(FamilyConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class Keel(ResidualFamily, CostTerms):
+class Keel(ResidualFamily, CostTerms, OriginalFormat):
     name = "keel"
     description = ("KEEL: h = N_pa(alpha x + Attn(N_a(x))), out = N_pf(alpha h + MLP(N_f(h))), "
                    "alpha = 2L; block 0 unscaled, no N_pa")
     reference = ("Chen & Wei 2026, Post-LayerNorm Is Back: Stable, ExpressivE, and Deep "
                  "(arXiv 2601.19895)")
     Config = KeelConfig
+    original_blocks = ("keel",)  # KeelTransformerBlock (block.py@6bdf2ad)
+
+    def original_norms(self, i):
+        post = {"post_feed_forward_norm": "blocks/residual/mlp_post_norm"}
+        if i:  # the original's block 0 has no N_pa
+            post["post_attention_norm"] = "blocks/residual/attn_post_norm"
+        return {**PRE_NORMS, **post}
+
+    def original_block_tensors(self, i):
+        # depthbench keeps an N_pa on block 0 too, unused there: set to 1
+        return [] if i else [Constant("blocks/residual/attn_post_norm", (0,), 1.0)]
+
+    def to_original(self):
+        if self.cfg.keel_alpha:
+            raise ConfigError("the original's KEEL takes alpha = 2L; this keel sets keel_alpha")
+        return {"name": "keel"}
 
     @property
     def alpha(self) -> float:

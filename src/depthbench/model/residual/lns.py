@@ -13,9 +13,11 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from depthbench.errors import ConfigError
 from depthbench.model.residual.base import ResidualFamily
 from depthbench.model.residual.capabilities import ScaledInput
 from depthbench.model.residual.fields import FamilyConfig, check_number
+from depthbench.model.residual.original_format import OriginalFormat, Reading
 
 
 def lns_scale(ident, power: float):
@@ -33,11 +35,25 @@ class LNSConfig(FamilyConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class LNS(ResidualFamily, ScaledInput):
+class LNS(ResidualFamily, ScaledInput, OriginalFormat):
     name = "lns"
     description = "LayerNorm Scaling: x <- x + F(N(x) / sqrt(l)), l = 1-based block identity"
     reference = "Sun et al. 2025, The Curse of Depth in Large Language Models (arXiv 2502.05795)"
     Config = LNSConfig
+    # LayerNormScaledTransformerBlock (block.py@6bdf2ad): 1/sqrt(i+1), a buffer
+    # ln_scale in earlier checkpoints (@fd0cc94), recomputed here.
+    original_blocks = ("default_scaled",)
+    original_ignored = (".ln_scale",)
+
+    @classmethod
+    def from_original(cls, block, saved, options):
+        return Reading(block="default_scaled", residual={"lns_power": 0.5})
+
+    def to_original(self):
+        if self.power != 0.5:
+            raise ConfigError(f"the original's LNS divides by sqrt(l); this lns has lns_power "
+                              f"{self.power:g}")
+        return {"name": "default_scaled"}
 
     @property
     def power(self) -> float:

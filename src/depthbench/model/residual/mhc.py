@@ -60,19 +60,24 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from depthbench.errors import ConfigError
 from depthbench.model.residual import fused
 from depthbench.model.residual.base import family_param, gate, with_axes
 from depthbench.model.residual.fields import check_choice, check_number
+from depthbench.model.residual.original_format import Place, Reading, Tensor, vector
 from depthbench.model.residual.sinkhorn import sinkhorn, sinkhorn_flops, sinkhorn_linear
 from depthbench.model.residual.streams import (
+    CONNECTORS,
     NBTD,
     StreamConfig,
     StreamFamily,
     add_weighted,
+    hyper_block,
     mix_streams,
+    read_hyper_connections,
     stream_sum,
 )
 
@@ -165,6 +170,10 @@ class MHC(StreamFamily):
     )
     reference = "Xie et al. (DeepSeek-AI) 2025, mHC: Manifold-Constrained Hyper-Connections"
     Config = MHCConfig
+    # MHCTransformerBlock (block.py@6bdf2ad), its connector's PyTorch form
+    # (HyperConnection._forward_mhc) or Liger's (LigerHyperConnection).
+    original_blocks = ("mhc",)
+    original_kinds = ("mhc", "liger_mhc")
 
     @property
     def no_decay(self) -> frozenset[str]:  # type: ignore[override]
@@ -306,3 +315,96 @@ class MHC(StreamFamily):
             "res_layout": self.cfg.mhc_res_layout,
             "mhc_bias": float(self.cfg.mhc_bias),
         }
+
+    # ------------------------------------------------------------ the original's format
+    @classmethod
+    def from_original(cls, block, saved, options):
+        hc, kind, form, f = read_hyper_connections(block, cls.original_kinds, options)
+        residual = {"hc_n": f["hc_n"], "hc_scale_init": f["hc_scale_init"],
+                    "readout": f["readout"], "mhc_tanh": f["tanh"],
+                    "sinkhorn_iters": hc.int("sinkhorn_iters", default=20)}
+        if kind == "liger_mhc":
+            # LigerHyperConnection's own defaults, overridable by the config's liger_* keys.
+            residual.update(
+                sinkhorn_temperature=1.0, mhc_sinkhorn="linear", mhc_res_layout="out_in",
+                mhc_sinkhorn_eps=hc.num("liger_sinkhorn_eps", 1e-6),
+                mhc_rms_eps=hc.num("liger_rms_eps", 1e-6), mhc_gate_decay=False,
+                mhc_phi_dtype=hc.choice("liger_phi_dtype", ("bfloat16", "float32"),
+                                        "bfloat16"))
+            for key, want in (("liger_pre_eps", 0.0), ("liger_post_mult", 2.0)):
+                hc.must(hc.num(key, want) == want,
+                        f"{key} = {hc.num(key, want)} is not supported (depthbench's mhc has "
+                        f"{want:g})")
+        else:  # PyTorch mHC: _forward_mhc's rms(f) eps 1e-8, log-domain sinkhorn_log
+            residual.update(sinkhorn_temperature=hc.num("sinkhorn_tau", 1.0),
+                            mhc_sinkhorn="log", mhc_res_layout="in_out", mhc_rms_eps=1e-8,
+                            mhc_gate_decay=True, mhc_phi_dtype="param")
+        return Reading(block="mhc", residual=residual, choice=form)
+
+    @property
+    def liger(self) -> bool:
+        """Whether this is the Liger form (one ``phi`` and one ``b`` in the
+        checkpoint) rather than the PyTorch one (three projections and biases)."""
+        return self.cfg.mhc_res_layout == "out_in"
+
+    def to_original(self):
+        cfg, n = self.cfg, self.n
+        hyper = {"num_residual_streams": n, "gating_factor_init": float(cfg.hc_scale_init),
+                 "sinkhorn_iters": int(cfg.sinkhorn_iters), "collapse": "auto"}
+        liger = {"mhc_sinkhorn": "linear", "mhc_res_layout": "out_in", "mhc_gate_decay": False,
+                 "readout": "mean_then_norm", "mhc_tanh": False, "sinkhorn_temperature": 1.0}
+        pytorch = {"mhc_sinkhorn": "log", "mhc_res_layout": "in_out", "mhc_rms_eps": 1e-8,
+                   "mhc_gate_decay": True, "mhc_phi_dtype": "param"}
+        have = dataclasses.asdict(cfg)
+        if all(have[k] == v for k, v in liger.items()) and cfg.mhc_phi_dtype != "param":
+            return hyper_block("mhc", False, {
+                **hyper, "kind": "liger_mhc", "liger_phi_dtype": cfg.mhc_phi_dtype,
+                "liger_rms_eps": float(cfg.mhc_rms_eps),
+                "liger_sinkhorn_eps": float(cfg.mhc_sinkhorn_eps)})
+        early = {"sum_then_norm": False, "norm_then_sum": True}.get(self.readout_mode)
+        if not all(have[k] == v for k, v in pytorch.items()) or early is None or (
+                early != bool(cfg.mhc_tanh)):
+            raise ConfigError("the original trained mHC in Liger's form and in PyTorch's "
+                              "(final, or tanh with norm_then_sum): this mhc is neither "
+                              f"({self.layout()}, tanh {cfg.mhc_tanh})")
+        return hyper_block("mhc", early, {**hyper, "kind": "mhc", "tanh": bool(cfg.mhc_tanh),
+                                          "sinkhorn_tau": float(cfg.sinkhorn_temperature)})
+
+    def original_block_tensors(self, i):
+        """``{attention,feed_forward}_hyper_connection.*`` of block ``i``: Liger's
+        ``phi [n*d, n^2 + 2n]`` (columns pre | post | res, rows stream-major like
+        depthbench's ``phi [n, d, m]``, the res part ``[out, in]`` as
+        ``mhc_res_layout = out_in`` reads it) and ``b`` in the same order; or the
+        PyTorch form's three projections, one column block of ``phi`` each
+        (``[in, out]``: ``einsum("st,sd->td")``), its biases and gates."""
+        n, d, width = self.n, self.spec.d_model, self.width
+        out = []
+        for conn, sub in CONNECTORS:
+            c, at = f"{conn}.", (i, sub)
+            if self.liger:
+                out += [
+                    Tensor(c + "phi", (n * d, width), (Place(
+                        "blocks/residual/phi", at, lambda w: w.reshape(n, d, width),
+                        lambda x: x.reshape(n * d, width)),)),
+                    Tensor(c + "b", (width,), (
+                        Place("blocks/residual/b_pre", at, lambda b: b[:n]),
+                        Place("blocks/residual/b_post", at, lambda b: b[n:2 * n]),
+                        Place("blocks/residual/B_res", at, lambda b: b[2 * n:].reshape(n, n),
+                              lambda x: x.reshape(n * n))), join=np.concatenate),
+                    *(vector(c + f"alpha_{g}", (), f"blocks/residual/a_{g}", at)
+                      for g in ("pre", "post", "res"))]
+                continue
+            for key, cols in (("pre_dynamic_proj", slice(0, n)),
+                              ("post_dynamic_proj", slice(n, 2 * n)),
+                              ("residual_dynamic_proj", slice(2 * n, width))):
+                span = cols.stop - cols.start
+                out.append(Tensor(c + key, (n * d, span), (Place(
+                    "blocks/residual/phi", (*at, slice(None), slice(None), cols),
+                    lambda w, span=span: w.reshape(n, d, span),
+                    lambda x, span=span: x.reshape(n * d, span)),)))
+            out += [vector(c + "pre_bias", (n,), "blocks/residual/b_pre", at),
+                    vector(c + "post_bias", (n,), "blocks/residual/b_post", at),
+                    vector(c + "residual_bias", (n, n), "blocks/residual/B_res", at),
+                    *(vector(c + f"{g}_gate", (), f"blocks/residual/a_{ours}", at)
+                      for g, ours in (("pre", "pre"), ("post", "post"), ("residual", "res")))]
+        return out

@@ -81,6 +81,14 @@ from depthbench.model.residual.capabilities import (
 )
 from depthbench.model.residual.fields import FamilyConfig, check_choice, check_number
 from depthbench.model.residual.moda_attention import attention_with_depth
+from depthbench.model.residual.original_format import (
+    POST_NORMS,
+    PRE_NORMS,
+    Constant,
+    OriginalFormat,
+    Reading,
+    linear,
+)
 from depthbench.shapes import resolve_shape
 
 BTKMH = ("activation_batch", "activation_length", "activation_kv_heads", "activation_sources", None)
@@ -175,7 +183,8 @@ class MoDAConfig(FamilyConfig, Variants):
 
 
 @dataclasses.dataclass(frozen=True)
-class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes):
+class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes,
+           OriginalFormat):
     name = "moda"
     description = (
         "mixture-of-depths attention: one softmax over the causal sequence keys and "
@@ -184,6 +193,15 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
     reference = "Zhu et al. 2026, Mixture-of-Depths Attention (arXiv 2603.15619; hustvl/MoDA)"
     Config = MoDAConfig
     sharding_rules = (("activation_sources", None),)  # the depth-KV caches' slot axis
+    # The original's MoDA blocks (block.py@6bdf2ad, nn/moda.py@100da5f) through its
+    # launchers' configure_moda (examples/moda_common.py@6bdf2ad): pre-norm "moda",
+    # post-norm "post_norm_moda"; the sublayers wrapped as attention.attention and
+    # feed_forward.feed_forward; the last block's FFN depth K/V skipped by a
+    # block override.
+    original_blocks = ("moda", "post_norm_moda")
+    original_fields = {"moda": (None,), "moda_skip_ffn_kv": (None, False),
+                       "block_overrides": (None, {})}
+    original_sublayers = ("attention.attention.", "feed_forward.feed_forward.")
 
     # ------------------------------------------------------------ layout
     @property
@@ -356,3 +374,54 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
         return {**super().describe(), "depth_slots": 2 * self.n_slots,
                 "depth_kv_heads": self.kv_heads, "norm": self.cfg.moda_norm,
                 "depth_query": self.cfg.moda_depth_query}
+
+    # ------------------------------------------------------------ the original's format
+    @classmethod
+    def from_original(cls, block, saved, options):
+        moda = block.sub_or_empty("moda")
+        moda.must(moda.opt("extra_ffn_kv_proj") is not False and not moda.opt(
+            "extra_attn_kv_proj"), "only the configuration configure_moda trains is supported "
+            "(extra_ffn_kv_proj true, extra_attn_kv_proj false)")
+        model = saved["model"]
+        last = str(int(model["n_layers"]) - 1)
+        overrides = {str(k): v for k, v in (model.get("block_overrides") or {}).items()}
+        ignore = {"moda_skip_ffn_kv", "_CLASS_"}
+
+        def same(o) -> bool:
+            return isinstance(o, dict) and {k: v for k, v in o.items() if k not in ignore} == {
+                k: v for k, v in block.data.items() if k not in ignore}
+
+        if overrides:
+            block.must(set(overrides) == {last} and same(overrides[last])
+                       and overrides[last].get("moda_skip_ffn_kv"),
+                       f"model.block_overrides for blocks {sorted(overrides)}: only the MoDA "
+                       "last-block override (moda_skip_ffn_kv) is supported")
+        else:
+            block.must(not block.opt("moda_skip_ffn_kv"),
+                       "moda_skip_ffn_kv on every block is not supported")
+        name = block.opt("name")
+        return Reading(block=name, residual={
+            "moda_kv_heads": 0, "moda_norm": "post" if name == "post_norm_moda" else "pre",
+            "moda_depth_query": "rotated"})
+
+    def to_original(self):
+        if int(self.cfg.moda_kv_heads) or self.cfg.moda_depth_query != "rotated":
+            raise ConfigError("the original's MoDA projects depth K/V with the model's KV heads "
+                              "and meets them with the rotated query; this moda has "
+                              f"moda_kv_heads {self.cfg.moda_kv_heads}, "
+                              f"{self.cfg.moda_depth_query} query")
+        return {"name": "moda" if self.pre_norm else "post_norm_moda",
+                "moda": {"extra_ffn_kv_proj": True, "extra_attn_kv_proj": False}}
+
+    def original_norms(self, i):
+        return PRE_NORMS if self.pre_norm else POST_NORMS
+
+    def original_block_tensors(self, i):
+        """``feed_forward.kv_proj`` (``view(B, T, 2, n_kv, h)``: rows ``(k|v, head,
+        h)``), none on the last block: nothing reads its FFN depth K/V."""
+        s = self.spec
+        if i == s.depth - 1:
+            return [Constant("blocks/residual/depth_kv", (i,), 0.0)]
+        rows = 2 * self.kv_heads * s.head_dim
+        return [linear("feed_forward.kv_proj.weight", rows, s.d_model, "blocks/residual/depth_kv",
+                       (i,), (s.d_model, 2, self.kv_heads, s.head_dim))]

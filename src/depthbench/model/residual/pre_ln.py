@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 from depthbench.model.residual.base import ResidualFamily
+from depthbench.model.residual.original_format import OriginalFormat
 
 
 @dataclasses.dataclass(frozen=True)
-class PreLN(ResidualFamily):
+class PreLN(ResidualFamily, OriginalFormat):
     name = "pre_ln"
     description = "Pre-LN residual: x <- x + F(N(x)) (the LLaMA default)"
     reference = "Xiong et al. 2020, On Layer Normalization in the Transformer Architecture"
+    original_blocks = ("default",)  # the original's TransformerBlock, unchanged

@@ -12,16 +12,22 @@ import dataclasses
 
 from depthbench.model.residual.base import ResidualFamily, gate, norm_param, rms_norm
 from depthbench.model.residual.capabilities import CostTerms
+from depthbench.model.residual.original_format import PRE_NORMS, OriginalFormat
 
 _POST = ("attn_post_norm", "mlp_post_norm")  # N' of the attention and MLP sublayers
 
 
 @dataclasses.dataclass(frozen=True)
-class SandwichLN(ResidualFamily, CostTerms):
+class SandwichLN(ResidualFamily, CostTerms, OriginalFormat):
     name = "sandwich_ln"
     description = "Peri-LN / sandwich: x <- x + N'(F(N(x))), a second RMSNorm on every output"
     reference = ("Kim et al. 2025, Peri-LN: Revisiting Layer Normalization in the Transformer "
                  "Architecture; Ding et al. 2021, CogView (sandwich-LN)")
+    original_blocks = ("peri_norm",)  # PeriNormTransformerBlock (block.py@6bdf2ad)
+
+    def original_norms(self, i):
+        return {**PRE_NORMS, "post_attention_norm": "blocks/residual/attn_post_norm",
+                "post_feed_forward_norm": "blocks/residual/mlp_post_norm"}
 
     def create_block_params(self, mod, ident):
         return {k: norm_param(mod, k, self.spec.d_model, self.spec.pdtype) for k in _POST}

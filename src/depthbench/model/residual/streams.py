@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import math
 import operator
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +53,7 @@ from depthbench.model.residual.capabilities import (
     Variants,
 )
 from depthbench.model.residual.fields import FamilyConfig, check_choice, check_number
+from depthbench.model.residual.original_format import Choice, Fields, OriginalFormat
 
 READOUTS = ("norm_then_sum", "sum_then_norm", "mean_then_norm")
 NBTD = ("activation_streams", "activation_batch", "activation_length", "activation_embed")
@@ -158,8 +160,24 @@ class StreamConfig(FamilyConfig, Variants):
 
 
 @dataclasses.dataclass(frozen=True)
-class StreamFamily(ResidualFamily, CostTerms, AnalysisProbes, AnalysisOptions):
+class StreamFamily(ResidualFamily, CostTerms, AnalysisProbes, AnalysisOptions, OriginalFormat):
     """Base of hc and mhc: ``n`` streams, ``1/sqrt(n)`` output init, stream readout."""
+
+    # The original's blocks name their connectors' settings in hyper_connections
+    # (config.py@6bdf2ad HyperConnectionsConfig) and register each wrapped sublayer
+    # again inside its connector (...hyper_connection.branch.*: aliases).
+    original_fields = {"hyper_connections": (None,)}
+    original_ignored = (".branch.",)
+    original_kinds: ClassVar[tuple[str, ...]] = ()  # hyper_connections.kind values
+
+    @classmethod
+    def original_claims(cls, block):
+        """Its block type, or (before the original registered the block types) a
+        ``default`` block carrying its kind of ``hyper_connections``."""
+        name, hyper = block.get("name") or "default", block.get("hyper_connections")
+        if name == "default" and isinstance(hyper, dict):
+            return (hyper.get("kind") or "hc") in cls.original_kinds
+        return name in cls.original_blocks
 
     Config = StreamConfig
     # The first value is the original benchmark's (docs/spec/analysis.md "Options").
@@ -223,3 +241,82 @@ class StreamFamily(ResidualFamily, CostTerms, AnalysisProbes, AnalysisOptions):
 
     def describe(self) -> dict:
         return {**super().describe(), "n": self.n, "readout": self.readout_mode}
+
+
+# ----------------------------------------------------------------- the original's format
+
+# Each block's two connectors in the original's modules, and their index on
+# depthbench's connector axis.
+CONNECTORS = (("attention_hyper_connection", 0), ("feed_forward_hyper_connection", 1))
+FORMS = ("final", "early")
+
+
+def hc_form(block: dict, kind: str, asked: str = "auto") -> Choice:
+    """Which of the original's two forms of HC and PyTorch mHC a checkpoint has
+    (docs/ORIGINAL.md): ``final``, the mixed write rule and the streams summed
+    before the head's norm (hyper_connections.py and model.py@8cc2fd74 on), or
+    ``early``, the residual write rule and each stream through the head's norm
+    (@dc75a4e to @5152cab; mHC's write rule did not change, only its readout),
+    from its ``model.block`` (OLMo-core's config saver leaves out fields whose
+    value is None), or the one ``asked`` (the import's ``hc_form``).  The
+    fields of each era (config.py's versions, read in the original's history):
+
+    * HC on a ``default`` block: config.py before @5152cab: early;
+    * ``moda_skip_ffn_kv`` saved: config.py@8cc2fd74 (MoDA's merge) or later: final;
+    * ``hyper_connections.tanh`` saved for kind ``hc``: ``tanh: bool = True`` was
+      always saved up to @5152cab (and @b2141085); from @2a9d668 it is None
+      unless set, and the HC launcher never sets it: early;
+    * ``tanh = true`` for kind ``mhc``: mHC's tanh default before @2a9d668: early;
+    * anything else: checkpoints of @5152cab and of @2a9d668 to @8cc2fd74 save
+      the same fields: the final form, said to be a choice."""
+    hyper = block.get("hyper_connections") or {}
+
+    def form(value: str, certain: bool, why: str) -> Choice:
+        return Choice(value, certain, why, "hc_form", FORMS)
+
+    if asked != "auto":
+        return form(asked, True, f"asked for with --hc-form {asked}")
+    if (block.get("name") or "default") == "default":
+        return form("early", True, "HC on a 'default' block: config.py before @5152cab, "
+                    "residual write rule, each stream through the head's norm")
+    if "moda_skip_ffn_kv" in block:
+        return form("final", True, "model.block saves moda_skip_ffn_kv: config.py@8cc2fd74 "
+                    "or later, mixed write rule, streams summed before the head's norm")
+    if kind == "hc" and "tanh" in hyper:
+        return form("early", False, "hyper_connections.tanh is saved, as config.py saved it "
+                    "up to @5152cab (the HC launcher never sets it later)")
+    if kind == "mhc" and hyper.get("tanh") is True:
+        return form("early", False, "hyper_connections.tanh is true, mHC's default before "
+                    "config.py@2a9d668")
+    return form("final", False, "config.json saves the same fields at @5152cab (early form) "
+                "and @2a9d668 to @8cc2fd74 (final form); chose the original's final code")
+
+
+def read_hyper_connections(block: Fields, kinds: tuple[str, ...], options) -> tuple[
+        Fields, str, Choice | None, dict]:
+    """``(hyper_connections, kind, form, fields)``: the settings the original's HC
+    and mHC connectors share, as depthbench's fields (``form``: None for Liger's
+    mHC, whose one form every version computes)."""
+    hc = block.sub_or_empty("hyper_connections")
+    kind = hc.choice("kind", ("hc", "mhc", "liger_mhc"), kinds[0])
+    name = block.opt("name") or "default"
+    hc.must(kind in kinds, f"kind {kind!r} does not fit block type {name!r}")
+    collapse = hc.choice("collapse", ("auto", "sum", "mean"), "auto")
+    form = None if kind == "liger_mhc" else hc_form(block.data, kind, options.get("hc_form",
+                                                                                  "auto"))
+    mean = collapse == "mean" or (collapse == "auto" and kind == "liger_mhc")
+    early = form is not None and form.value == "early"
+    readout = "mean_then_norm" if mean else ("norm_then_sum" if early else "sum_then_norm")
+    tanh = hc.opt("tanh")
+    fields = {"hc_n": hc.int("num_residual_streams", default=4),
+              "hc_scale_init": hc.num("gating_factor_init", 0.01), "readout": readout,
+              "tanh": (kind == "hc") if tanh is None else bool(tanh)}
+    return hc, kind, form, fields
+
+
+def hyper_block(name: str, early: bool, hyper: dict) -> dict:
+    """A block config of the original's form (``early`` or final) for export:
+    the final form saves ``moda_skip_ffn_kv`` as config.py@8cc2fd74 does, so
+    that reading it back is certain."""
+    block = {"name": name, "hyper_connections": hyper}
+    return block if early else {**block, "moda_skip_ffn_kv": False}

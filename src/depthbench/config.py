@@ -54,7 +54,12 @@ RESIDUAL = "model.residual"
 # (capabilities.LearningRateRule).  Run directories written before the rule was
 # the family's name it by the one family that had one: read as "family".
 LR_RULES = ("none", "family")
-OLD_LR_RULES = {"completep": "family"}
+def _old_lr_rule(value: Any) -> bool:
+    """Whether ``train.lr_rule`` is a saved name of the family rule: the name of
+    a family with a learning-rate rule (``"completep"``, before ``"family"``)."""
+    from depthbench.model.residual.capabilities import LearningRateRule
+
+    return value in registry.with_capability(LearningRateRule)
 
 
 def spec_path(spec: str | Path) -> Path:
@@ -285,8 +290,8 @@ def from_saved(saved: dict) -> dict:
         given = model["residual"]
         out["model"] = {**model, "residual": {k: given.get(k, v) for k, v in own.items()}}
     train = out.get("train")
-    if isinstance(train, dict) and train.get("lr_rule") in OLD_LR_RULES:
-        out["train"] = {**train, "lr_rule": OLD_LR_RULES[train["lr_rule"]]}
+    if isinstance(train, dict) and _old_lr_rule(train.get("lr_rule")):
+        out["train"] = {**train, "lr_rule": "family"}
     return out
 
 

@@ -143,7 +143,7 @@ def test_report_section_and_results_csv_have_the_known_numbers(tmp_path):
         assert rows[f"pre_ln-L{depth}"]["speedup_flops"] == 1.0
     # hc L2 ends at 3.5; pre_ln L2 goes 4.0 -> 3.0 over steps 100 -> 200: 3.5 at step 150.
     hc2 = rows["hc-L2"]
-    assert hc2["pre_ln_tokens_to_loss"] == 150 * TOKENS_PER_STEP
+    assert hc2["baseline_tokens_to_loss"] == 150 * TOKENS_PER_STEP
     assert hc2["speedup_tokens"] == pytest.approx(0.75)
     assert hc2["speedup_flops"] == pytest.approx(0.75 * _fpt("pre_ln", 2) / _fpt("hc", 2),
                                                  rel=1e-5)

@@ -44,7 +44,13 @@ from depthbench.model.residual import registry
 from depthbench.model.residual.capabilities import LearningRateRule
 from depthbench.model.spec import ModelSpec
 
-DEFAULT_FAMILIES = ("pre_ln", "completep")
+
+def default_families() -> tuple[str, ...]:
+    """The baseline and every family with a learning-rate rule (CompleteP's): the
+    rule is what the check is for."""
+    return (registry.baseline(), *registry.with_capability(LearningRateRule))
+
+
 DEFAULT_DEPTHS = (2, 4, 8)
 DEFAULT_WIDTHS = (64, 128)
 DEFAULT_STEPS = 3
@@ -241,14 +247,16 @@ class CoordCheck:
                 "points": [p.as_dict() for p in self.points]}
 
 
-def run(base: ml_collections.ConfigDict, families: Sequence[str] = DEFAULT_FAMILIES,
+def run(base: ml_collections.ConfigDict, families: Sequence[str] | None = None,
         depths: Sequence[int] = DEFAULT_DEPTHS, widths: Sequence[int] = DEFAULT_WIDTHS, *,
         steps: int = DEFAULT_STEPS, heads: int = 4, lr_rule: str = "auto",
         progress: Callable[[str], None] | None = None) -> CoordCheck:
     """The coordinate check of every (family, depth, width), each model trained
-    on the same batches of ``base``'s data at ``base``'s peak learning rate."""
+    on the same batches of ``base``'s data at ``base``'s peak learning rate
+    (``families``: :func:`default_families` when None)."""
     start = time.perf_counter()
-    families, depths, widths = list(families), sorted(set(depths)), sorted(set(widths))
+    families = list(default_families() if families is None else families)
+    depths, widths = sorted(set(depths)), sorted(set(widths))
     _check_grid(families, depths, widths, steps, heads)
     configs = {(f, L, w): point_config(base, f, L, w, heads=heads, steps=steps, rule=lr_rule)
                for f in families for L in depths for w in widths}

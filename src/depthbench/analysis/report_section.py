@@ -64,6 +64,6 @@ def markdown_lines(workdir, rows: Sequence[dict], md_table) -> list[str]:
             "pairs with both blocks >= L/4 whose skip causal score > 0.45 / swap score > 0.15), "
             "effective depth (blocks whose removal alone raises loss by > 1%), mean angular "
             "distance between neighbouring depth states, the logit lens's KL to the final "
-            "output half-way up, attnres's dead segment and hc/mhc's composed stream-mixing "
-            "rank.  Plots: `RUN/analysis/*.png`.", "",
+            "output half-way up, the depth-attention families' dead segment and the stream "
+            "families' composed stream-mixing rank.  Plots: `RUN/analysis/*.png`.", "",
             md_table(HEADERS, body, align="l"), ""]

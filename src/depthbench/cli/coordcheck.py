@@ -86,7 +86,7 @@ def register(subparsers) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="micro", metavar="SPEC",
                         help="the spec the models start from (default micro)")
-    parser.add_argument("--families", default=",".join(coordcheck.DEFAULT_FAMILIES),
+    parser.add_argument("--families", default=",".join(coordcheck.default_families()),
                         help="comma-separated families (variants allowed: hc+sum_then_norm), "
                              "or 'all' (default %(default)s)")
     parser.add_argument("--depths", default=",".join(map(str, coordcheck.DEFAULT_DEPTHS)),

@@ -28,10 +28,10 @@ from etils import epath
 
 from depthbench.equal_compute import curves as C
 from depthbench.formatting import fmt_count
+from depthbench.model.residual.registry import baseline
 from depthbench.rundir.io import DamagedFile, finite, read_jsonl
 from depthbench.rundir.names import METRICS_FILE
 
-BASELINE = "pre_ln"  # the plain LLaMA backbone every family is measured against
 PLOT = "loss_vs_flops.png"
 VALIDATION, TRAINING = "validation", "training"
 MIN_VAL_POINTS = 2  # a validation curve with fewer points cannot be interpolated
@@ -39,7 +39,7 @@ MIN_VAL_POINTS = 2  # a validation curve with fewer points cannot be interpolate
 # neighbours on each side before the monotone fit (validation losses are not).
 TRAINING_SMOOTHING = 2
 COLUMNS = (  # appended to results.csv by the report, in this order
-    "train_flops_per_token", "train_flops", "fitted_final_loss", "pre_ln_tokens_to_loss",
+    "train_flops_per_token", "train_flops", "fitted_final_loss", "baseline_tokens_to_loss",
     "speedup_tokens", "speedup_flops", "reverse_speedup_tokens", "reverse_speedup_flops",
     "equal_flops_budget", "loss_at_equal_flops", "speedup_note",
 )
@@ -148,10 +148,10 @@ def _row_columns(row: dict, curve: C.Curve | None, fpt: float | None,
         out["speedup_note"] = baseline
     else:
         s = C.speedup(curve, baseline)
-        out.update(pre_ln_tokens_to_loss=s.baseline_tokens, speedup_tokens=s.tokens,
+        out.update(baseline_tokens_to_loss=s.baseline_tokens, speedup_tokens=s.tokens,
                    speedup_flops=s.flops, reverse_speedup_tokens=s.reverse_tokens,
                    reverse_speedup_flops=s.reverse_flops,
-                   speedup_note=f"{BASELINE} {s.note}" if s.note else None)
+                   speedup_note=f"{baseline()} {s.note}" if s.note else None)
     if budgets is not None and budgets.flops_budget is not None:
         out["equal_flops_budget"] = budgets.flops_budget
         out["loss_at_equal_flops"] = C.loss_at(curve, budgets.flops_budget, "flops")
@@ -167,18 +167,18 @@ def analyse(workdir: epath.Path, rows: Sequence[dict], summary: Mapping[str, Seq
     for suite, family_rows in summary.items():
         for fr in family_rows:
             families.append(_budgets(suite, fr, curves))
-            if fr.family == BASELINE:
-                baselines[suite] = {c.depth: curves.get(c.name, f"no {BASELINE} curve at this "
+            if fr.family == baseline():
+                baselines[suite] = {c.depth: curves.get(c.name, f"no {baseline()} curve at this "
                                                     "shape") for c in fr.cells if c.name}
     by_family = {(b.suite, b.family): b for b in families}
     columns = {}
     for row in rows:
         suite = row.get("suite") or ""
-        baseline = baselines.get(suite, {}).get(int(row["depth"]),
-                                                f"no finished {BASELINE} run at this shape")
+        reference = baselines.get(suite, {}).get(int(row["depth"]),
+                                                 f"no finished {baseline()} run at this shape")
         columns[row["name"]] = _row_columns(
             row, curves.get(row["name"]) if _finished(row) else None,
-            flops_per_token.get(row["name"]), baseline, by_family.get((suite, row["family"])))
+            flops_per_token.get(row["name"]), reference, by_family.get((suite, row["family"])))
     return EqualCompute(kind, curves, columns, families)
 
 
@@ -190,17 +190,17 @@ def _num(x: float | None, fmt: str = "{:.3g}") -> str:
 
 
 def _reach(cols: dict) -> str:
-    if cols["pre_ln_tokens_to_loss"] is not None:
-        return fmt_count(cols["pre_ln_tokens_to_loss"])
+    if cols["baseline_tokens_to_loss"] is not None:
+        return fmt_count(cols["baseline_tokens_to_loss"])
     note = cols["speedup_note"] or ""
-    return note.removeprefix(f"{BASELINE} ") if note else "-"
+    return note.removeprefix(f"{baseline()} ") if note else "-"
 
 
 def runs_table(ec: EqualCompute, rows: Sequence[dict], summary: Mapping[str, Sequence]
                ) -> tuple[list[str], list[list[str]]]:
     """One row per (suite, family, shape): its best learning rate's run."""
     headers = ["family", "L", "AR", "train FLOPs", "FLOPs/token", "wall s", "tokens/s",
-               "final loss (fit)", f"{BASELINE} tokens to reach it", "speedup tokens",
+               "final loss (fit)", f"{baseline()} tokens to reach it", "speedup tokens",
                "speedup FLOPs", "reverse speedup tokens / FLOPs"]
     by_name = {r["name"]: r for r in rows}
     body = []
@@ -260,10 +260,10 @@ def _intro(kind: str) -> list[str]:
         "attention, the family's own work x 3) times the tokens trained.  "
         f"Curves: {curve}, made monotone by a least-squares non-increasing fit so that one "
         "noisy record never decides where a curve crosses a loss.  "
-        f"Speedup: the tokens (FLOPs) the best {BASELINE} run at the same shape needs to "
+        f"Speedup: the tokens (FLOPs) the best {baseline()} run at the same shape needs to "
         "reach the run's final fitted loss, over the run's own; when "
-        f"{BASELINE} never reaches it, the reverse speedup measures the other way "
-        f"({BASELINE}'s tokens over the run's tokens to reach {BASELINE}'s final loss).  "
+        f"{baseline()} never reaches it, the reverse speedup measures the other way "
+        f"({baseline()}'s tokens over the run's tokens to reach {baseline()}'s final loss).  "
         "Each row is the best learning rate's run; results.csv has these columns for every "
         "run.", ""]
 

@@ -235,7 +235,10 @@ def import_hf(src: str | Path, out: str | Path, *, progress: bool = True) -> dic
     _safetensors()  # before any work: the one line naming the extra
     hf = read_hf_config(src)
     fields = model_fields(hf, src / "config.json")
-    config = run_writer.run_config("import-hf", "pre_ln", fields, {},
+    from depthbench.model.residual import registry
+
+    # A LLaMA decoder is the baseline family, the plain backbone.
+    config = run_writer.run_config("import-hf", registry.baseline(), fields, {},
                                    int(hf.get("max_position_embeddings") or 2048))
     tied = bool(hf.get("tie_word_embeddings", False))
     params_np = convert(read_tensors(src, progress=progress), fields, tied, src)

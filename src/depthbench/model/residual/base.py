@@ -184,6 +184,9 @@ class ResidualFamily:
     Config: ClassVar[type[FamilyConfig]] = FamilyConfig
     # Whether the backbone applies its own RMSNorm N_j before each sublayer.
     pre_norm: ClassVar[bool] = True
+    # The plain backbone every family is measured against (one family sets it:
+    # registry.baseline(); equal compute's speedups, import-hf's LLaMA).
+    baseline: ClassVar[bool] = False
     # Parameter leaf names (anywhere in the tree) that take no weight decay.
     no_decay: ClassVar[frozenset[str]] = frozenset()
     # Logical axis name -> mesh axis (or None: replicated) for the axes this

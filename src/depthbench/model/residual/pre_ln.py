@@ -14,3 +14,4 @@ class PreLN(ResidualFamily, OriginalFormat):
     description = "Pre-LN residual: x <- x + F(N(x)) (the LLaMA default)"
     reference = "Xiong et al. 2020, On Layer Normalization in the Transformer Architecture"
     original_blocks = ("default",)  # the original's TransformerBlock, unchanged
+    baseline = True  # the LLaMA backbone itself

@@ -114,6 +114,19 @@ def build(spec) -> ResidualFamily:
     return get(spec.family)(spec)
 
 
+def baseline() -> str:
+    """The family every other is measured against (the one declaring ``baseline``)."""
+    found = [name for name, cls in FAMILIES.items() if cls.baseline]
+    if len(found) != 1:
+        raise RuntimeError(f"registry: {len(found)} families declare baseline: {found}")
+    return found[0]
+
+
+def with_capability(capability: type) -> list[str]:
+    """The registered families deriving from ``capability``, in registry order."""
+    return [name for name, cls in FAMILIES.items() if issubclass(cls, capability)]
+
+
 def family_config(name: str, fields: dict[str, Any]) -> FamilyConfig:
     """Family ``name``'s typed config with ``fields`` (the others default): a
     field it does not declare, or a value of another type, is one ConfigError."""

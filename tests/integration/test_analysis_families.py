@@ -41,14 +41,15 @@ def test_capture_all(family):
     np.testing.assert_allclose(run.states(x)[-1], cap["z"][-1], rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("family,readout", [("hc", "norm_then_sum"), ("mhc", "mean_then_norm")])
+@pytest.mark.parametrize("family,readout", [("hc", "sum_then_norm"), ("hc", "norm_then_sum"),
+                                            ("mhc", "mean_then_norm")])
 def test_stream_lens_reduces_then_normalises_by_default(family, readout):
     """The original's logit lens of hc/mhc: ``lm_head(N_out(reduce_s H[s]))`` with
     the model's stream reduction (the sum; the mean under mean_then_norm), at
     every depth; after the last block it is the model's output only when the
-    readout itself reduces first (mhc's mean_then_norm), not for hc's
-    norm_then_sum."""
-    run = init_run(tiny_config(family, 2))
+    readout itself reduces first (hc's sum_then_norm, mhc's mean_then_norm), not
+    under the earlier norm_then_sum."""
+    run = init_run(tiny_config(family, 2, **{"model.residual.readout": readout}))
     assert run.config.model.residual.readout == readout
     leaves, tree = jax.tree.flatten(run.params)
     keys = jax.random.split(jax.random.key(5), len(leaves))
@@ -67,5 +68,5 @@ def test_stream_lens_reduces_then_normalises_by_default(family, readout):
         p["head"], np.float64)
     np.testing.assert_allclose(cap["lens_logits"], by_hand, rtol=2e-4, atol=2e-5)
     last_is_output = np.abs(cap["lens_logits"][-1] - logits).max() < 1e-4
-    assert last_is_output == (readout == "mean_then_norm")
+    assert last_is_output == (readout != "norm_then_sum")
     assert jnp.all(jnp.isfinite(cap["lens_logits"]))

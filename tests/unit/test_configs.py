@@ -115,8 +115,9 @@ def test_paper_data_comes_from_the_command_line(tmp_path):
 def test_quickstart_is_the_micro_sweep():
     sweep = sweeplib.expand(EXPERIMENTS / "quickstart.py")
     families = {r.static_row()["family"] for r in sweep.runs}
-    # hc+sum_then_norm: hc with the readout that matches pre_ln at init (the control).
-    assert {"pre_ln", "hc", "hc+sum_then_norm", "mhc", "attnres_full"} <= families
+    # hc+norm_then_sum: hc with the original's earlier readout, n x pre_ln at init (the
+    # control: hc's own readout matches pre_ln at init).
+    assert {"pre_ln", "hc", "hc+norm_then_sum", "mhc", "attnres_full"} <= families
     ars = sorted({r.shape.aspect_ratio for r in sweep.runs}, reverse=True)
     assert len(ars) >= 3 and ars[0] == 76.0 and ars[-1] <= 9.5
     assert len(sweep.runs) == len(families) * len(ars)

@@ -28,7 +28,7 @@ from etils import epath
 
 from depthbench.equal_compute import curves as C
 from depthbench.formatting import fmt_count
-from depthbench.model.residual.registry import baseline
+from depthbench.model.residual import registry
 from depthbench.rundir.io import DamagedFile, finite, read_jsonl
 from depthbench.rundir.names import METRICS_FILE
 
@@ -151,7 +151,7 @@ def _row_columns(row: dict, curve: C.Curve | None, fpt: float | None,
         out.update(baseline_tokens_to_loss=s.baseline_tokens, speedup_tokens=s.tokens,
                    speedup_flops=s.flops, reverse_speedup_tokens=s.reverse_tokens,
                    reverse_speedup_flops=s.reverse_flops,
-                   speedup_note=f"{baseline()} {s.note}" if s.note else None)
+                   speedup_note=f"{registry.baseline()} {s.note}" if s.note else None)
     if budgets is not None and budgets.flops_budget is not None:
         out["equal_flops_budget"] = budgets.flops_budget
         out["loss_at_equal_flops"] = C.loss_at(curve, budgets.flops_budget, "flops")
@@ -163,19 +163,19 @@ def analyse(workdir: epath.Path, rows: Sequence[dict], summary: Mapping[str, Seq
     """Everything the section shows, from the report's rows and summary
     (``{suite: [FamilyRow]}``) and each run's train FLOPs per token (by name)."""
     kind, curves = read_curves(workdir, rows, flops_per_token)
-    families, baselines = [], {}
+    families, baselines, base = [], {}, registry.baseline()
     for suite, family_rows in summary.items():
         for fr in family_rows:
             families.append(_budgets(suite, fr, curves))
-            if fr.family == baseline():
-                baselines[suite] = {c.depth: curves.get(c.name, f"no {baseline()} curve at this "
+            if fr.family == base:
+                baselines[suite] = {c.depth: curves.get(c.name, f"no {base} curve at this "
                                                     "shape") for c in fr.cells if c.name}
     by_family = {(b.suite, b.family): b for b in families}
     columns = {}
     for row in rows:
         suite = row.get("suite") or ""
         reference = baselines.get(suite, {}).get(int(row["depth"]),
-                                                 f"no finished {baseline()} run at this shape")
+                                                 f"no finished {base} run at this shape")
         columns[row["name"]] = _row_columns(
             row, curves.get(row["name"]) if _finished(row) else None,
             flops_per_token.get(row["name"]), reference, by_family.get((suite, row["family"])))
@@ -193,14 +193,14 @@ def _reach(cols: dict) -> str:
     if cols["baseline_tokens_to_loss"] is not None:
         return fmt_count(cols["baseline_tokens_to_loss"])
     note = cols["speedup_note"] or ""
-    return note.removeprefix(f"{baseline()} ") if note else "-"
+    return note.removeprefix(f"{registry.baseline()} ") if note else "-"
 
 
 def runs_table(ec: EqualCompute, rows: Sequence[dict], summary: Mapping[str, Sequence]
                ) -> tuple[list[str], list[list[str]]]:
     """One row per (suite, family, shape): its best learning rate's run."""
     headers = ["family", "L", "AR", "train FLOPs", "FLOPs/token", "wall s", "tokens/s",
-               "final loss (fit)", f"{baseline()} tokens to reach it", "speedup tokens",
+               "final loss (fit)", f"{registry.baseline()} tokens to reach it", "speedup tokens",
                "speedup FLOPs", "reverse speedup tokens / FLOPs"]
     by_name = {r["name"]: r for r in rows}
     body = []
@@ -248,6 +248,7 @@ def budgets_table(families: Sequence[FamilyBudgets]) -> tuple[list[str], list[li
 
 
 def _intro(kind: str) -> list[str]:
+    base = registry.baseline()
     curve = ("validation loss (every finished run was evaluated at two steps or more)"
              if kind == VALIDATION else
              "training loss, as logged every `train.log_every` steps, each averaged with "
@@ -260,10 +261,10 @@ def _intro(kind: str) -> list[str]:
         "attention, the family's own work x 3) times the tokens trained.  "
         f"Curves: {curve}, made monotone by a least-squares non-increasing fit so that one "
         "noisy record never decides where a curve crosses a loss.  "
-        f"Speedup: the tokens (FLOPs) the best {baseline()} run at the same shape needs to "
+        f"Speedup: the tokens (FLOPs) the best {base} run at the same shape needs to "
         "reach the run's final fitted loss, over the run's own; when "
-        f"{baseline()} never reaches it, the reverse speedup measures the other way "
-        f"({baseline()}'s tokens over the run's tokens to reach {baseline()}'s final loss).  "
+        f"{base} never reaches it, the reverse speedup measures the other way "
+        f"({base}'s tokens over the run's tokens to reach {base}'s final loss).  "
         "Each row is the best learning rate's run; results.csv has these columns for every "
         "run.", ""]
 

@@ -96,7 +96,7 @@ class Part:
 
         from depthbench import config as config_lib
         from depthbench import variants
-        from depthbench.model.residual import registry
+        from depthbench.model.residual.protocol import registry
 
         entry = variants.expand_entry({"model.family": family})  # a variant's fields
         family = entry.pop("model.family")
@@ -361,7 +361,7 @@ def kernels_alone(part: Part) -> None:
 def precision(part: Part) -> None:
     """bf16 against fp32 losses over ~30 steps of every routing family (and
     pre_ln), same initialisation and batch, ``model.impl=auto``."""
-    from depthbench.model.residual import fused
+    from depthbench.model.residual.parts import fused
 
     steps = 4 if part.dry else 30
     table = f"bf16 vs fp32 losses over {steps} steps"

@@ -18,7 +18,7 @@ from bench import common
 
 
 def _families(only=None) -> list[str]:
-    from depthbench.model.residual import registry
+    from depthbench.model.residual.protocol import registry
 
     return [f for f in registry.names() if not only or f in only]
 

@@ -51,11 +51,11 @@ BAD_SWEEP_SPECS = [
 # Family modules for $DEPTHBENCH_FAMILIES that fail as it loads them (in disk/plugins).
 FAMILY_MODULES = {
     "family_raises": "raise RuntimeError('no families today')\n",
-    "family_takes_pre_ln": ("from depthbench.model.residual import registry\n"
+    "family_takes_pre_ln": ("from depthbench.model.residual.protocol import registry\n"
                             "from depthbench.model.residual.pre_ln import PreLN\n\n\n"
                             "class Again(PreLN):\n    name = 'pre_ln'\n\n\n"
                             "registry.register(Again)\n"),
-    "family_twice": ("from depthbench.model.residual import registry\n"
+    "family_twice": ("from depthbench.model.residual.protocol import registry\n"
                      "from depthbench.model.residual.pre_ln import PreLN\n\n\n"
                      "class One(PreLN):\n    name = 'twice'\n\n\n"
                      "class Two(PreLN):\n    name = 'twice'\n\n\n"

@@ -13,10 +13,10 @@ import dataclasses
 
 from flax import linen as nn
 
-from depthbench.model.residual import registry
-from depthbench.model.residual.base import ResidualFamily, family_param, gate
-from depthbench.model.residual.capabilities import CostTerms, Variants
-from depthbench.model.residual.fields import FamilyConfig, check_number
+from depthbench.model.residual.protocol import registry
+from depthbench.model.residual.protocol.base import ResidualFamily, family_param, gate
+from depthbench.model.residual.protocol.capabilities import CostTerms, Variants
+from depthbench.model.residual.protocol.family_config import FamilyConfig, check_number
 
 
 @dataclasses.dataclass(frozen=True)

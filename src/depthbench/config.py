@@ -9,7 +9,7 @@ A spec is a Python module whose ``get_config()`` returns an
 
 ``model.residual`` holds the chosen family's own fields and nothing else: the
 family declares them, typed and with defaults, in its module
-(``model/residual/fields.py``).  A spec sets another family's fields after
+(``model/residual/protocol/family_config.py``).  A spec sets another family's fields after
 naming it (``c.model.family = "hc"; c.model.residual.hc_n = 8``, or
 :func:`set_family`); an override names the family and its fields in either
 order (``--config.model.residual.hc_n=8 --config.model.family=hc``: the
@@ -42,9 +42,9 @@ from depthbench import configs, shapes
 from depthbench.configs import base as base_spec
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError  # noqa: F401 (re-exported)
 from depthbench.formatting import parse_count
-from depthbench.model.residual import registry
-from depthbench.model.residual.capabilities import LearningRateRule
-from depthbench.model.residual.fields import coerce, unknown_field
+from depthbench.model.residual.protocol import registry
+from depthbench.model.residual.protocol.capabilities import LearningRateRule
+from depthbench.model.residual.protocol.family_config import coerce, unknown_field
 from depthbench.model.transformer import remat_policy_names
 from depthbench.train import wandb_sink
 
@@ -57,7 +57,7 @@ LR_RULES = ("none", "family")
 def _old_lr_rule(value: Any) -> bool:
     """Whether ``train.lr_rule`` is a saved name of the family rule: the name of
     a family with a learning-rate rule (``"completep"``, before ``"family"``)."""
-    from depthbench.model.residual.capabilities import LearningRateRule
+    from depthbench.model.residual.protocol.capabilities import LearningRateRule
 
     return value in registry.with_capability(LearningRateRule)
 
@@ -364,7 +364,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _choice(config, "model.compute_dtype", ("float32", "bfloat16", "float16"))
     _choice(config, "model.remat_policy", remat_policy_names())
     _choice(config, "model.layer_scan", ("depth_linear", "carries"))
-    _choice(config, "model.impl", ("xla", "pallas", "auto"))  # model/residual/fused.py
+    _choice(config, "model.impl", ("xla", "pallas", "auto"))  # model/residual/parts/fused.py
     _choice(config, "model.attention_impl", ("xla", "cudnn"))
     _choice(config, "train.lr_rule", LR_RULES)
     _check_lr_rule(config)

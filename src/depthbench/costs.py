@@ -6,7 +6,7 @@ the LLaMA decoder's; whatever a residual family adds (hyper-connection
 routing, depth attention, depth keys, extra norms ...) comes only through the
 family's cost terms (``extra_block_params``, ``extra_global_params``,
 ``extra_flops_per_token``, ``state_floats_per_token``: the ``CostTerms``
-capability, ``model/residual/capabilities.py``; pre_ln's for a family that
+capability, ``model/residual/protocol/capabilities.py``; pre_ln's for a family that
 declares none), so this module never names a family.
 
 Conventions
@@ -43,7 +43,7 @@ Conventions
 
 from __future__ import annotations
 
-from depthbench.model.residual.capabilities import CostTerms, cost_terms
+from depthbench.model.residual.protocol.capabilities import CostTerms, cost_terms
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import family_of
 

@@ -32,7 +32,7 @@ from flax import linen as nn
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from depthbench.errors import ConfigError
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # mesh axes a batch dimension is split over

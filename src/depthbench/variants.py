@@ -28,8 +28,8 @@ from __future__ import annotations
 from typing import Any
 
 from depthbench.errors import ConfigError
-from depthbench.model.residual import registry
-from depthbench.model.residual.capabilities import LearningRateRule, Variants
+from depthbench.model.residual.protocol import registry
+from depthbench.model.residual.protocol.capabilities import LearningRateRule, Variants
 
 SEPARATOR = "+"
 

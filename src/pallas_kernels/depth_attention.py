@@ -8,7 +8,7 @@ For sources ``V[S, N, d]`` (``S`` depth slots, ``N`` tokens), a validity mask
     p       = softmax_s(logit)                            (fp32)
     h       = sum_s p_s v_s                               (in V's dtype)
 
-exactly :func:`depthbench.model.residual.depth_mix.depth_mix` (fp32 maths,
+exactly :func:`depthbench.model.residual.parts.depth_mix.depth_mix` (fp32 maths,
 output cast back to the bank's dtype).  :func:`depth_attention_reference`
 is that computation in plain ``jnp``.
 

@@ -4,7 +4,7 @@ The ``n x n`` matrices of a tile are held densely: ``L`` is ``[tile, K]``
 (``entry_axis = 1``) or ``[K, tile]`` (``entry_axis = 0``), entry ``k = s*n + t``
 being row ``s``, column ``t`` of each token's matrix; entries ``k >= n*n``
 (padding to the backend's lane width) belong to no row or column and are
-ignored.  The iteration is exactly ``depthbench.model.residual.sinkhorn``::
+ignored.  The iteration is exactly ``depthbench.model.residual.parts.sinkhorn``::
 
     L <- R / tau;  repeat iters: L <- L - lse_t(L) (rows); L <- L - lse_s(L) (cols)
     P = exp(L)

@@ -5,7 +5,7 @@ Per token, for target stream ``t``::
     H'[t] = sum_s P[s, t] H[s] + b[t] y                  (fp32, out in H's dtype)
 
 exactly ``add_weighted(mix_streams(P, H), b, y)`` of
-``depthbench.model.residual.streams`` (hc: ``P = A[:, 1:]``, ``b = beta``;
+``depthbench.model.residual.parts.streams`` (hc: ``P = A[:, 1:]``, ``b = beta``;
 mhc: ``P = sinkhorn(R)``, ``b = post``), summed in the same order.  The
 kernel reads ``H`` and ``y`` once and writes ``H'`` once per token tile.
 

@@ -9,8 +9,8 @@ import pytest
 from analysis_tiny import tiny_config, tokens
 
 from depthbench.analysis import init_run
-from depthbench.model.residual import registry
-from depthbench.model.residual.capabilities import AnalysisOptions
+from depthbench.model.residual.protocol import registry
+from depthbench.model.residual.protocol.capabilities import AnalysisOptions
 
 
 def _readout_lens(family: str) -> dict:

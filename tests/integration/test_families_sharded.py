@@ -15,7 +15,7 @@ import time
 from fast_xla import subprocess_flags
 from jobs import communicate_or_fail
 
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 from depthbench.shapes import Shape, rule_d_ff
 
 TINY = Shape(depth=3, d_model=32, d_ff=rule_d_ff(32), n_heads=4, n_kv_heads=4, vocab_size=64)
@@ -27,7 +27,7 @@ import jax, numpy as np
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec
 from depthbench import parallel
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer
 from depthbench.shapes import Shape

@@ -15,8 +15,8 @@ import pytest
 from flax import linen as nn
 
 from depthbench.config import ConfigError, apply_overrides, base_config, validate
-from depthbench.model.residual import fused
 from depthbench.model.residual.mhc import PYTORCH
+from depthbench.model.residual.parts import fused
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer
 from depthbench.shapes import Shape

@@ -103,7 +103,7 @@ def _lowered_kernel_dims(setup, state, batch, platform: str) -> list[int]:
 def _unpartitioned(setup, state, batch) -> dict:
     """The kernels as they were before they partitioned (``fused.batch_axes``
     giving no axes): Triton's calls get the global batch, Mosaic refuses."""
-    from depthbench.model.residual import fused
+    from depthbench.model.residual.parts import fused
 
     real, fused.batch_axes = fused.batch_axes, lambda: ()
     try:

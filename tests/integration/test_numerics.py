@@ -35,7 +35,7 @@ from depthbench import config as config_lib
 from depthbench import parallel
 from depthbench.cli import main as cli_main
 from depthbench.errors import EXIT_DIVERGED
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 from depthbench.rundir.io import read_jsonl
 from depthbench.train import state as state_lib
 from depthbench.train import step as step_lib

@@ -121,7 +121,7 @@ def test_each_original_choice_lands_in_its_field(tmp_path, design, fields):
     run = load_run(run_dir)
     assert {k: run.config.model.residual[k] for k in fields} == fields
     if design == "mhc_liger":
-        from depthbench.model.residual import registry
+        from depthbench.model.residual.protocol import registry
 
         defaults = registry.get("mhc").config_fields()
         assert {k: defaults[k] for k in fields} == fields

@@ -32,7 +32,7 @@ from bad_input_commands import (
 
 from depthbench.cli import main as cli_main
 from depthbench.errors import ConfigError
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 
 
 def test_there_are_at_least_50_new_cases():

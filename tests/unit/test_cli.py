@@ -10,9 +10,9 @@ import types
 import pytest
 
 from depthbench import cli, config, costs, shapes
-from depthbench.model.residual import registry
-from depthbench.model.residual.base import ResidualFamily
-from depthbench.model.residual.capabilities import CostTerms
+from depthbench.model.residual.protocol import registry
+from depthbench.model.residual.protocol.base import ResidualFamily
+from depthbench.model.residual.protocol.capabilities import CostTerms
 from depthbench.model.spec import ModelSpec
 
 

@@ -16,7 +16,7 @@ from depthbench import configs
 from depthbench import sweep as sweeplib
 from depthbench.config import ConfigError
 from depthbench.data import validate as data_validate
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 from depthbench.model.spec import ModelSpec
 
 EXPERIMENTS = Path(configs.__file__).parent  # the bundled specs

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import pytest
 
 from depthbench import costs, shapes
-from depthbench.model.residual import registry
-from depthbench.model.residual.base import ResidualFamily
-from depthbench.model.residual.capabilities import CostTerms
+from depthbench.model.residual.protocol import registry
+from depthbench.model.residual.protocol.base import ResidualFamily
+from depthbench.model.residual.protocol.capabilities import CostTerms
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import pytest
 
 from depthbench import costs
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer
 from depthbench.shapes import Shape

@@ -12,8 +12,8 @@ import pytest
 from noisy_params import init_perturbed
 
 from depthbench.model import depth_scan, layers
-from depthbench.model.residual import depth_mix
-from depthbench.model.residual.moda_attention import attention_with_depth
+from depthbench.model.residual.parts import depth_mix
+from depthbench.model.residual.parts.moda_attention import attention_with_depth
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer, cross_entropy, family_of, permute_blocks
 from depthbench.shapes import Shape

@@ -23,11 +23,11 @@ from flax import linen as nn
 from depthbench.config import ConfigError, apply_overrides, base_config
 from depthbench.config import validate as validate_config
 from depthbench.model import layers
-from depthbench.model.residual import registry
 from depthbench.model.residual.completep import branch_multiplier, hidden_lr_multiplier
 from depthbench.model.residual.deepnorm import deepnorm_alpha, deepnorm_beta
 from depthbench.model.residual.lns import lns_scale
 from depthbench.model.residual.mix_ln import post_ln_blocks
+from depthbench.model.residual.protocol import registry
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer, family_of, permute_blocks
 from depthbench.shapes import Shape

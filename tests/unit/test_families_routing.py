@@ -27,9 +27,11 @@ from depthbench import costs
 from depthbench.cli.families import family_rows
 from depthbench.config import ConfigError, apply_overrides, base_config, validate
 from depthbench.model.layers import MLP, Attention
-from depthbench.model.residual import depth_mix, hc, moda, registry, streams
-from depthbench.model.residual.base import Site
-from depthbench.model.residual.sinkhorn import sinkhorn
+from depthbench.model.residual import hc, moda
+from depthbench.model.residual.parts import depth_mix, streams
+from depthbench.model.residual.parts.sinkhorn import sinkhorn
+from depthbench.model.residual.protocol import registry
+from depthbench.model.residual.protocol.base import Site
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer, family_of
 from depthbench.shapes import Shape

@@ -27,7 +27,7 @@ from flax import linen as nn
 
 from depthbench.config import base_config
 from depthbench.model.layers import RMSNorm
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer, cross_entropy, family_of, permute_blocks
 from depthbench.shapes import Shape, rule_d_ff

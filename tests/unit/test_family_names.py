@@ -14,7 +14,7 @@ import tokenize
 
 from paths import SRC
 
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 
 GENERIC = ["config.py", "importers", "analysis", "equal_compute"]
 

@@ -19,7 +19,7 @@ from toy_family_source import TOY
 from depthbench import config as config_lib
 from depthbench import costs, parallel, variants
 from depthbench.errors import ConfigError
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer
 from depthbench.shapes import Shape
@@ -78,7 +78,7 @@ def test_registering_extends_config_rules_and_costs(toy):
 def test_registering_checks_the_declarations(toy):
     import dataclasses
 
-    from depthbench.model.residual.fields import FamilyConfig
+    from depthbench.model.residual.protocol.family_config import FamilyConfig
 
     toy_cls = registry.get("toy_scaled")
 

@@ -110,7 +110,7 @@ def test_the_checker_finds_a_cycle_and_resolves_imports(tmp_path):
 
 def test_src_has_no_import_cycles():
     g = graph()
-    assert "depthbench.config" in g and "depthbench.model.residual.registry" in g
+    assert "depthbench.config" in g and "depthbench.model.residual.protocol.registry" in g
     cycle = find_cycle(g)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 

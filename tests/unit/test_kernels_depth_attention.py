@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, rel_err
 
-from depthbench.model.residual.depth_mix import depth_mix
+from depthbench.model.residual.parts.depth_mix import depth_mix
 from pallas_kernels import (
     completed_sources_attention,
     depth_attention,

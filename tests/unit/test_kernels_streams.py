@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, rel_err
 
-from depthbench.model.residual.base import Site
 from depthbench.model.residual.hc import HC
 from depthbench.model.residual.mhc import MHC
+from depthbench.model.residual.protocol.base import Site
 from depthbench.model.spec import ModelSpec
 from depthbench.shapes import Shape
 from pallas_kernels import (

@@ -14,7 +14,7 @@ import pytest
 from flax import linen as nn
 
 from depthbench.model import layers
-from depthbench.model.residual.moda_attention import attention_with_depth
+from depthbench.model.residual.parts.moda_attention import attention_with_depth
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer, cross_entropy, family_of, permute_blocks
 from depthbench.shapes import Shape

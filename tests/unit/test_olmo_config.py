@@ -91,7 +91,7 @@ def test_every_trained_design_maps(saved, family, fields):
 def test_every_choice_is_a_field_no_departures():
     """What earlier versions recorded as departures (the early HC write rule,
     Liger mHC, AttnRes's eps) are fields now; the imported fields validate."""
-    from depthbench.model.residual import registry
+    from depthbench.model.residual.protocol import registry
 
     for saved, family, _ in CASES:
         m = read_model(saved)

@@ -25,8 +25,8 @@ from depthbench.importers.olmo import _param_shapes, family_of
 from depthbench.importers.olmo_config import read_config, read_model
 from depthbench.importers.olmo_weights import convert, export, ignored
 from depthbench.importers.run_writer import run_config
-from depthbench.model.residual import registry
-from depthbench.model.residual.original_format import OriginalFormat
+from depthbench.model.residual.protocol import registry
+from depthbench.model.residual.protocol.original_format import OriginalFormat
 
 
 def _imported(design: str):

@@ -12,7 +12,7 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from depthbench import parallel
 from depthbench.config import ConfigError
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer
 from depthbench.shapes import Shape

@@ -23,7 +23,7 @@ from depthbench import sweep as sweeplib
 from depthbench.cli import main as cli_main
 from depthbench.config import ConfigError, apply_overrides, base_config
 from depthbench.formatting import fmt_lr
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 from depthbench.rundir import identity
 from depthbench.rundir.lock import RunLock
 from depthbench.rundir.names import LOCK_FILE, RUN_RECORD

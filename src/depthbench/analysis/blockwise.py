@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from depthbench.model.layers import RMSNorm
-from depthbench.model.residual.capabilities import probes
+from depthbench.model.residual.protocol.capabilities import probes
 from depthbench.model.transformer import Block
 
 

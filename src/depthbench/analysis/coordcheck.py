@@ -40,8 +40,8 @@ import numpy as np
 from depthbench import config as config_lib
 from depthbench import costs, data, parallel, variants
 from depthbench.errors import ConfigError
-from depthbench.model.residual import registry
-from depthbench.model.residual.capabilities import LearningRateRule
+from depthbench.model.residual.protocol import registry
+from depthbench.model.residual.protocol.capabilities import LearningRateRule
 from depthbench.model.spec import ModelSpec
 
 

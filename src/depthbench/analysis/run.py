@@ -38,9 +38,9 @@ from flax import linen as nn
 
 from depthbench import parallel
 from depthbench.config import ConfigError
-from depthbench.model.residual import registry
-from depthbench.model.residual.base import ResidualFamily
-from depthbench.model.residual.capabilities import AnalysisOptions
+from depthbench.model.residual.protocol import registry
+from depthbench.model.residual.protocol.base import ResidualFamily
+from depthbench.model.residual.protocol.capabilities import AnalysisOptions
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer, family_of, permute_blocks
 from depthbench.rundir import restore

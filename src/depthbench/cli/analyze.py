@@ -37,7 +37,7 @@ def _run(args: argparse.Namespace) -> int:
     if not args.run_dir:
         raise ConfigError("RUN_DIR: give a run directory (or --compare DIR ...)")
     from depthbench.analysis.store import analyze_run_dir
-    from depthbench.model.residual import registry
+    from depthbench.model.residual.protocol import registry
 
     options = {k: vars(args)[k] for k in registry.analysis_options() if vars(args)[k]}
     result, written = analyze_run_dir(
@@ -108,7 +108,7 @@ def _compare(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     from depthbench.analysis.names import CAUSAL_RATIOS, METRICS
     from depthbench.cli.validators import positive_int
-    from depthbench.model.residual import registry
+    from depthbench.model.residual.protocol import registry
 
     parser = subparsers.add_parser(
         "analyze", help="depth analyses of a trained run (angular distance, causal and swap "

@@ -42,7 +42,7 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def _families(text: str) -> list[str]:
-    from depthbench.model.residual import registry
+    from depthbench.model.residual.protocol import registry
 
     if text.strip() == "all":
         return registry.names()

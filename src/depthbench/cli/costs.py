@@ -15,7 +15,7 @@ from depthbench import costs
 from depthbench.cli.shapes import add_shape_arguments, fmt_count, select_shapes, table
 from depthbench.cli.validators import positive_int
 from depthbench.config import ConfigError
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 from depthbench.model.spec import ModelSpec
 
 EPILOG = """\

@@ -15,7 +15,7 @@ from depthbench import shapes
 from depthbench.cli.validators import positive_int
 from depthbench.costs import terms
 from depthbench.formatting import table
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import family_of
 

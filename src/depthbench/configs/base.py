@@ -10,7 +10,7 @@ micro corpus.
 
 import ml_collections
 
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -11,7 +11,7 @@ quickstart's, with a longer run.
 
 from depthbench import shapes
 from depthbench.configs import quickstart
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 
 DEPTHS = tuple(s.depth for s in shapes.suite("micro").shapes())
 LRS = (3e-3,)  # add 1e-3, 1e-2 for a learning-rate grid (3x the runs)

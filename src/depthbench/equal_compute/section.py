@@ -28,7 +28,7 @@ from etils import epath
 
 from depthbench.equal_compute import curves as C
 from depthbench.formatting import fmt_count
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 from depthbench.rundir.io import DamagedFile, finite, read_jsonl
 from depthbench.rundir.names import METRICS_FILE
 

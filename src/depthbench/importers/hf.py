@@ -235,7 +235,7 @@ def import_hf(src: str | Path, out: str | Path, *, progress: bool = True) -> dic
     _safetensors()  # before any work: the one line naming the extra
     hf = read_hf_config(src)
     fields = model_fields(hf, src / "config.json")
-    from depthbench.model.residual import registry
+    from depthbench.model.residual.protocol import registry
 
     # A LLaMA decoder is the baseline family, the plain backbone.
     config = run_writer.run_config("import-hf", registry.baseline(), fields, {},

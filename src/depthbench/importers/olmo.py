@@ -34,7 +34,7 @@ CHECKPOINT_DIR = "model_and_optim"
 
 def family_of(config):
     """The residual family of ``config``'s model (a family instance)."""
-    from depthbench.model.residual import registry
+    from depthbench.model.residual.protocol import registry
     from depthbench.model.spec import ModelSpec
 
     return registry.build(ModelSpec.from_config(config))

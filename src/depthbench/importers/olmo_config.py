@@ -6,7 +6,7 @@ the token ids).  :func:`read_model` turns its ``model`` section into an
 :class:`OlmoModel`: the family whose block config it is, the backbone's
 explicit shape and numerics (read here: every design shares the LLaMA
 backbone), and the family's own reading of its block (each family's
-``from_original``, model/residual/original_format.py): its fields, the
+``from_original``, model/residual/protocol/original_format.py): its fields, the
 training rule it trained with, the *departures* (what a field cannot carry,
 listed) and a form config.json does not decide (said).
 
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from depthbench.errors import ConfigError
-from depthbench.model.residual import registry
-from depthbench.model.residual.original_format import Fields, OriginalFormat, Reading
+from depthbench.model.residual.protocol import registry
+from depthbench.model.residual.protocol.original_format import Fields, OriginalFormat, Reading
 
 WHAT = "import-olmo"
 

@@ -1,9 +1,10 @@
 """Where each tensor of an original DepthBench checkpoint goes in depthbench's parameters, and back.
 
 :func:`tensors` lists, for a family instance, every checkpoint key its model
-has, its shape, and where it lands (:class:`~depthbench.model.residual.original_format.Tensor`:
-a leaf of depthbench's parameter tree, an index into it, a conversion and its
-inverse), and the parameters the original does not have (constants).  The
+has, its shape, and where it lands (a ``Tensor`` of
+:mod:`~depthbench.model.residual.protocol.original_format`: a leaf of
+depthbench's parameter tree, an index into it, a conversion and its inverse),
+and the parameters the original does not have (constants).  The
 LLaMA backbone is mapped here, for every family alike; torch ``Linear``
 weights are ``[out, in]``, depthbench's ``[in, out]``, with attention heads
 split out::
@@ -33,7 +34,7 @@ import numpy as np
 
 from depthbench.errors import ConfigError
 from depthbench.importers.olmo_config import WHAT
-from depthbench.model.residual.original_format import (
+from depthbench.model.residual.protocol.original_format import (
     Constant,
     OriginalFormat,
     Tensor,

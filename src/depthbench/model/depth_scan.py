@@ -43,7 +43,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from depthbench.model.residual.capabilities import BankSlots
+from depthbench.model.residual.protocol.capabilities import BankSlots
 
 # (params of one block, state, per-block scan inputs, global params) -> (state, z)
 Step = Callable[[Any, dict, dict, Any], tuple[dict, Any]]

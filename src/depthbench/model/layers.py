@@ -14,7 +14,13 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from depthbench.model.residual.base import BTD, keep_for_backward, norm_param, rms_norm, with_axes
+from depthbench.model.residual.protocol.base import (
+    BTD,
+    keep_for_backward,
+    norm_param,
+    rms_norm,
+    with_axes,
+)
 from depthbench.model.spec import ModelSpec
 
 
@@ -173,7 +179,7 @@ def _block_logits(q_bkmh, k_bksh, i, blk):
 def causal_blocks(q_bkqmh, k_bksh, v_bksh):
     """Causal softmax attention per query block; ``q_bkqmh`` is ``[B, K, nb, M, H]``.
     Returns the output and each row's log-sum-exp ``[B, K, nb, M]`` (fp32;
-    moda's joint softmax, ``residual/moda_attention.py``, merges more keys into
+    moda's joint softmax, ``residual/parts/moda_attention.py``, merges more keys into
     it with that).
 
     Forward per block: ``mu = max l``, ``p = e^(l - mu) / sum``, ``o = p v``,

@@ -5,7 +5,7 @@ hashable (jit-static) and independent of how the experiment was written.  It
 holds the :class:`~depthbench.shapes.Shape` (depth, widths, heads, vocabulary)
 and the numerics; the residual family's own fields (``config.model.residual``)
 ride along as sorted ``(name, value)`` pairs, which the family reads as its
-typed config (``family.cfg``, see ``model/residual/fields.py``); a field left
+typed config (``family.cfg``, see ``model/residual/protocol/family_config.py``); a field left
 out takes the family's declared default, so a spec made from a bare shape
 carries none.  ``analysis`` holds the analysis switches a family declares
 (``capabilities.AnalysisOptions``), set when a run is analysed and empty in

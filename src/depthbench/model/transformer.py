@@ -7,8 +7,8 @@ its identity (original index) and an ``active`` flag: an analysis skips a
 block by clearing its flag and permutes blocks by gathering the stacked
 parameters (:func:`permute_blocks`) and passing the permuted identities.
 Nothing here knows which family runs; the family's four protocol functions
-(see ``residual/base.py``) do all the residual work, and the capabilities it
-declares (``residual/capabilities.py``) are asked for with ``isinstance``.
+(see ``residual/protocol/base.py``) do all the residual work, and the capabilities it
+declares (``residual/protocol/capabilities.py``) are asked for with ``isinstance``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from flax import linen as nn
 
 from depthbench.model.depth_scan import layer_stack
 from depthbench.model.layers import MLP, Attention, RMSNorm, project, trunc_normal
-from depthbench.model.residual import registry
-from depthbench.model.residual.base import (
+from depthbench.model.residual.protocol import registry
+from depthbench.model.residual.protocol.base import (
     BTD,
     KEEP,
     ResidualFamily,
@@ -30,7 +30,7 @@ from depthbench.model.residual.base import (
     norm_param,
     rms_norm,
 )
-from depthbench.model.residual.capabilities import (
+from depthbench.model.residual.protocol.capabilities import (
     AnalysisProbes,
     DepthAttention,
     DepthBanks,

@@ -22,7 +22,7 @@ import ml_collections
 
 from depthbench.config import base_config, flatten, from_saved
 from depthbench.errors import ConfigError
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 from depthbench.rundir import io
 from depthbench.rundir.names import CHECKPOINT_DIR, CONFIG_FILE, RESULT_FILE
 

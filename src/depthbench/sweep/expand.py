@@ -26,7 +26,7 @@ import ml_collections
 from depthbench import config as config_lib
 from depthbench import costs, shapes, variants
 from depthbench.errors import ConfigError
-from depthbench.model.residual import registry
+from depthbench.model.residual.protocol import registry
 from depthbench.model.spec import ModelSpec
 from depthbench.sweep.naming import run_name
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from depthbench.errors import ConfigError
-from depthbench.model.residual.capabilities import LearningRateRule
+from depthbench.model.residual.protocol.capabilities import LearningRateRule
 
 
 def warmup_cosine(peak: float, steps: int, warmup_fraction: float = 0.1,

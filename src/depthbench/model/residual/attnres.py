@@ -96,9 +96,21 @@ from flax import linen as nn
 
 from depthbench.errors import ConfigError
 from depthbench.model.depth_scan import read_extents
-from depthbench.model.residual import fused
-from depthbench.model.residual.base import BTD, ResidualFamily, family_param, norm_param, with_axes
-from depthbench.model.residual.capabilities import (
+from depthbench.model.residual.parts import fused
+from depthbench.model.residual.parts.depth_mix import (
+    depth_mixes,
+    depth_weights,
+    merge_source,
+    slot_inv_rms,
+)
+from depthbench.model.residual.protocol.base import (
+    BTD,
+    ResidualFamily,
+    family_param,
+    norm_param,
+    with_axes,
+)
+from depthbench.model.residual.protocol.capabilities import (
     AnalysisOptions,
     AnalysisProbes,
     BankSlots,
@@ -107,14 +119,12 @@ from depthbench.model.residual.capabilities import (
     PreNormEps,
     Variants,
 )
-from depthbench.model.residual.depth_mix import (
-    depth_mixes,
-    depth_weights,
-    merge_source,
-    slot_inv_rms,
+from depthbench.model.residual.protocol.family_config import (
+    FamilyConfig,
+    check_choice,
+    check_number,
 )
-from depthbench.model.residual.fields import FamilyConfig, check_choice, check_number
-from depthbench.model.residual.original_format import (
+from depthbench.model.residual.protocol.original_format import (
     Constant,
     OriginalFormat,
     Place,

@@ -49,10 +49,10 @@ import jax
 import jax.numpy as jnp
 
 from depthbench.errors import ConfigError
-from depthbench.model.residual.base import ResidualFamily, gate
-from depthbench.model.residual.capabilities import LearningRateRule, Variants
-from depthbench.model.residual.fields import FamilyConfig, check_number
-from depthbench.model.residual.original_format import OriginalFormat, Reading
+from depthbench.model.residual.protocol.base import ResidualFamily, gate
+from depthbench.model.residual.protocol.capabilities import LearningRateRule, Variants
+from depthbench.model.residual.protocol.family_config import FamilyConfig, check_number
+from depthbench.model.residual.protocol.original_format import OriginalFormat, Reading
 
 
 def branch_multiplier(depth: int, base_depth: int, alpha: float) -> float:

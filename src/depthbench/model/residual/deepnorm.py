@@ -14,9 +14,15 @@ from __future__ import annotations
 import dataclasses
 
 from depthbench.errors import ConfigError
-from depthbench.model.residual.base import ResidualFamily, gate, layer_norm, norm_param, post_norm
-from depthbench.model.residual.fields import FamilyConfig, check_number
-from depthbench.model.residual.original_format import OriginalFormat
+from depthbench.model.residual.protocol.base import (
+    ResidualFamily,
+    gate,
+    layer_norm,
+    norm_param,
+    post_norm,
+)
+from depthbench.model.residual.protocol.family_config import FamilyConfig, check_number
+from depthbench.model.residual.protocol.original_format import OriginalFormat
 
 _LN = ("attn_post_ln", "mlp_post_ln")
 _BETA_MATRICES = frozenset({"v", "o", "gate", "up", "down"})

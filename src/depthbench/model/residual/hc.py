@@ -46,11 +46,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from depthbench.errors import ConfigError
-from depthbench.model.residual import fused
-from depthbench.model.residual.base import family_param, gate, with_axes
-from depthbench.model.residual.fields import check_choice
-from depthbench.model.residual.original_format import Reading, vector
-from depthbench.model.residual.streams import (
+from depthbench.model.residual.parts import fused
+from depthbench.model.residual.parts.streams import (
     CONNECTORS,
     NBTD,
     StreamConfig,
@@ -60,6 +57,9 @@ from depthbench.model.residual.streams import (
     mix_streams,
     read_hyper_connections,
 )
+from depthbench.model.residual.protocol.base import family_param, gate, with_axes
+from depthbench.model.residual.protocol.family_config import check_choice
+from depthbench.model.residual.protocol.original_format import Reading, vector
 
 HC_EPS = 1e-8  # the stream norm's eps (spec: 1e-8, no weight)
 

@@ -25,10 +25,16 @@ import dataclasses
 import jax.numpy as jnp
 
 from depthbench.errors import ConfigError
-from depthbench.model.residual.base import ResidualFamily, gate, norm_param, post_norm, rms_norm
-from depthbench.model.residual.capabilities import CostTerms
-from depthbench.model.residual.fields import FamilyConfig, check_number
-from depthbench.model.residual.original_format import PRE_NORMS, Constant, OriginalFormat
+from depthbench.model.residual.protocol.base import (
+    ResidualFamily,
+    gate,
+    norm_param,
+    post_norm,
+    rms_norm,
+)
+from depthbench.model.residual.protocol.capabilities import CostTerms
+from depthbench.model.residual.protocol.family_config import FamilyConfig, check_number
+from depthbench.model.residual.protocol.original_format import PRE_NORMS, Constant, OriginalFormat
 
 _POST = ("attn_post_norm", "mlp_post_norm")  # N_pa, N_pf
 

@@ -14,10 +14,10 @@ import dataclasses
 import jax.numpy as jnp
 
 from depthbench.errors import ConfigError
-from depthbench.model.residual.base import ResidualFamily
-from depthbench.model.residual.capabilities import ScaledInput
-from depthbench.model.residual.fields import FamilyConfig, check_number
-from depthbench.model.residual.original_format import OriginalFormat, Reading
+from depthbench.model.residual.protocol.base import ResidualFamily
+from depthbench.model.residual.protocol.capabilities import ScaledInput
+from depthbench.model.residual.protocol.family_config import FamilyConfig, check_number
+from depthbench.model.residual.protocol.original_format import OriginalFormat, Reading
 
 
 def lns_scale(ident, power: float):

@@ -64,12 +64,9 @@ import numpy as np
 from flax import linen as nn
 
 from depthbench.errors import ConfigError
-from depthbench.model.residual import fused
-from depthbench.model.residual.base import family_param, gate, with_axes
-from depthbench.model.residual.fields import check_choice, check_number
-from depthbench.model.residual.original_format import Place, Reading, Tensor, vector
-from depthbench.model.residual.sinkhorn import sinkhorn, sinkhorn_flops, sinkhorn_linear
-from depthbench.model.residual.streams import (
+from depthbench.model.residual.parts import fused
+from depthbench.model.residual.parts.sinkhorn import sinkhorn, sinkhorn_flops, sinkhorn_linear
+from depthbench.model.residual.parts.streams import (
     CONNECTORS,
     NBTD,
     StreamConfig,
@@ -80,6 +77,9 @@ from depthbench.model.residual.streams import (
     read_hyper_connections,
     stream_sum,
 )
+from depthbench.model.residual.protocol.base import family_param, gate, with_axes
+from depthbench.model.residual.protocol.family_config import check_choice, check_number
+from depthbench.model.residual.protocol.original_format import Place, Reading, Tensor, vector
 
 SINKHORNS = ("linear", "log")
 LAYOUTS = ("out_in", "in_out")

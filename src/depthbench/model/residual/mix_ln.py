@@ -20,8 +20,8 @@ import math
 
 import jax.numpy as jnp
 
-from depthbench.model.residual.base import ResidualFamily, gate, norm_param, rms_norm
-from depthbench.model.residual.fields import FamilyConfig, check_number
+from depthbench.model.residual.protocol.base import ResidualFamily, gate, norm_param, rms_norm
+from depthbench.model.residual.protocol.family_config import FamilyConfig, check_number
 
 _NORM = ("attn_norm", "mlp_norm")
 

@@ -62,7 +62,8 @@ import jax.numpy as jnp
 from depthbench.errors import ConfigError
 from depthbench.model.depth_scan import read_extents
 from depthbench.model.layers import weight
-from depthbench.model.residual.base import (
+from depthbench.model.residual.parts.moda_attention import attention_with_depth
+from depthbench.model.residual.protocol.base import (
     BTD,
     ResidualFamily,
     gate,
@@ -71,7 +72,7 @@ from depthbench.model.residual.base import (
     rms_norm,
     with_axes,
 )
-from depthbench.model.residual.capabilities import (
+from depthbench.model.residual.protocol.capabilities import (
     AnalysisProbes,
     BankSlots,
     CostTerms,
@@ -79,9 +80,12 @@ from depthbench.model.residual.capabilities import (
     DepthBanks,
     Variants,
 )
-from depthbench.model.residual.fields import FamilyConfig, check_choice, check_number
-from depthbench.model.residual.moda_attention import attention_with_depth
-from depthbench.model.residual.original_format import (
+from depthbench.model.residual.protocol.family_config import (
+    FamilyConfig,
+    check_choice,
+    check_number,
+)
+from depthbench.model.residual.protocol.original_format import (
     POST_NORMS,
     PRE_NORMS,
     Constant,

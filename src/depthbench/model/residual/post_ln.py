@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from depthbench.model.residual.base import ResidualFamily, gate, norm_param, post_norm, rms_norm
-from depthbench.model.residual.original_format import POST_NORMS, OriginalFormat
+from depthbench.model.residual.protocol.base import (
+    ResidualFamily,
+    gate,
+    norm_param,
+    post_norm,
+    rms_norm,
+)
+from depthbench.model.residual.protocol.original_format import POST_NORMS, OriginalFormat
 
 _NORM = ("attn_post_norm", "mlp_post_norm")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from depthbench.model.residual.base import ResidualFamily
-from depthbench.model.residual.original_format import OriginalFormat
+from depthbench.model.residual.protocol.base import ResidualFamily
+from depthbench.model.residual.protocol.original_format import OriginalFormat
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from depthbench.model.residual.base import ResidualFamily, gate, norm_param, rms_norm
-from depthbench.model.residual.capabilities import CostTerms
-from depthbench.model.residual.original_format import PRE_NORMS, OriginalFormat
+from depthbench.model.residual.protocol.base import ResidualFamily, gate, norm_param, rms_norm
+from depthbench.model.residual.protocol.capabilities import CostTerms
+from depthbench.model.residual.protocol.original_format import PRE_NORMS, OriginalFormat
 
 _POST = ("attn_post_norm", "mlp_post_norm")  # N' of the attention and MLP sublayers
 

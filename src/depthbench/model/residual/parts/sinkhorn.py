@@ -26,7 +26,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from depthbench.model.residual.base import axis_max, axis_sum, keep_for_backward
+from depthbench.model.residual.protocol.base import axis_max, axis_sum, keep_for_backward
 
 
 def sinkhorn(logits: jax.Array, iters: int, temperature: float = 1.0) -> jax.Array:

@@ -45,15 +45,19 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from depthbench.model.residual.base import ResidualFamily, axis_sum, with_axes
-from depthbench.model.residual.capabilities import (
+from depthbench.model.residual.protocol.base import ResidualFamily, axis_sum, with_axes
+from depthbench.model.residual.protocol.capabilities import (
     AnalysisOptions,
     AnalysisProbes,
     CostTerms,
     Variants,
 )
-from depthbench.model.residual.fields import FamilyConfig, check_choice, check_number
-from depthbench.model.residual.original_format import Choice, Fields, OriginalFormat
+from depthbench.model.residual.protocol.family_config import (
+    FamilyConfig,
+    check_choice,
+    check_number,
+)
+from depthbench.model.residual.protocol.original_format import Choice, Fields, OriginalFormat
 
 READOUTS = ("norm_then_sum", "sum_then_norm", "mean_then_norm")
 NBTD = ("activation_streams", "activation_batch", "activation_length", "activation_embed")
@@ -61,7 +65,7 @@ NBTD = ("activation_streams", "activation_batch", "activation_length", "activati
 
 def stream_sum(x_s: jax.Array) -> jax.Array:
     """``sum_s x[s]`` over the leading (stream) axis, as a chain of adds
-    (:func:`~depthbench.model.residual.base.axis_sum`)."""
+    (:func:`~depthbench.model.residual.protocol.base.axis_sum`)."""
     return axis_sum(x_s, 0)[0]
 
 

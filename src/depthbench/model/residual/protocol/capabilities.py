@@ -26,7 +26,7 @@ backbone, a state of one vector per token, no learning-rate rule.
   "family"`` (CompleteP's);
 * :class:`Variants` (of a family's *config*): named sets of its field values
   a sweep appends to the family's name (``hc+sum_then_norm``);
-* :class:`~depthbench.model.residual.original_format.OriginalFormat` (its own
+* :class:`~depthbench.model.residual.protocol.original_format.OriginalFormat` (its own
   module): the family's checkpoints in the original benchmark's format, both
   ways (its block configs and tensors: ``import-olmo``).
 """

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from depthbench.model.layers import causal_blocks, heads_to_rows, query_blocks, rows_to_heads
-from depthbench.model.residual.base import keep_for_backward
+from depthbench.model.residual.protocol.base import keep_for_backward
 
 
 def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):

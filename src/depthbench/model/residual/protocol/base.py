@@ -2,7 +2,7 @@
 
 A family is a frozen dataclass holding the static :class:`ModelSpec`; it
 reads the spec's residual fields as its typed config (``Config``, a
-:class:`~depthbench.model.residual.fields.FamilyConfig`): ``self.cfg``.  It
+:class:`~depthbench.model.residual.protocol.family_config.FamilyConfig`): ``self.cfg``.  It
 creates its parameters inside Flax scopes the backbone hands it, and
 otherwise consists of pure functions of (parameters, state, ...):
 
@@ -30,6 +30,14 @@ axes a family introduces complete the core.  Everything else (depth banks,
 cost terms, analysis probes, a learning-rate rule, variants ...) is an
 opt-in capability (``capabilities.py``).
 
+Names of arrays carry their axes as a suffix, one letter each, in order
+(the convention of the whole package): ``b`` batch, ``t`` sequence
+position, ``d`` features (the model width; the head dim after a head axis),
+``h`` attention head (the head dim after ``k`` or ``m``), ``k`` key/value
+head, ``n`` or ``s`` residual stream (``u`` the streams a mix writes), ``m``
+depth slot, ``v`` vocabulary: ``x_btd`` is ``[batch, time, d_model]``,
+``h_nbtd`` ``n`` streams of it, ``x_bthd`` per-head vectors.
+
 Under the ``matmuls_saveable`` rematerialisation policy (the micro config's
 default, ``transformer.remat_policy``) the backward keeps every matmul's
 output and recomputes the elementwise work between them; a value that is
@@ -48,8 +56,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax.ad_checkpoint import checkpoint_name
 
-from depthbench.model.residual.capabilities import State
-from depthbench.model.residual.fields import FamilyConfig
+from depthbench.model.residual.protocol.capabilities import State
+from depthbench.model.residual.protocol.family_config import FamilyConfig
 from depthbench.model.spec import ModelSpec
 
 

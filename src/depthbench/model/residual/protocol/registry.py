@@ -2,7 +2,7 @@
 
 The shared tests, the trainer, the cost model, the config schema, the
 sharding rules and the analyses iterate over this table; adding a family is
-one new file in this package plus one line in ``_BUILTIN``.  A family defined
+one new file in ``depthbench.model.residual`` plus one line in ``_BUILTIN``.  A family defined
 elsewhere (a user's module, a test) joins with :func:`register`; to have every
 process load it (the CLI, sweep workers, test subprocesses), name its module
 in the environment: ``DEPTHBENCH_FAMILIES=my_families depthbench train ...``
@@ -23,12 +23,13 @@ import os
 from typing import Any
 
 from depthbench.errors import ConfigError
-from depthbench.model.residual.base import ResidualFamily
-from depthbench.model.residual.capabilities import AnalysisOptions, Variants
-from depthbench.model.residual.fields import FamilyConfig
+from depthbench.model.residual.protocol.base import ResidualFamily
+from depthbench.model.residual.protocol.capabilities import AnalysisOptions, Variants
+from depthbench.model.residual.protocol.family_config import FamilyConfig
 
 # The built-in families, "module:Class" under depthbench.model.residual, in the
 # order every listing, sweep and table uses.  A new family is one line here.
+FAMILY_PACKAGE = "depthbench.model.residual"
 _BUILTIN = (
     "pre_ln:PreLN",
     "sandwich_ln:SandwichLN",
@@ -173,7 +174,7 @@ def analysis_options() -> dict[str, tuple[str, ...]]:
 
 for _entry in _BUILTIN:
     _module, _class = _entry.split(":")
-    register(vars(importlib.import_module(f"{__name__.rpartition('.')[0]}.{_module}"))[_class])
+    register(vars(importlib.import_module(f"{FAMILY_PACKAGE}.{_module}"))[_class])
 
 
 def load_plugins(text: str) -> list[str]:

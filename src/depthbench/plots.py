@@ -21,7 +21,7 @@ from matplotlib.lines import Line2D
 from depthbench.rundir.io import DamagedFile, read_jsonl
 from depthbench.rundir.names import METRICS_FILE
 
-_DPI = 120
+DPI = 120  # sweep figures (analysis figures use their own)
 REFERENCE_ALPHA = 0.65  # published curves are drawn lighter than measured ones
 
 
@@ -32,11 +32,19 @@ def _colors(names: Sequence[str]) -> dict[str, tuple]:
     return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
 
 
-def _save(fig: Figure, path: str | epath.Path) -> None:
+def save_figure(fig: Figure, path, dpi: int = DPI):
+    """Write ``fig`` as a PNG at ``path`` (a local path or a bucket's) and return
+    ``path``: drawn on an Agg canvas and written as bytes, so no pyplot backend
+    and no local file system are needed."""
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     epath.Path(path).write_bytes(buf.getvalue())
+    return path
+
+
+# evaluation/report_section.py still calls it by this name (another change owns it).
+_save = save_figure
 
 
 def _aspect_axis(ax, ars: Sequence[float], depths: Sequence[int] | None = None) -> None:
@@ -110,7 +118,7 @@ def loss_vs_aspect(summary: dict, references: dict, path: str | epath.Path) -> b
             handles.append(Line2D([], [], marker="x", ls="--", color="grey"))
             labels.append("published (paper)")
         ax.legend(handles, labels, fontsize=8, ncol=2 if len(labels) > 8 else 1)
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 
@@ -198,7 +206,7 @@ def training_curves(curves: Sequence[dict], path: str | epath.Path) -> bool:
         ax.legend(fontsize=7)
     losses = [v for c in curves for v in c["loss"][len(c["loss"]) // 10:]]
     _shared_ylim([p[0] for p in panels], losses + [v for c in curves for v in c["val_loss"]])
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 
@@ -233,7 +241,7 @@ def loss_vs_flops(curves: Sequence[dict], budgets: dict, path: str | epath.Path,
     tail = [v for c in curves for v in c["fit"][len(c["fit"]) // 10:]]
     tail += [v for c in curves for v in c["raw"][len(c["raw"]) // 10:]]
     _shared_ylim([p[0] for p in panels], tail)
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 
@@ -272,7 +280,7 @@ def costs_vs_aspect(cost_rows: Sequence[dict], path: str | epath.Path) -> bool:
             ax.set_title(f"{suite or 'shape rule'}, T = {seqs}", fontsize=9)
             if k == 0:
                 ax.legend(fontsize=7, ncol=2)
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 

@@ -80,7 +80,7 @@ def layer_stats(run_dir: Path, damage: list[io.DamagedFile] | None = None
 
 def loss_curves(rows: list[dict], path: Path, title: str) -> bool:
     """Loss (train line, validation dots), learning rate and gradient norm vs step."""
-    from depthbench.plots import Figure, _save
+    from depthbench.plots import Figure, save_figure
 
     train = [(r["step"], r["loss"]) for r in rows if io.finite(r.get("loss"))]
     if not train:
@@ -100,7 +100,7 @@ def loss_curves(rows: list[dict], path: Path, title: str) -> bool:
             ax.plot(*zip(*points, strict=True), lw=1.2, marker=dots)
         ax.set(xlabel="step", ylabel=label)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 
@@ -110,7 +110,7 @@ def layer_plot(stats: dict[str, dict[int, list[float]]], path: Path, title: str)
     from matplotlib import colormaps
     from matplotlib.ticker import MaxNLocator
 
-    from depthbench.plots import Figure, _save
+    from depthbench.plots import Figure, save_figure
 
     if not stats:
         return False
@@ -129,7 +129,7 @@ def layer_plot(stats: dict[str, dict[int, list[float]]], path: Path, title: str)
         ax.legend(frameon=False, fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 

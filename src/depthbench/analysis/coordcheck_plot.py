@@ -17,7 +17,8 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from depthbench.analysis.coordcheck import CoordCheck, Point, fmt_slope
-from depthbench.analysis.plots import _save
+from depthbench.analysis.plots import DPI
+from depthbench.plots import save_figure
 
 
 def _steps_axis(ax, points: list[Point], x_of, moved: bool, xlabel: str) -> None:
@@ -87,4 +88,4 @@ def draw(check: CoordCheck, path: str | Path) -> Path:
             ax.legend(fontsize=6, loc="best")
     fig.suptitle(f"coordinate check: {steps} steps at lr {s['lr']:g} (flat lines transfer)",
                  fontsize=11)
-    return _save(fig, Path(path))
+    return save_figure(fig, Path(path), dpi=DPI)

@@ -7,23 +7,15 @@ paths it wrote.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-_DPI = 110
+from depthbench.plots import save_figure
 
-
-def _save(fig: Figure, path: Path) -> Path:
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight")
-    path.write_bytes(buf.getvalue())
-    return path
+DPI = 110  # a touch smaller than the sweep figures' (depthbench.plots.DPI)
 
 
 def _matrix(rows) -> np.ndarray:
@@ -54,7 +46,7 @@ def plot_run(result: dict, out_dir: str | Path) -> list[Path]:
         fig = Figure(figsize=(5.2, 4.4))
         _heatmap(fig.add_subplot(), _matrix(result["angular_distance"]["matrix"]),
                  f"angular distance D(i, j), {title}", "depth j", "depth i", "viridis_r", fig)
-        written.append(_save(fig, out / "angular_distance.png"))
+        written.append(save_figure(fig, out / "angular_distance.png", dpi=DPI))
     mats = [(k, lab, cm) for k, lab, cm in
             (("causal_score", "causal score C(s, l)", "Blues"),
              ("permutation_score", "swap score P(i, j)", "Oranges")) if k in result]
@@ -65,7 +57,7 @@ def plot_run(result: dict, out_dir: str | Path) -> list[Path]:
             xlabel = "affected block l" if key == "causal_score" else "block j"
             _heatmap(fig.add_subplot(1, len(mats), i + 1), _matrix(result[key]["matrix"]),
                      f"{label}, {title}", xlabel, ylabel, cmap, fig)
-        written.append(_save(fig, out / "causal_and_swap.png"))
+        written.append(save_figure(fig, out / "causal_and_swap.png", dpi=DPI))
     if "logit_lens" in result:
         lens = result["logit_lens"]
         fig = Figure(figsize=(13, 3.6))
@@ -80,7 +72,7 @@ def plot_run(result: dict, out_dir: str | Path) -> list[Path]:
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)
         fig.suptitle(f"logit lens, {title}")
-        written.append(_save(fig, out / "logit_lens.png"))
+        written.append(save_figure(fig, out / "logit_lens.png", dpi=DPI))
     if "depth_weights" in result:
         dw = result["depth_weights"]
         fig = Figure(figsize=(6, 4.6))
@@ -88,7 +80,7 @@ def plot_run(result: dict, out_dir: str | Path) -> list[Path]:
         w[w == 0] = np.nan  # sources not yet written
         _heatmap(fig.add_subplot(), w, f"depth weights, {title} (dead segment "
                  f"{dw['dead_segment']})", "source (0 = embedding)", "sublayer j", "magma_r", fig)
-        written.append(_save(fig, out / "depth_weights.png"))
+        written.append(save_figure(fig, out / "depth_weights.png", dpi=DPI))
     if "stream_diversity" in result and "mixing" in result["stream_diversity"]:
         sd = result["stream_diversity"]
         mix = np.array(sd["mixing"])
@@ -107,7 +99,7 @@ def plot_run(result: dict, out_dir: str | Path) -> list[Path]:
         ax.set_ylabel("effective rank")
         ax.grid(alpha=0.3)
         fig.suptitle(f"residual mixing matrices, {title}")
-        written.append(_save(fig, out / "stream_mixing.png"))
+        written.append(save_figure(fig, out / "stream_mixing.png", dpi=DPI))
     return written
 
 
@@ -135,14 +127,14 @@ def compare(results: list[dict], metric: str, path: str | Path) -> Path:
         for i, r in enumerate(results):
             _heatmap(fig.add_subplot(1, len(results), i + 1), _matrix(r[metric]["matrix"]),
                      names[i], "j", "i", "Oranges", fig)
-        return _save(fig, path)
+        return save_figure(fig, path, dpi=DPI)
     if metric == "angular_distance_matrix":
         fig = Figure(figsize=(4.6 * len(results), 4.2))
         for i, r in enumerate(results):
             _heatmap(fig.add_subplot(1, len(results), i + 1),
                      _matrix(r["angular_distance"]["matrix"]), names[i], "j", "i", "viridis_r",
                      fig)
-        return _save(fig, path)
+        return save_figure(fig, path, dpi=DPI)
     (section, key), label = SERIES[metric]
     fig = Figure(figsize=(6.4, 4.2))
     ax = fig.add_subplot()
@@ -154,7 +146,7 @@ def compare(results: list[dict], metric: str, path: str | Path) -> Path:
     ax.set_ylabel(label)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=DPI)
 
 
 COMPARABLE = (*SERIES, "permutation_score", "angular_distance_matrix")

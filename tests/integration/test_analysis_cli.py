@@ -8,7 +8,7 @@ from analysis_tiny import tiny_config, write_run
 from depthbench.analysis import report_section, sweep_hook
 from depthbench.analysis.names import METRICS
 from depthbench.cli import main
-from depthbench.report import _md_table
+from depthbench.report import md_table as _md_table
 
 PNGS = ("angular_distance.png", "causal_and_swap.png", "logit_lens.png", "depth_weights.png")
 

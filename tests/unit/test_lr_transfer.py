@@ -14,7 +14,7 @@ from depthbench import lr_transfer
 from depthbench import sweep as sweeplib
 from depthbench.config import ConfigError
 from depthbench.configs import paper_400m
-from depthbench.report import _md_table
+from depthbench.report import md_table as _md_table
 from depthbench.sweep import transfer
 
 GRID = (1e-3, 3e-3, 1e-2)

@@ -233,7 +233,7 @@ def test_readme_quickstart_table_is_the_reports_table():
         rows.append(reportlib.FamilyRow("micro", cells[0], tuple(
             reportlib.Cell(int(depth), ar, float(text.strip("*")), lr, None, "ok")
             for (ar, depth), text in zip(shapes, cells[1:-3], strict=True))))
-    rebuilt = reportlib._md_table(*reportlib.loss_table(rows), align="l").splitlines()
+    rebuilt = reportlib.md_table(*reportlib.loss_table(rows), align="l").splitlines()
     assert rebuilt == shown
 
 

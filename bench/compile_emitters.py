@@ -4,7 +4,7 @@
     python -m bench.compile_emitters --families pre_ln hc --rounds 1
 
 The test suite compiles hundreds of tiny programs and runs each for
-milliseconds, so its time is XLA's compile time (tests/fast_xla.py).  This
+milliseconds, so its time is XLA's compile time (tests/helpers/fast_xla.py).  This
 compiles a tiny model's init and AdamW train step per family (d 32, 3 blocks,
 8 tokens; the shape of tests/unit/test_families_shared.py) at backend
 optimisation level 0, once with XLA's default CPU emitters and once with

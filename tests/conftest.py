@@ -1,4 +1,4 @@
-"""Session-wide settings that make the CPU suite compile less and faster (see tests/fast_xla.py).
+"""Session-wide settings that make the CPU suite compile less and faster (helpers/fast_xla.py).
 
 * ``XLA_FLAGS``: XLA's backend optimisation off.
 * ``JAX_COMPILATION_CACHE_DIR``: one persistent compilation cache per test
@@ -13,14 +13,16 @@ thing pytest imports from ``tests/``.  Under pytest-xdist the controller sets
 them before it starts the workers, which inherit them.
 
 The session also fails when a test left a new file or directory in the
-checkout (tests/checkout_guard.py): tests write under their temporary
+checkout (tests/helpers/checkout_guard.py): tests write under their temporary
 directories, never into the repository.  The controller (the only process,
 without pytest-xdist) compares the checkout at the start and at the end.
 
-Both tiers share this file and the helper modules beside it (``pythonpath =
-["tests"]`` in pyproject.toml); ``tests/unit/conftest.py`` adds the rule that
-a unit test starts no process.  Fixtures that a unit and an integration
-test file share live in the helper modules named in ``pytest_plugins``.
+Both tiers share this file and the helper modules in ``tests/helpers/`` (its
+README.md lists them; ``pythonpath = ["tests/helpers", "tests"]`` in
+pyproject.toml puts them and the ``olmo_reference`` package on the import
+path); ``tests/unit/conftest.py`` adds the rule that a unit test starts no
+process.  Fixtures that a unit and an integration test file share live in the
+helper modules named in ``pytest_plugins``.
 """
 
 from __future__ import annotations

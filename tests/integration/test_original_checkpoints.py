@@ -1,4 +1,4 @@
-"""Every design against the original DepthBench's own outputs (tests/original_outputs.py).
+"""Every design against the original DepthBench's own outputs (tests/helpers/original_outputs.py).
 
 The checkpoints in tests/fixtures/original_checkpoints/ were written by the
 original's own modules and OLMo-core's own writer; the logits are its

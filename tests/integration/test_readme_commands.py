@@ -19,7 +19,7 @@ as they would on a workstation with no cluster behind it.  Outputs shown in
 here is marked in the Markdown itself (``<!-- readme-test: skip: REASON -->``)
 and is the only kind skipped; a command naming a sub-command or flag that does
 not exist fails (argparse's exit status 2), it is never skipped.  See
-tests/readme_blocks.py for the block grammar, and tests/unit/test_readme.py for
+tests/helpers/readme_blocks.py for the block grammar, and tests/unit/test_readme.py for
 the checks that need no command run (every block runnable or marked, links,
 CI's command).
 """

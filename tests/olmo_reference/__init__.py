@@ -1,6 +1,6 @@
 """PyTorch references for what the original's own checkpoints do not decide.
 
-tests/fixtures/original_checkpoints/ (tests/original_outputs.py) tests every
+tests/fixtures/original_checkpoints/ (tests/helpers/original_outputs.py) tests every
 design against what the original's own code wrote.  :mod:`.original` builds,
 on upstream OLMo-core's own modules (``ai2-olmo-core``) and liger-kernel's mHC
 kernels (under ``TRITON_INTERPRET=1`` on CPU), the cases those fixtures

@@ -1,7 +1,7 @@
 """The original DepthBench's designs where its own checkpoints do not decide: PyTorch models.
 
 tests/fixtures/original_checkpoints/ holds every design as the original's own
-code wrote it (tests/original_outputs.py tests them all).  What those
+code wrote it (tests/helpers/original_outputs.py tests them all).  What those
 fixtures cannot tell apart is tested here, on models built from upstream
 OLMo-core's own modules (``ai2-olmo-core``: attention, RoPE, SwiGLU, norms,
 LM head):

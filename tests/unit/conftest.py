@@ -1,6 +1,6 @@
 """The unit tier: in-process tests, seconds each.  A unit test that starts a
 process (a subprocess, the ``depthbench`` command, a fork, a multiprocessing
-child) fails at that line (tests/process_guard.py), and one marked ``slow``
+child) fails at that line (tests/helpers/process_guard.py), and one marked ``slow``
 (end-to-end: the real corpus, many training steps, another framework's
 reference) stops the collection: both belong in tests/integration."""
 

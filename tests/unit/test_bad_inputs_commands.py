@@ -1,7 +1,7 @@
-"""Bad input across every command, table-driven (tests/bad_input_commands.py): each case exits
-2 with exactly one stderr line ``depthbench: error: ...`` naming the option,
-field or file and what is allowed, with no traceback and no library warning
-before it, and leaves the scratch disk as it was.
+"""Bad input across every command, table-driven (tests/helpers/bad_input_commands.py):
+each case exits 2 with exactly one stderr line ``depthbench: error: ...`` naming
+the option, field or file and what is allowed, with no traceback and no library
+warning before it, and leaves the scratch disk as it was.
 
 The companion of ``tests/unit/test_bad_inputs.py`` (specs, overrides, data,
 checkpoints, run directories of ``train``), ``tests/integration/test_bad_inputs_data.py``

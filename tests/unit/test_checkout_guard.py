@@ -1,4 +1,4 @@
-"""No test writes into the checkout: the snapshot comparison (tests/checkout_guard.py)
+"""No test writes into the checkout: the snapshot comparison (tests/helpers/checkout_guard.py)
 and the session that fails on it, run in-process on a small pytest session."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The unit tier's rule, checked from inside the tier: every way of starting a
 process fails here with a message that names what was started and where the
-test belongs (tests/unit/conftest.py, tests/process_guard.py)."""
+test belongs (tests/unit/conftest.py, tests/helpers/process_guard.py)."""
 
 from __future__ import annotations
 

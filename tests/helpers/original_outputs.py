@@ -20,7 +20,7 @@ here re-implements the original; what is compared:
   entropy of ``ref``.
 
 Used by tests/integration/test_original_checkpoints.py; run as a script it
-prints docs/ORIGINAL.md's table (``python tests/original_outputs.py [DESIGN ...]``).
+prints docs/ORIGINAL.md's table (``python tests/helpers/original_outputs.py [DESIGN ...]``).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ class ToyConfig(FamilyConfig, Variants):
 class ToyScaled(ResidualFamily, CostTerms):
     name = "toy_scaled"
     description = "x <- x + toy_scale * g_j * F(N(x))"
-    reference = "tests/toy_family_source.py"
+    reference = "tests/helpers/toy_family_source.py"
     Config = ToyConfig
     sharding_rules = (("toy_gains", None),)
 

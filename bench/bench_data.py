@@ -91,7 +91,7 @@ def _plain_step(config):
         params, opt = state
 
         def loss_fn(p):
-            return cross_entropy(model.apply({"params": p}, batch["inputs"]), batch["targets"])
+            return cross_entropy(model.apply({"params": p}, batch["inputs"])[0], batch["targets"])
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt = tx.update(grads, opt, params)

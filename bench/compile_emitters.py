@@ -55,7 +55,7 @@ def measure(families: list[str]) -> dict:
 
         def step(p, s, model=model, opt=opt):
             def loss_fn(p):
-                return cross_entropy(model.apply({"params": p}, tokens[:, :-1]), tokens[:, 1:])
+                return cross_entropy(model.apply({"params": p}, tokens[:, :-1])[0], tokens[:, 1:])
 
             loss, grads = jax.value_and_grad(loss_fn)(p)
             updates, s = opt.update(grads, s, p)

@@ -55,7 +55,7 @@ def compiled_step(spec: ModelSpec, batch: int, seq: int):
 
     def step(params, tokens_bt):
         def loss(p):
-            logits = model.apply({"params": p}, tokens_bt)
+            logits, _ = model.apply({"params": p}, tokens_bt)
             return cross_entropy(logits[:, :-1], tokens_bt[:, 1:])
 
         value, grads = jax.value_and_grad(loss)(params)

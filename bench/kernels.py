@@ -206,7 +206,7 @@ def model_level(a, repeats: int, target) -> None:
         params = nn.unbox(model.init(jax.random.key(1), tokens[:, :-1])["params"])
 
         def loss(p):
-            logits = model.apply({"params": p}, tokens[:, :-1]).astype(jnp.float32)
+            logits = model.apply({"params": p}, tokens[:, :-1])[0].astype(jnp.float32)
             labels = tokens[:, 1:]
             return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 

@@ -174,10 +174,11 @@ class Run:
     def depth(self) -> int:
         return self.spec.depth
 
-    def forward(self, params, tokens_bt, active_l, order_l, capture: bool | str = False):
-        """The pure model call behind :meth:`apply` (traceable: the analyses
-        ``vmap`` it over many ``active``/``order`` rows).  Permutations go
-        through ``permute_blocks`` (what the family moves with a block too)."""
+    def forward(self, params, tokens_bt, active_l, order_l, capture: tuple[str, ...] = ()):
+        """The pure model call behind :meth:`apply`, ``(logits, captured)``
+        (traceable: the analyses ``vmap`` it over many ``active``/``order``
+        rows).  Permutations go through ``permute_blocks`` (what the family
+        moves with a block too)."""
         params = permute_blocks(self.family, params, order_l)
         return self.model.apply({"params": params}, tokens_bt, capture=capture,
                                 active=active_l, ident=order_l)
@@ -195,7 +196,7 @@ class Run:
         """Where a ``[B, ...]`` batch lives on this run's mesh."""
         return parallel.batch_sharding(self.mesh)
 
-    def _fn(self, capture: bool | str):
+    def _fn(self, capture: tuple[str, ...]):
         if capture not in self._fns:
             self._fns[capture] = self.jit(
                 lambda p, t, a, o: self.forward(p, t, a, o, capture), 1, 2)
@@ -223,10 +224,10 @@ class Run:
         global_tokens = jax.device_put(tokens.astype(np.int32), parallel.batch_sharding(self.mesh))
         return global_tokens, b, jnp.asarray(active), jnp.asarray(order)
 
-    def apply(self, tokens_bt, *, active=None, ident=None, capture: bool | str = False,
+    def apply(self, tokens_bt, *, active=None, ident=None, capture: tuple[str, ...] = (),
               to_numpy: bool = True):
-        """Logits ``[B, T, V]`` (fp32), or ``(logits, z [L+1, B, T, D])`` with ``capture``
-        (``capture="all"``: ``(logits, {"z", "lens_logits", "probe"})``, see
+        """``(logits [B, T, V] fp32, captured)``: ``captured`` holds what ``capture``
+        names (``"z"`` ``[L+1, B, T, D]``, ``"lens_logits"``, ``"probe"``: see
         ``model.transformer.Transformer``).
 
         ``active`` [L] bool: False replaces the block at that position by the
@@ -236,28 +237,23 @@ class Run:
         """
         tokens, b, active_l, order_l = self._prepare(tokens_bt, active, ident)
         with self._context():
-            out = self._fn(capture)(self.params, tokens, active_l, order_l)
-        if capture == "all":
-            logits, cap = out
-            out = (logits[:b], {"z": cap["z"][:, :b], "lens_logits": cap["lens_logits"][:, :b],
-                                "probe": cap["probe"]})
-        elif capture:
-            logits, z = out
-            out = (logits[:b], z[:, :b])
-        else:
-            out = out[:b]
+            logits, cap = self._fn(tuple(capture))(self.params, tokens, active_l, order_l)
+        # The padding rows off: the batch axis is the first, after the depth axis of
+        # the per-boundary captures ("probe" holds no batch axis).
+        cap = {k: v if k == "probe" else v[:, :b] for k, v in cap.items()}
+        out = (logits[:b], cap)
         if to_numpy:
             out = jax.tree.map(lambda a: np.asarray(jax.device_get(a), np.float32), out)
         return out
 
     def logits(self, tokens_bt, **kw) -> np.ndarray:
         """fp32 numpy ``[B, T, V]``."""
-        return self.apply(tokens_bt, **kw)
+        return self.apply(tokens_bt, **kw)[0]
 
     def states(self, tokens_bt, **kw) -> np.ndarray:
         """The depth states ``z_0 .. z_L`` (docs/spec/analysis.md) as fp32 numpy
         ``[L + 1, B, T, D]`` (``D = n*d`` for multi-stream families)."""
-        return self.apply(tokens_bt, capture=True, **kw)[1]
+        return self.apply(tokens_bt, capture=("z",), **kw)[1]["z"]
 
     def __repr__(self) -> str:
         s = self.spec

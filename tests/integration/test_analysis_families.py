@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from analysis_tiny import tiny_config, tokens
 
-from depthbench.analysis import init_run
 from depthbench.model.residual.protocol import registry
 from depthbench.model.residual.protocol.capabilities import AnalysisOptions
+from depthbench.run import init_run
 
 
 def _readout_lens(family: str) -> dict:
@@ -29,7 +29,7 @@ def test_capture_all(family):
     noisy = [a + 0.05 * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys, strict=True)]
     run = run.with_params(jax.tree.unflatten(tree, noisy))
     x = tokens(2, 8)
-    logits, cap = run.apply(x, capture="all")
+    logits, cap = run.apply(x, capture=("z", "lens_logits", "probe"))
     d = run.spec.d_model
     assert cap["z"].shape[:3] == (3, 2, 8) and cap["z"].shape[3] % d == 0
     np.testing.assert_allclose(cap["lens_logits"][-1], logits, rtol=1e-5, atol=1e-5)
@@ -37,7 +37,7 @@ def test_capture_all(family):
     for leaf in jax.tree.leaves(cap["probe"]):
         assert leaf.shape[:2] == (2, 2) and np.all(np.isfinite(leaf))
     # The backbone's z_L is the state the readout reads, for every family.
-    # Two programs (states, capture="all"): equal up to fp32 rounding of the fusions.
+    # Two programs (states, every capture): equal up to fp32 rounding of the fusions.
     np.testing.assert_allclose(run.states(x)[-1], cap["z"][-1], rtol=1e-6, atol=1e-7)
 
 
@@ -57,7 +57,7 @@ def test_stream_lens_reduces_then_normalises_by_default(family, readout):
         a + (0.05 * jax.random.normal(k, a.shape)).astype(a.dtype)
         for a, k in zip(leaves, keys, strict=True)]))
     x = tokens(2, 8)
-    logits, cap = run.apply(x, capture="all")
+    logits, cap = run.apply(x, capture=("z", "lens_logits", "probe"))
     n, d = run.config.model.residual.hc_n, run.spec.d_model
     streams = np.asarray(cap["z"], np.float64).reshape(*cap["z"].shape[:3], n, d)
     reduced = streams.sum(3) / (n if readout == "mean_then_norm" else 1)

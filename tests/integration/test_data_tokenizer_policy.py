@@ -127,9 +127,9 @@ def test_data_prepare_and_data_show_use_the_same_ids(setup, tmp_path, capsys):
 
 def test_a_runs_tokenizer_and_the_lm_eval_backend_use_the_same_ids(setup, tmp_path):
     pytest.importorskip("lm_eval", reason="lm-eval not installed (pip install -e '.[eval]')")
-    from depthbench.analysis.run import load_run
     from depthbench.evaluation import runner
     from depthbench.evaluation.lm_backend import DepthbenchLM
+    from depthbench.run import load_run
 
     path, _, _, bos, eos, own = setup
     run_dir = tiny_run(tmp_path / "run")

@@ -41,7 +41,7 @@ for name in registry.names():
         model = Transformer(ModelSpec.from_shape(shape, family=name))
         boxed = jax.jit(model.init)(jax.random.key(0), tokens)["params"]
         params = nn.unbox(boxed)
-        fwd = lambda p, t: model.apply({"params": p}, t)
+        fwd = lambda p, t: model.apply({"params": p}, t)[0]
         single = np.asarray(jax.jit(fwd)(params, tokens))
         p_sh = parallel.param_shardings(boxed, mesh)
         t_sh = parallel.batch_sharding(mesh)

@@ -62,7 +62,7 @@ def train(spec: ModelSpec, params):
     opt = optax.sgd(0.5)
 
     def loss_fn(p):
-        logits = model.apply({"params": p}, TOKENS[:, :-1])
+        logits, _ = model.apply({"params": p}, TOKENS[:, :-1])
         labels = TOKENS[:, 1:]
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 

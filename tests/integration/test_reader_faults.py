@@ -31,8 +31,8 @@ from fast_xla import subprocess_flags
 from toy_corpus import write_progressions
 
 from depthbench import config as config_lib
-from depthbench.analysis.run import load_run
 from depthbench.digest import file_sha256 as file_digest
+from depthbench.run import load_run
 from depthbench.rundir.restore import DamagedCheckpoints
 from depthbench.train import loop
 

@@ -7,11 +7,11 @@ import pytest
 from analysis_tiny import tiny_config, tokens
 from noisy_params import perturbed
 
-from depthbench.analysis import init_run
 from depthbench.analysis.analyze import analyze
 from depthbench.analysis.blockwise import Blockwise
 from depthbench.model.residual.attnres import depth_weights
 from depthbench.model.transformer import family_of, permute_blocks
+from depthbench.run import init_run
 
 X = tokens(4, 16)
 

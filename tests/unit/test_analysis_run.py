@@ -28,7 +28,7 @@ def test_restores_the_latest_parameters(run_and_params):
 def test_logits_match_the_model(run_and_params):
     run, params, _ = run_and_params
     x = tokens(3, 16)  # 3: not a multiple of anything in particular
-    want = np.asarray(jax.jit(Transformer(run.spec).apply)({"params": params}, x))
+    want = np.asarray(jax.jit(Transformer(run.spec).apply)({"params": params}, x)[0])
     got = run.logits(x)
     assert got.dtype == np.float32 and got.shape == (3, 16, 64)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -46,8 +46,8 @@ def test_states_and_skip_permute(run_and_params):
     for zl in skipped:
         np.testing.assert_allclose(zl, embed, rtol=1e-6)
     # The identity permutation changes nothing; a swap changes the logits.
-    np.testing.assert_array_equal(run.apply(x, ident=[0, 1, 2]), run.logits(x))
-    assert np.abs(run.apply(x, ident=[1, 0, 2]) - run.logits(x)).max() > 1e-3
+    np.testing.assert_array_equal(run.apply(x, ident=[0, 1, 2])[0], run.logits(x))
+    assert np.abs(run.apply(x, ident=[1, 0, 2])[0] - run.logits(x)).max() > 1e-3
 
 
 def test_bad_inputs(run_and_params, tmp_path):

@@ -118,9 +118,9 @@ def test_analyze_from_python_refuses_what_the_parser_refuses(disk):
     """The notebook calls analyze() without the parser: the same counts are refused
     there, naming the command-line option (not a ValueError from range())."""
     from depthbench.analysis.analyze import analyze
-    from depthbench.analysis.run import load_run
     from depthbench.analysis.windows import held_out_windows
     from depthbench.errors import ConfigError
+    from depthbench.run import load_run
 
     run = load_run(disk / "run")
     windows = held_out_windows(run, 2, 16)

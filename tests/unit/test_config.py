@@ -376,7 +376,7 @@ def test_an_old_config_json_loads(family):
 def test_an_old_run_directory_loads_for_analysis(tmp_path):
     import shutil
 
-    from depthbench.analysis.run import init_run
+    from depthbench.run import init_run
 
     shutil.copytree(LEGACY / "hc", tmp_path / "run")
     run = init_run(tmp_path / "run")

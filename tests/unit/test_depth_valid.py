@@ -54,7 +54,7 @@ def _grouped_loss_and_grads(family, layer_scan, tokens, params):
     active = jnp.array([True, True, False, True, True])
 
     def loss(p):
-        logits = model.apply({"params": permute_blocks(fam, p, order)}, tokens, active=active,
+        logits, _ = model.apply({"params": permute_blocks(fam, p, order)}, tokens, active=active,
                              ident=order)
         return cross_entropy(logits[:, :-1], tokens[:, 1:])
 

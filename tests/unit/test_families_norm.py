@@ -72,7 +72,7 @@ def compiled_forward(spec: ModelSpec):
     model = Transformer(spec)
     params = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), TOKENS)["params"]))
     ident = jax.ShapeDtypeStruct((spec.depth,), jnp.int32)
-    return jax.jit(lambda p, i: model.apply({"params": p}, TOKENS, ident=i)).lower(
+    return jax.jit(lambda p, i: model.apply({"params": p}, TOKENS, ident=i)[0]).lower(
         params, ident).compile(FAST)
 
 

@@ -84,10 +84,16 @@ def init_params(spec: ModelSpec):
 @functools.cache
 def _apply(spec: ModelSpec, capture: bool):
     model = Transformer(spec)
-    return fast_jit(lambda p, t, a: model.apply({"params": p}, t, active=a, capture=capture))
+
+    def fn(p, t, a):
+        out, captured = model.apply({"params": p}, t, active=a, capture=("z",) * capture)
+        return (out, captured["z"]) if capture else out
+
+    return fast_jit(fn)
 
 
 def logits(spec: ModelSpec, params, active=None, capture=False):
+    """The logits, or ``(logits, z)`` with ``capture``."""
     active = jnp.ones((spec.depth,), bool) if active is None else jnp.asarray(active, bool)
     return _apply(spec, capture)(params, TOKENS, active)
 

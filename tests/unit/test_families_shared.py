@@ -100,7 +100,8 @@ class Harness:
         self.arange = jnp.arange(TINY.depth, dtype=jnp.int32)
         model = self.model
         self._fwd = compile_fast(
-            lambda p, t, active, ident: model.apply({"params": p}, t, active=active, ident=ident),
+            lambda p, t, active, ident: model.apply({"params": p}, t, active=active,
+                                                    ident=ident)[0],
             self.params, self.tokens, self.ones, self.arange)
 
     def logits(self, params=None, tokens=None, active=None, ident=None):
@@ -120,7 +121,7 @@ class Harness:
         batch = jnp.asarray(_train_batch())
 
         def loss_fn(p):
-            return cross_entropy(model.apply({"params": p}, batch[:, :-1]), batch[:, 1:])
+            return cross_entropy(model.apply({"params": p}, batch[:, :-1])[0], batch[:, 1:])
 
         def train_step(p, s):
             loss, grads = jax.value_and_grad(loss_fn)(p)
@@ -195,7 +196,7 @@ def test_scan_unrolled_and_remat_agree(h):
     """Rolled scan + remat + explicit all-True ``active`` == unrolled, no remat, default call."""
     variant = h.spec.replace(scan_unroll=TINY.depth, remat_policy="none")
     model = Transformer(variant)
-    out = compile_fast(lambda p, t: model.apply({"params": p}, t), h.params, h.tokens)(
+    out = compile_fast(lambda p, t: model.apply({"params": p}, t)[0], h.params, h.tokens)(
         h.params, h.tokens)
     np.testing.assert_allclose(out, h.default, rtol=1e-5, atol=1e-5)
 
@@ -210,7 +211,7 @@ def test_matmuls_saveable_gradients_agree(h):
     batch = jnp.asarray(_train_batch())
 
     def loss_fn(p):
-        return cross_entropy(model.apply({"params": p}, batch[:, :-1]), batch[:, 1:])
+        return cross_entropy(model.apply({"params": p}, batch[:, :-1])[0], batch[:, 1:])
 
     grads = compile_fast(jax.grad(loss_fn), h.params)(h.params)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),

@@ -61,8 +61,8 @@ def test_registering_extends_config_rules_and_costs(toy):
     # The model reads the typed fields: a gain init of 0 makes every block the identity.
     tokens = jnp.arange(8, dtype=jnp.int32)[None] % SHAPE.vocab_size
     zero = Transformer(spec.with_fields(toy_gain_init=0.0))
-    logits, variables = jax.jit(zero.init_with_output)(jax.random.key(0), tokens)
-    skipped = jax.jit(zero.apply)(variables, tokens, active=jnp.zeros(SHAPE.depth, bool))
+    (logits, _), variables = jax.jit(zero.init_with_output)(jax.random.key(0), tokens)
+    skipped, _ = jax.jit(zero.apply)(variables, tokens, active=jnp.zeros(SHAPE.depth, bool))
     assert jnp.array_equal(logits, skipped)
     # Its variant, declared in its config, reaches a sweep entry.
     entry = variants.expand_entry({"model.family": "toy_scaled+tiny_scale", "model.depth": 2})
@@ -141,7 +141,7 @@ def test_readme_adding_a_family_is_one_file_and_one_line():
         assert config.model.residual.to_dict() == cls.config_fields()
         spec = ModelSpec.from_shape(SHAPE, family=cls.name)
         tokens = jnp.zeros((1, 4), jnp.int32)
-        logits = Transformer(spec).init_with_output(jax.random.key(0), tokens)[0]
+        (logits, _), _ = Transformer(spec).init_with_output(jax.random.key(0), tokens)
         assert logits.shape == (1, 4, SHAPE.vocab_size) and bool(jnp.all(jnp.isfinite(logits)))
     finally:
         registry.unregister(cls.name)

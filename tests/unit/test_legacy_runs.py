@@ -21,9 +21,9 @@ from toy_corpus import write_progressions
 
 from depthbench import config as config_lib
 from depthbench.analysis.analyze import analyze
-from depthbench.analysis.run import load_run
 from depthbench.cli import main as cli_main
 from depthbench.digest import file_sha256 as file_digest
+from depthbench.run import load_run
 from depthbench.rundir.io import read_jsonl
 from depthbench.train import loop
 

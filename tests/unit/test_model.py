@@ -27,8 +27,12 @@ TINY = Shape(depth=3, d_model=32, d_ff=96, n_heads=4, n_kv_heads=4, vocab_size=6
 
 @functools.cache
 def compiled(model: nn.Module, method: str = "apply", **kwargs):
-    """``jax.jit(model.<method>)`` with ``kwargs`` bound, one per (model, method, kwargs)."""
-    return jax.jit(functools.partial(getattr(model, method), **kwargs))
+    """``jax.jit(model.<method>)`` with ``kwargs`` bound, one per (model, method, kwargs);
+    ``apply`` without a capture gives the logits alone."""
+    fn = functools.partial(getattr(model, method), **kwargs)
+    if method == "apply" and "capture" not in kwargs:
+        return jax.jit(lambda *a, **k: fn(*a, **k)[0])
+    return jax.jit(fn)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +41,7 @@ def tiny():
     model = Transformer(spec)
     tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, TINY.vocab_size)
     params = nn.unbox(compiled(model, "init")(jax.random.key(1), tokens)["params"])
-    apply = jax.jit(lambda p, t: model.apply({"params": p}, t))
+    apply = jax.jit(lambda p, t: model.apply({"params": p}, t)[0])
     return spec, model, tokens, params, apply
 
 
@@ -199,7 +203,7 @@ def _grads_and_residuals(spec, params, tokens):
     model = Transformer(spec)
 
     def loss(p):
-        return cross_entropy(model.apply({"params": p}, tokens[:, :-1]), tokens[:, 1:])
+        return cross_entropy(model.apply({"params": p}, tokens[:, :-1])[0], tokens[:, 1:])
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -257,7 +261,9 @@ def test_skip_and_permute(tiny):
 
 def test_capture_returns_depth_states(tiny):
     spec, model, tokens, params, apply = tiny
-    logits, z = compiled(model, capture=True)({"params": params}, tokens)
+    logits, captured = compiled(model, capture=("z",))({"params": params}, tokens)
+    assert set(captured) == {"z"}  # what was asked, nothing else
+    z = captured["z"]
     assert z.shape == (spec.depth + 1, 2, 12, spec.d_model)
     np.testing.assert_array_equal(z[0], params["embed"][tokens])
     np.testing.assert_allclose(logits, apply(params, tokens), rtol=1e-6, atol=1e-6)

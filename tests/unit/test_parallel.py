@@ -105,7 +105,8 @@ def test_rules_cover_every_logical_name_of_every_family(monkeypatch):
         for names in jax.tree.leaves(parallel.logical_names(boxed),
                                      is_leaf=lambda x: isinstance(x, tuple)):
             param_names.update(n for n in names if n is not None)
-        jax.eval_shape(lambda p, t, m=model: m.apply({"params": nn.unbox(p)}, t), boxed, tokens)
+        jax.eval_shape(lambda p, t, m=model: m.apply({"params": nn.unbox(p)}, t)[0], boxed,
+                       tokens)
     ruled = {name for name, _ in parallel.axis_rules()}
     assert param_names, "no logical parameter names found"
     assert seen, "no activation constraints recorded"

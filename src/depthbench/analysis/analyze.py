@@ -57,7 +57,7 @@ def _pad_rows(rows: np.ndarray, k: int) -> np.ndarray:
 def analyze(run, windows_bt, metrics=None, *, chunk: int = 8, window_chunk: int = 8,
             causal_ratio: str = "of_means", prune_threshold: float = M.PRUNE_THRESHOLD,
             jacobian_windows: int = 2, progress: bool = True) -> dict:
-    """All requested metrics of ``run`` (a :class:`~depthbench.analysis.run.Run`)
+    """All requested metrics of ``run`` (a :class:`~depthbench.run.Run`)
     on ``windows_bt`` (int ``[N, T]``).  ``chunk``: interventions evaluated at
     once; ``window_chunk``: windows per forward pass."""
     t0 = time.time()

@@ -4,7 +4,7 @@ For each family, depth ``L`` and width ``d`` a fresh model is trained for
 ``k`` steps (a handful) at a constant learning rate on the same batches, and
 after every step ``t = 0 .. k`` the residual stream is measured on one fixed
 held-out batch: for every depth state ``z_l`` (``l = 0 .. L``; what the
-analyses use, the family's boundary state, ``capture=True``)
+analyses use, the family's boundary state, ``capture=("z",)``)
 
 * ``state_rms[t][l]``: the RMS of ``z_l`` after ``t`` updates;
 * ``delta_rms[t][l]``: the RMS of ``z_l(t) - z_l(0)``, how far training has
@@ -150,7 +150,8 @@ def _states_fn(s):
     """``(params, inputs) -> z [L+1, B, T, d]`` (fp32, replicated), jitted."""
 
     def states(params, inputs):
-        return s.model.apply({"params": params}, inputs, capture=True)[1].astype(jnp.float32)
+        return s.model.apply({"params": params}, inputs, capture=("z",))[1]["z"].astype(
+            jnp.float32)
 
     return jax.jit(states, in_shardings=(s.param_shardings, parallel.batch_sharding(s.mesh)),
                    out_shardings=parallel.replicated(s.mesh))

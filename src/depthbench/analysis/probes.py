@@ -1,7 +1,7 @@
 """Device-side passes over held-out windows: everything reduced to sums before
 it leaves the device.
 
-* :func:`baseline_sums`: one captured forward (``capture="all"``) per chunk
+* :func:`baseline_sums`: one captured forward (every capture) per chunk
   of windows gives the loss, the logit lens, angular distances, token
   collapse spectra, stream statistics and the family's probes.
 * :func:`skip_sums`: ``K`` single-block skips at once (``vmap`` over the
@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from depthbench.analysis.metrics import effective_rank, stable_rank
+from depthbench.model.transformer import CAPTURES
 
 TOP_K = 5
 _COMPILED: dict = {}
@@ -90,7 +91,7 @@ def _make_baseline(run):
     def fn(params, tokens_bt):
         active = jnp.ones((L,), bool)
         order = jnp.arange(L, dtype=jnp.int32)
-        logits, cap = run.forward(params, tokens_bt, active, order, capture="all")
+        logits, cap = run.forward(params, tokens_bt, active, order, capture=CAPTURES)
         z = cap["z"]
         ce, kl, top = _lens_sums(cap["lens_logits"], logits, tokens_bt)
         out = {"nll": nll_sum(logits, tokens_bt), "lens_ce": ce, "lens_kl": kl, "lens_top": top,
@@ -121,7 +122,8 @@ def _make_skip(run):
         u_norm = jnp.linalg.norm(u, axis=-1)
 
         def one(active):
-            logits, z = run.forward(params, tokens_bt, active, order, capture=True)
+            logits, cap = run.forward(params, tokens_bt, active, order, capture=("z",))
+            z = cap["z"]
             diff = jnp.linalg.norm(jnp.diff(z.astype(jnp.float32), axis=0) - u, axis=-1)
             ratio = jnp.where(u_norm > 1e-8, diff / jnp.where(u_norm > 0, u_norm, 1.0), 0.0)
             return jnp.sum(diff, axis=(1, 2)), jnp.sum(ratio, axis=(1, 2)), nll_sum(logits,
@@ -143,7 +145,7 @@ def _make_swap(run):
 
     def fn(params, tokens_bt, orders_kl):
         active = jnp.ones((L,), bool)
-        return jax.vmap(lambda o: nll_sum(run.forward(params, tokens_bt, active, o),
+        return jax.vmap(lambda o: nll_sum(run.forward(params, tokens_bt, active, o)[0],
                                           tokens_bt))(orders_kl)
 
     return run.jit(fn, 1, 1)

@@ -28,8 +28,8 @@ def analyze_run_dir(run_dir: str | Path, metrics=None, *, windows: int = 16, seq
     windows of ``seq_len`` tokens; write analysis.json and the plots."""
     from depthbench.analysis.analyze import analyze, resolve_metrics
     from depthbench.analysis.plots import plot_run
-    from depthbench.analysis.run import load_run
     from depthbench.analysis.windows import held_out_windows
+    from depthbench.run import load_run
 
     resolve_metrics(metrics)  # bad names fail before the model loads
     run = load_run(run_dir, options=options)

@@ -69,9 +69,9 @@ def preload(run: str, step: Any = None, batch_size: Any = 8, max_length: Any = N
     DepthbenchLM that lm-eval constructs later with the same ``run`` and ``step``,
     and check what that model will be asked to hold (ConfigError before lm-eval
     starts, not inside it)."""
-    from depthbench.analysis.run import load_run
     from depthbench.errors import ConfigError
     from depthbench.evaluation.scoring import check_batch_fits
+    from depthbench.run import load_run
 
     key = (str(Path(run).expanduser().resolve()), _step(step))
     loaded = load_run(run, step=key[1])
@@ -85,7 +85,7 @@ def preload(run: str, step: Any = None, batch_size: Any = 8, max_length: Any = N
 
 def _open(run: Any, step: Any):
     """The Run of ``run`` (a Run, or a directory: preloaded, or loaded now)."""
-    from depthbench.analysis.run import Run, load_run
+    from depthbench.run import Run, load_run
 
     if isinstance(run, Run):
         return run

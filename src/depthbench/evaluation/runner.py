@@ -107,8 +107,8 @@ def evaluate(run_dir: str | Path, *, suite: str | None = None, tasks: list[str] 
              num_fewshot: int | None = None, only: list[str] | None = None,
              progress: bool = True) -> tuple[dict, Path]:
     """Evaluate ``run_dir``; return (the result dict, the JSON path written)."""
-    from depthbench.analysis.run import load_run
     from depthbench.evaluation.scoring import Scorer
+    from depthbench.run import load_run
 
     if (suite is None) == (not tasks):
         raise ConfigError(f"eval: give exactly one of --suite ({', '.join(SUITES)}) or --tasks")

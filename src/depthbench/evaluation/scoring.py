@@ -1,6 +1,6 @@
 """Completion scoring and greedy generation on a loaded run, in a few compiled shapes.
 
-:class:`Scorer` turns a :class:`~depthbench.analysis.run.Run` into the three
+:class:`Scorer` turns a :class:`~depthbench.run.Run` into the three
 operations an evaluation needs:
 
 * ``loglikelihood(pairs)``: for each ``(context_ids, target_ids)``, the sum
@@ -144,13 +144,13 @@ class Scorer:
         model = run.model
 
         def score(params, tokens_bt, targets_bt):
-            logits = model.apply({"params": params}, tokens_bt).astype(jnp.float32)
+            logits = model.apply({"params": params}, tokens_bt)[0].astype(jnp.float32)
             logp = jax.nn.log_softmax(logits, axis=-1)
             target_logp = jnp.take_along_axis(logp, targets_bt[..., None], axis=-1)[..., 0]
             return target_logp, jnp.argmax(logits, axis=-1) == targets_bt
 
         def next_token(params, tokens_bt, last_b):
-            logits = model.apply({"params": params}, tokens_bt)
+            logits, _ = model.apply({"params": params}, tokens_bt)
             at = jnp.take_along_axis(logits, last_b[:, None, None], axis=1)[:, 0]
             return jnp.argmax(at, axis=-1).astype(jnp.int32)
 

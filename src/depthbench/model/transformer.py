@@ -13,6 +13,8 @@ declares (``residual/protocol/capabilities.py``) are asked for with ``isinstance
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -39,6 +41,9 @@ from depthbench.model.residual.protocol.capabilities import (
     probes,
 )
 from depthbench.model.spec import ModelSpec
+
+# What a forward can capture beside its logits (Transformer's docstring).
+CAPTURES = ("z", "lens_logits", "probe")
 
 # Parameter names the optimizer's weight-decay presets need (train/optim.py):
 # the scope holding every residual-family parameter, the backbone's norm gains
@@ -163,24 +168,29 @@ def remat_policy(name: str):
 
 
 class Transformer(nn.Module):
-    """tokens [B, T] -> logits [B, T, V] (fp32); optionally the depth states.
+    """tokens [B, T] -> ``(logits [B, T, V] fp32, captured)``, always.
 
-    ``active`` [L] (bool) skips blocks; ``ident`` [L] gives the original
-    index of the block at each position (use with :func:`permute_blocks`).
-    With ``capture=True`` returns ``(logits, z)`` where ``z`` stacks the
-    ``L + 1`` depth states (``z_0`` first; ``z_l`` is taken at block ``l``'s
-    left boundary with its parameters, see ``AnalysisProbes.boundary_state``)
-    along axis 0.  With ``capture="all"`` returns ``(logits, captured)``:
-    ``captured["z"]`` as above, ``captured["lens_logits"]`` ``[L+1, B, T, V]``
-    (fp32, the logit lens at every boundary) and ``captured["probe"]`` (the
-    family's :meth:`probe` of every sublayer, leaves ``[L, 2, ...]``).
+    ``captured`` holds what ``capture`` asked for (:data:`CAPTURES`), nothing
+    else: ``"z"``, the ``L + 1`` depth states stacked on axis 0 (``z_0``
+    first; ``z_l`` taken at block ``l``'s left boundary with its parameters,
+    see ``AnalysisProbes.boundary_state``); ``"lens_logits"`` ``[L+1, B, T,
+    V]`` (fp32, the logit lens at every boundary); ``"probe"`` (the family's
+    :meth:`probe` of every sublayer, leaves ``[L, 2, ...]``).  ``active``
+    [L] (bool) skips blocks; ``ident`` [L] gives the original index of the
+    block at each position (use with :func:`permute_blocks`).
     """
 
     spec: ModelSpec
 
     @nn.compact
-    def __call__(self, tokens_bt, *, capture: bool = False, active=None, ident=None):
+    def __call__(self, tokens_bt, *, capture: Sequence[str] = (), active=None, ident=None):
         s = self.spec
+        asked = tuple(capture)
+        if not set(asked) <= set(CAPTURES):
+            raise ValueError(f"capture: {asked}; each must be one of {CAPTURES}")
+        # What the stack records: nothing, the depth states, or everything.
+        level: bool | str = ("all" if {"lens_logits", "probe"} & set(asked) else
+                             "z" in asked)
         chex.assert_rank(tokens_bt, 2)  # [B, T] token ids (static: checked at trace time)
         fam = family_of(s)
         L = s.depth
@@ -215,9 +225,9 @@ class Transformer(nn.Module):
         )
         positions_t = jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)
         if self._depth_linear(fam, state) and not self.is_initializing():
-            state, captured = self._depth_linear_stack(fam, capture, state, xs, g, positions_t)
+            state, captured = self._depth_linear_stack(fam, level, state, xs, g, positions_t)
         else:
-            state, captured = stack(s, fam, capture, name="blocks")(state, xs, g, positions_t)
+            state, captured = stack(s, fam, level, name="blocks")(state, xs, g, positions_t)
         final_norm = RMSNorm(s, name="final_norm")
         head = self.param(
             "head",
@@ -236,17 +246,18 @@ class Transformer(nn.Module):
         x = fam.readout(g, state, final_norm)
         chex.assert_shape(x, (*tokens_bt.shape, s.d_model))  # a family's readout is [B, T, d]
         logits = lm_head(x)
-        if not capture:
-            return logits
+        if not level:
+            return logits, {}
         analysis = probes(fam)
         z_last = analysis.boundary_state(None, g, state)
-        z = jnp.concatenate([captured["z"], z_last[None]], axis=0)
-        if capture != "all":
-            return logits, z
-        lens = [jax.tree.map(lambda a, i=i: a[i], captured["lens"]) for i in range(L)]
-        lens.append(analysis.lens_state(None, g, state))
-        lens_logits = jnp.stack([lm_head(analysis.lens_decode(g, r, final_norm)) for r in lens])
-        return logits, {"z": z, "lens_logits": lens_logits, "probe": captured["probe"]}
+        out = {"z": jnp.concatenate([captured["z"], z_last[None]], axis=0)}
+        if level == "all":
+            lens = [jax.tree.map(lambda a, i=i: a[i], captured["lens"]) for i in range(L)]
+            lens.append(analysis.lens_state(None, g, state))
+            out["lens_logits"] = jnp.stack([lm_head(analysis.lens_decode(g, r, final_norm))
+                                            for r in lens])
+            out["probe"] = captured["probe"]
+        return logits, {name: out[name] for name in asked}
 
     def _depth_linear(self, fam: ResidualFamily, state) -> bool:
         """Whether the stack runs through :func:`depth_scan.layer_stack`: the

@@ -39,7 +39,7 @@ def _in_context(s: TrainSetup, fn: Callable) -> Callable:
 
 
 def loss_fn(s: TrainSetup, params: Any, batch: Batch, key: jax.Array) -> jax.Array:
-    logits = s.model.apply({"params": params}, batch["inputs"], rngs={"dropout": key})
+    logits, _ = s.model.apply({"params": params}, batch["inputs"], rngs={"dropout": key})
     return transformer.cross_entropy(logits, batch["targets"])
 
 
@@ -122,12 +122,13 @@ def make_eval_step(s: TrainSetup) -> Callable:
 
 def layer_stats(s: TrainSetup, params: Any, inputs_bt: jax.Array) -> dict[str, jax.Array]:
     """Per-depth statistics of the residual stream, from the family's depth
-    states ``z_0 .. z_L`` (``capture=True``; nothing family-specific here).
+    states ``z_0 .. z_L`` (``capture=("z",)``; nothing family-specific here).
 
     ``state_rms[l]`` = RMS of z_l; ``update_rms[l]`` = RMS of z_{l+1} - z_l
     (what block l adds); ``update_ratio[l]`` = their ratio.
     """
-    _, z = s.model.apply({"params": params}, inputs_bt, capture=True)
+    _, out = s.model.apply({"params": params}, inputs_bt, capture=("z",))
+    z = out["z"]
     z = z.astype(jnp.float32)
     axes = tuple(range(1, z.ndim))
     state_rms = jnp.sqrt(jnp.mean(jnp.square(z), axis=axes))

@@ -46,7 +46,6 @@ from depthbench.model.residual.protocol import registry
 from depthbench.model.residual.protocol.capabilities import LearningRateRule
 from depthbench.model.residual.protocol.family_config import coerce, unknown_field
 from depthbench.model.transformer import remat_policy_names
-from depthbench.train import wandb_sink
 
 FAMILY = "model.family"
 RESIDUAL = "model.residual"
@@ -348,6 +347,18 @@ def _positive(config: ml_collections.ConfigDict, dotted: str, *, allow_zero: boo
         raise ConfigError(f"config.{dotted}: must be a number {bound}, got {value!r}")
 
 
+WANDB_MODES = ("", "offline", "online")  # train.wandb: off, or the W&B run's mode
+
+
+def check_wandb_mode(mode) -> str:
+    """``train.wandb``'s value, checked against :data:`WANDB_MODES` (validation
+    calls it, so every command refuses a bad mode when the config is loaded)."""
+    if mode not in WANDB_MODES:
+        raise ConfigError(f"config.train.wandb: {mode!r} is not one of "
+                          f"{', '.join(repr(m) for m in WANDB_MODES)}")
+    return mode
+
+
 def _choice(config: ml_collections.ConfigDict, dotted: str, allowed: Iterable[str]) -> None:
     node, leaf = _lookup(config, dotted)
     allowed = list(allowed)
@@ -369,7 +380,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _choice(config, "train.lr_rule", LR_RULES)
     _check_lr_rule(config)
     _choice(config, "parallel.distributed", ("auto", "on", "off"))
-    wandb_sink.check_mode(config.train.get("wandb", ""))
+    check_wandb_mode(config.train.get("wandb", ""))
     for field in (
         "model.depth",
         "model.vocab_size",

@@ -5,8 +5,8 @@ after (1.1 GiB for the d 256 benchmark step, 2.5 GiB at d 768), from one of
 its async-runner threads (``posix_memalign`` in ``CpuDeviceMemory``).  glibc
 serves a request that large with ``mmap`` from that thread's arena and unmaps
 it on ``free``, so every step page-faults the whole buffer in again, 4 KiB at
-a time (281,000 minor faults per d 256 step; about 16% of the step's CPU
-samples are the kernel's).  ``$DEPTHBENCH_MALLOC`` chooses what to do:
+a time, and the kernel's share of the step's CPU time is large
+(bench/results/allocator.md).  ``$DEPTHBENCH_MALLOC`` chooses what to do:
 
 * ``system`` (the default): glibc as configured.  Nothing is changed and the
   process is never re-executed, so the ``depthbench`` command and
@@ -35,16 +35,11 @@ samples are the kernel's).  ``$DEPTHBENCH_MALLOC`` chooses what to do:
   threads then wait on the one arena's lock.
 
 What the default costs the quickstart's CPU step is measured in
-``bench/results/hostmem.md``.  Measured before on a 2-core Intel Xeon VM (jax
-0.10.2; separate processes running only depthbench's step, median step;
-bench/results/peer.md): mimalloc d 128 L 4 142-149 -> 118 ms, d 256 L 8
-1.70-1.72 -> 1.46 s, d 64 L 32 159-173 -> 140 ms, d 768 L 12 7.48-7.62 -> 7.55
-s (remat off: its 2.5 GiB buffer was larger than mimalloc's arenas and still
-faulted; under ``matmuls_saveable``, the micro config's policy, it fits: 0-166
-faults a step); keep d 256 1.63 -> 1.49 s, d 768 7.63 -> 7.23 s, d 64 L 32 137
--> 207 ms.  With transparent huge pages allowed, mimalloc's fresh 2 MiB pages
-stalled single steps up to 2x on that VM (it hands free memory back to its
-host), hence ``MIMALLOC_ALLOW_THP=0``.
+``bench/results/hostmem.md``; what ``mimalloc`` and ``keep`` bought per shape
+(``keep`` slows deep narrow steps: XLA's threads wait on the one arena), and
+the stalls that transparent huge pages gave mimalloc on a VM that hands free
+memory back to its host (hence ``MIMALLOC_ALLOW_THP=0``), in
+``bench/results/allocator.md`` (the dated runs: ``bench/results/peer.md``).
 
 In a notebook, start the kernel with ``LD_PRELOAD=<mimalloc_library()>`` and
 those ``MIMALLOC_*`` settings in its environment, or call :func:`apply` with
@@ -71,8 +66,8 @@ MIMALLOC_PACKAGE = "cmeel-mimalloc"
 # re-executed (so it never is twice, whatever the loader made of them).
 _REEXEC_MARK = "DEPTHBENCH_MALLOC_REEXEC"
 # Never return freed memory to the kernel (so it is not faulted in again); no
-# transparent huge pages (on the benchmark VM a fresh 2 MiB page cost up to
-# 0.5 s of a 0.5 s step now and then); commit each arena whole when it is made.
+# transparent huge pages (a fresh one can stall a step: bench/results/code_notes.md);
+# commit each arena whole when it is made.
 _MIMALLOC_ENV = {"MIMALLOC_PURGE_DELAY": "-1", "MIMALLOC_ALLOW_THP": "0",
                  "MIMALLOC_ARENA_EAGER_COMMIT": "1"}
 
@@ -142,8 +137,8 @@ def _keep() -> str:
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return "system default (not glibc)"
     # Threads that numpy or jax started already hold arenas of their own,
-    # which the settings do not reach (measured: 93,000 faults per d 256
-    # step instead of 0), so say so.
+    # which the settings do not reach (the step still faults:
+    # bench/results/peer.md, "2026-12-01 midday"), so say so.
     late = [m for m in ("numpy", "jax") if m in sys.modules]
     libc = ctypes.CDLL(None)
     done = [libc.mallopt(param, value) for param, value in

@@ -1,5 +1,6 @@
 """The import graph of ``src/``: no cycles (imports inside functions count too),
-errors.py below everything, and the library never imports its command line."""
+no import up the floors (:data:`FLOORS`), errors.py below everything, and the
+library never imports its command line."""
 
 from __future__ import annotations
 
@@ -41,12 +42,14 @@ def imported(name: str, path: Path, known: set[str]) -> set[str]:
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
                 targets.add(sub if sub in known else base)
-    if name.endswith(".model.residual.registry"):
-        # The registry imports its families by name ("module:Class" strings).
+    if name.endswith(".model.residual.protocol.registry"):
+        # The registry imports its families by name ("module:Class" strings) from
+        # the package its FAMILY_PACKAGE names.
+        family_package = name.removesuffix(".protocol.registry")
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
                     node.value.count(":") == 1 and node.value.split(":")[0].isidentifier():
-                targets.add(f"{name.rpartition('.')[0]}.{node.value.split(':')[0]}")
+                targets.add(f"{family_package}.{node.value.split(':')[0]}")
     enclosing = {".".join(name.split(".")[:k]) for k in range(1, name.count(".") + 1)}
     edges = set()
     for target in targets:
@@ -113,6 +116,58 @@ def test_src_has_no_import_cycles():
     assert "depthbench.config" in g and "depthbench.model.residual.protocol.registry" in g
     cycle = find_cycle(g)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# The floors of src/, lowest first: a module may import its own floor and those
+# below it, never one above (module prefixes under depthbench, the longest
+# match deciding; pallas_kernels is its own package).  A package whose
+# __init__ imports nothing is no edge (its modules are imported, not it).
+FLOORS = (
+    ("errors", "formatting", "digest"),
+    ("faults", "output_paths", "rundir"),  # a run directory's files, names, lock, restore
+    ("shapes", "model.spec", "pallas_kernels"),
+    ("model.residual.protocol",),  # what a family implements and declares
+    ("model.depth_scan", "model.layers"),
+    ("model.residual.parts",),  # pieces families share
+    ("model", "model.residual.protocol.registry"),  # the families, their table, the model
+    ("variants", "config", "configs", "reference"),
+    ("costs", "parallel", "hostmem", "data", "rundir.identity"),
+    ("train",),
+    ("run", "importers"),  # a trained or imported model
+    ("analysis", "evaluation", "equal_compute", "plots", "dryrun"),
+    ("sweep",),
+    ("report", "run_report", "lr_transfer"),
+    ("cli", "__main__", ""),  # the command line and the package root
+)
+
+
+def floor(module: str) -> int | None:
+    if module.split(".")[0] == "pallas_kernels":
+        return 2
+    rel = module.removeprefix("depthbench").lstrip(".")
+    best = None
+    for level, prefixes in enumerate(FLOORS):
+        for prefix in prefixes:
+            if rel == prefix or (prefix and rel.startswith(prefix + ".")):
+                if best is None or len(prefix) > best[1]:
+                    best = (level, len(prefix))
+    return None if best is None else best[0]
+
+
+def test_no_import_runs_up_the_floors():
+    g = graph()
+    unplaced = sorted(m for m in g if floor(m) is None)
+    assert unplaced == [], f"place these modules on a floor: {unplaced}"
+    up = sorted(f"{m} -> {t}" for m, targets in g.items() for t in targets
+                if g.get(t) and floor(t) > floor(m))
+    assert up == []
+
+
+def test_the_floors_catch_an_upward_import():
+    assert floor("depthbench.rundir.naming") < floor("depthbench.configs.paper_400m")
+    assert floor("depthbench.configs.paper_400m") < floor("depthbench.sweep.expand")
+    assert floor("depthbench.rundir.identity") > floor("depthbench.config")
+    assert floor("depthbench.model.residual.protocol.base") < floor("depthbench.model.layers")
 
 
 def test_errors_imports_nothing_and_the_library_not_its_cli():

@@ -27,6 +27,7 @@ from depthbench.model.residual.protocol import registry
 from depthbench.rundir import identity
 from depthbench.rundir.lock import RunLock
 from depthbench.rundir.names import LOCK_FILE, RUN_RECORD
+from depthbench.rundir.naming import run_name
 
 
 def fake_loss(config) -> float:
@@ -83,18 +84,18 @@ def sweep(spec_file) -> sweeplib.Sweep:
 
 
 def test_run_names_are_stable_and_safe():
-    assert sweeplib.run_name({"model.family": "hc", "model.depth": 8, "train.lr": 3e-3}) == \
+    assert run_name({"model.family": "hc", "model.depth": 8, "train.lr": 3e-3}) == \
         "hc-L8-lr3e-03"
     # Order of keys in the dict does not matter; lr keeps every digit it needs.
-    assert sweeplib.run_name({"train.lr": 2.5e-3, "model.depth": 4, "model.family": "mhc"}) == \
+    assert run_name({"train.lr": 2.5e-3, "model.depth": 4, "model.family": "mhc"}) == \
         "mhc-L4-lr2.5e-03"
-    assert sweeplib.run_name({"model.family": "hc", "model.suite": "paper-400m",
+    assert run_name({"model.family": "hc", "model.suite": "paper-400m",
                               "model.depth": 16}) == "hc-400m-L16"
-    assert sweeplib.run_name({"model.family": "hc", "model.residual.hc_n": 2,
+    assert run_name({"model.family": "hc", "model.residual.hc_n": 2,
                               "model.residual.readout": "sum_then_norm",
                               "model.residual.hc_tanh": False}) == \
         "hc-hc_n2-hc_tanh-off-readout-sum_then_norm"
-    assert sweeplib.run_name({"name": "my run/1"}) == "my_run_1"
+    assert run_name({"name": "my run/1"}) == "my_run_1"
     assert fmt_lr(5e-4) == "5e-04" and fmt_lr(1.25e-3) == "1.25e-03"
 
 

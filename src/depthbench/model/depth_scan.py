@@ -72,16 +72,14 @@ def _put(bank, axis: int, slots, values):
 # Position groups of a banked stack (``position_groups``).  More groups mix
 # fewer invalid slots ((G + 1) / 2G of the whole banks' visits) and run each
 # block on a smaller bank, but compile one scan each and hold more cut
-# copies.  Train step at d 64, L 32 on CPU (one thread, wall time, relative
-# to pre_ln; 2026-11-30, idle): G 4 / 6 / 8 / 10 / 12 gave attnres_full
-# 2.43x / 2.30x / 2.11x / 2.24x / 2.20x and moda 2.37x / 2.12x / 1.94x /
-# 2.04x / 1.95x, at temp memory 2.43x / 2.43x / 2.60x / 3.03x / 3.46x
-# (attnres_full) of pre_ln's.
+# copies.  8 gave attnres_full's and moda's fastest CPU step at L 32, with
+# temp memory still well below what more groups hold
+# (bench/results/depth_memory.md, "Fourth pass").
 GROUPS = 8
 # ... but no fewer than ``MIN_SPAN`` positions per group by default: each
-# group's cut copies cost memory, and a short stack has little to gain (at
-# L 8, G 8 took 3.4x / 3.8x pre_ln's temp memory for attnres_block / moda,
-# against 1.3x / 1.4x with G 4).
+# group's cut copies cost memory, and a short stack has little to gain (one
+# block per group multiplied a short stack's temp memory:
+# bench/results/code_notes.md).
 MIN_SPAN = 4
 
 
@@ -201,9 +199,9 @@ def _backward_block(step: Step, bank_slots: Slots, banks_final, float_keys, fixe
     banks_next, ct_state, ct_g = carry
     p, x, undo, small, ct_z, g = inp
     # Sliced here, per block (a transient copy), not once per group: the
-    # groups' slices, all computed up front, would each hold a bank (and
-    # once per group behind an optimization barrier took moda's temp
-    # memory from 2.84x to 4.38x pre_ln's at d 64, L 32).
+    # groups' slices, all computed up front, would each hold a bank (once per
+    # group behind an optimization barrier was tried and raised moda's temp
+    # memory by half: bench/results/depth_memory.md, "Fourth pass").
     fixed_banks = {k: jax.lax.slice_in_dim(banks_final[k], 0, size[k], axis=axes[k])
                    for k in fixed}
     slots = bank_slots({**small, **banks_next, **fixed_banks}, x["pos"])

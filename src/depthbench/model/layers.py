@@ -100,9 +100,9 @@ def query_blocks(t: int) -> int:
     ``MAX_CAUSAL_BLOCKS``, that split ``t`` evenly into blocks of at least
     ``CAUSAL_BLOCK`` rows; 1 when none does (T 128: 2, T 256: 4, T 512 and
     longer: 8).  Smaller blocks skip more of the masked triangle (``(nb + 1) /
-    2 nb`` of the full products) but make smaller matmuls; train step on a
-    2-core CPU, 64-row blocks against 128: 4% faster at T 128, within 1% at T
-    256 and 512 (bench/results/peer.md)."""
+    2 nb`` of the full products) but make smaller matmuls; 64-row blocks made
+    the CPU step no slower than 128-row ones, and faster at T 128
+    (bench/results/cpu_step.md, "Causal blocks")."""
     fits = [nb for nb in range(1, MAX_CAUSAL_BLOCKS + 1)
             if t % nb == 0 and t // nb >= CAUSAL_BLOCK]
     return max(fits, default=1)
@@ -114,9 +114,9 @@ def causal_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array) ->
     Query head ``i`` uses key head ``i // (n / k)`` (as in
     ``jax.nn.dot_product_attention``).  Written out rather than calling
     ``jax.nn.dot_product_attention``, whose XLA path repeats the key heads;
-    three choices make it fast on CPU (attention forward + backward on one
-    core: 1.4x the einsum form at T 128, about 2.5x at T 512; bench/peer.py
-    for the whole step):
+    three choices make it faster on CPU than the einsum form, more so the
+    longer the sequence (bench/results/code_notes.md; bench/peer.py for the
+    whole step):
 
     * **layout**: the products are plain batched matmuls over ``[B, K, M,
       H]``, the ``G = n / k`` query heads of a key head stacked along the rows;

@@ -4,7 +4,6 @@ A sweep directory holds one subdirectory per run, named from its overrides
 (``hc-L8-lr3e-03``), ``sweep.json`` (the expanded sweep) and ``results.csv``
 (one row per run, rewritten atomically after every run).  One job per module:
 
-* :mod:`~depthbench.sweep.naming`: run names from overrides;
 * :mod:`~depthbench.sweep.expand`: a spec into validated runs, and run selection;
 * :mod:`~depthbench.sweep.results`: a run's status from its directory,
   results.csv, the manifest and the per-run record;
@@ -18,7 +17,6 @@ is :mod:`depthbench.rundir`, shared with the trainer and every reader.
 
 from depthbench.sweep.execute import SweepOutcome, default_runner, run_sweep
 from depthbench.sweep.expand import Run, Sweep, expand, parse_shard
-from depthbench.sweep.naming import run_name
 from depthbench.sweep.results import (
     FINISHED,
     RESULT_COLUMNS,
@@ -34,5 +32,5 @@ from depthbench.sweep.results import (
 __all__ = [
     "FINISHED", "RESULT_COLUMNS", "STATUSES", "Run", "Sweep", "SweepOutcome", "check_recorded",
     "default_runner", "expand", "other_runs", "parse_shard", "read_row", "recorded_run",
-    "rows_to_csv", "run_name", "run_sweep", "write_results",
+    "rows_to_csv", "run_sweep", "write_results",
 ]

@@ -28,7 +28,7 @@ from depthbench import costs, shapes, variants
 from depthbench.errors import ConfigError
 from depthbench.model.residual.protocol import registry
 from depthbench.model.spec import ModelSpec
-from depthbench.sweep.naming import run_name
+from depthbench.rundir.naming import run_name
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,27 +34,18 @@ import os
 from pathlib import Path
 from typing import Any
 
+from depthbench.config import check_wandb_mode
 from depthbench.errors import ConfigError
 from depthbench.rundir import io
 from depthbench.rundir.names import CONFIG_FILE, RUN_RECORD
 
-MODES = ("", "offline", "online")
 EXTRA = "pip install 'depthbench[wandb]'"
 
 
-def check_mode(mode) -> str:
-    """``train.wandb``'s value, checked against MODES (config validation calls it,
-    so every command refuses a bad mode when the config is loaded)."""
-    if mode not in MODES:
-        raise ConfigError(f"config.train.wandb: {mode!r} is not one of "
-                          f"{', '.join(repr(m) for m in MODES)}")
-    return mode
-
-
 def mode_of(config) -> str:
-    """The config's ``train.wandb``, checked: one of MODES, and the package is
-    installed when it is not "" (ConfigError otherwise, exit status 2)."""
-    mode = check_mode(config.train.get("wandb", ""))
+    """The config's ``train.wandb``, checked: one of ``config.WANDB_MODES``, and
+    the package is installed when it is not "" (ConfigError otherwise, exit 2)."""
+    mode = check_wandb_mode(config.train.get("wandb", ""))
     if mode:
         try:
             import wandb  # noqa: F401

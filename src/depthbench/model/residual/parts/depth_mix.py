@@ -92,8 +92,9 @@ def _depth_mixes_bwd(res, cts):
     # Output [B, T, M, K], then transposed (a small array): the bank operand
     # then takes the [B, T, M, d] layout the forward's weighted sums use, one
     # transposed copy of the bank per block instead of two (asked for as
-    # "mbtk", XLA also copied the bank to [B, T, d, M]; d 64, L 32, one
-    # thread: attnres_full's step 2.10-2.22x -> 1.92-1.97x pre_ln's).
+    # "mbtk", XLA also copied the bank to [B, T, d, M]; the step it saved:
+    # bench/results/depth_memory.md, "attnres's mix backward shares the
+    # forward's transposed bank").
     dp_mbtk = jnp.einsum("mbtd,btkd->btmk", v32, dh_btkd).transpose(2, 0, 1, 3)
     dl_mbtk = p_mbtk * (dp_mbtk - jnp.sum(p_mbtk * dp_mbtk, axis=0) + dlse_btk)
     a_mbtk = dl_mbtk * inv_rms_mbt.astype(jnp.float32)[..., None]

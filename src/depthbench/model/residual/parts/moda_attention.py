@@ -79,10 +79,10 @@ def _depth_part(q_btgrh, k_btgmh, v_btgmh, valid_m):
 
     Differentiated by hand from the saved probabilities (the flash form, as
     :func:`causal_blocks`): ``dv = p^T do``, ``ds = p (do v^T - D)`` with ``D
-    = rowsum(do * o) - dlse``, ``dq = ds k``, ``dk = ds^T q``.  Against autodiff
-    of the joint softmax's lines (two exponentials per key and their
-    gradients): moda's attention at d 64, L 32 (B 2, T 256, 31 slots), forward
-    and backward on one thread, 14.6 -> 12.6 ms."""
+    = rowsum(do * o) - dlse``, ``dq = ds k``, ``dk = ds^T q``: faster than
+    autodiff of the joint softmax's lines (two exponentials per key and their
+    gradients; bench/results/depth_memory.md, "moda's depth part with a
+    hand-written backward")."""
     return _depth_part_fwd(q_btgrh, k_btgmh, v_btgmh, valid_m)[0]
 
 

@@ -113,8 +113,8 @@ def mix_streams(c_sbtu: jax.Array, h_sbtd: jax.Array) -> jax.Array:
     too: ``dh[s] = sum_u c[s, u] g[u]`` as a chain over ``u`` and ``dc[s, u] =
     sum_d h[s] g[u]`` as ``n m`` reductions over the feature axis; autodiff of
     the forward reduced over the stream axes instead (see :func:`stream_sum`),
-    and the whole mix forward and backward took 2.6-4.9x as long (d 64 and
-    256, m 1 and 4, 2-core Xeon)."""
+    several times slower on CPU (bench/results/code_notes.md; the steps it
+    bought: bench/results/cpu_step.md, "Stream mixes")."""
     return _mix(c_sbtu.astype(jnp.float32), h_sbtd.astype(jnp.float32))
 
 

@@ -95,9 +95,8 @@ def gate(active: jax.Array, new: State, old: State) -> State:
 
 # Reductions over a short axis (a stream family's n streams, mhc's n x n
 # mixing) as a chain of elementwise ops over the axis's slices: XLA:CPU hands
-# each small reduction to a YNNPACK call, which costs more than the work (a sum
-# over the leading axis of [4, 8, 64, 64]: 316 us against 26 us as a chain; mhc
-# at d 64, L 32: 0.45 -> 0.39 s a step with its Sinkhorn sums as chains).
+# each small reduction to a YNNPACK call, which costs more than the work
+# (bench/results/cpu_step.md, "Sinkhorn" and "Stream mixes").
 SHORT_AXIS = 8
 
 

@@ -1,4 +1,5 @@
-"""Run names: a stable, filesystem-safe directory name from a run's overrides."""
+"""Run names: a run directory's stable, filesystem-safe name from its overrides (a
+sweep names its runs with it; a spec may, too)."""
 
 from __future__ import annotations
 

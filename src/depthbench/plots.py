@@ -43,9 +43,6 @@ def save_figure(fig: Figure, path, dpi: int = DPI):
     return path
 
 
-# evaluation/report_section.py still calls it by this name (another change owns it).
-_save = save_figure
-
 
 def _aspect_axis(ax, ars: Sequence[float], depths: Sequence[int] | None = None) -> None:
     ax.set_xscale("log")

@@ -118,7 +118,7 @@ def plot(collected: dict, path: epath.Path) -> bool:
                       if key == "all" else "mean accuracy (higher is better)")
         ax.set_title(eval_suite)
         ax.legend(fontsize=7)
-    plotlib._save(fig, path)
+    plotlib.save_figure(fig, path)
     return True
 
 

@@ -1,89 +1,43 @@
 """attnres_full and attnres_block: Attention Residuals (Kimi, 2026).
 
-Each sublayer's input is a softmax-weighted mix over depth *sources*
-(spec/residuals.md, families 8 and 9)::
+Each sublayer's input is a softmax mix over depth *sources*, ``h = sum_i
+softmax_i(q . (w * v_i / rms(v_i))) v_i`` in fp32 (values raw, no 1/sqrt(d)),
+then the usual ``F_j(N_j(h))``; a pseudo-query ``q`` (init 0: every mix starts
+uniform) and key-norm weight ``w`` (init 1) per sublayer, one more pair for the
+readout.  The math, the two block partitions (``attnres_partition``), the
+epsilon and their sources: docs/spec/residuals.md, families 8 and 9; depth
+states, the logit lens, skips and swaps (the family's analysis options):
+docs/spec/analysis.md.
 
-    logit_i = sum_d q[d] * w[d] * v_i[d] / rms(v_i)    (no 1/sqrt(d))
-    p       = softmax_i(logit)                          (fp32)
-    h       = sum_i p_i * v_i                           (values raw)
-    y_j     = F_j(N_j(h))                               (the usual pre-norm stays)
+How the code holds it:
 
-with a pseudo-query ``q`` (init 0) and key-norm weight ``w`` (init 1) per
-sublayer, and one more ``q``, ``w`` pair for the readout mix that feeds
-``N_out``.  Zero queries make every mix the uniform average of its sources.
-
-Both variants keep one fixed-size bank ``[M, B, T, d]`` (logical axis
-'activation_sources') and a count ``c`` of the sublayers executed so far.
-The ``2L`` sublayers are cut into consecutive blocks (:func:`block_sizes`);
-``block_of[c]`` is the block of sublayer ``c``.  Sublayer output ``y_c`` is
-*added* into slot ``1 + block_of[c]``, and the mix before sublayer ``c``
-sees slots ``0 .. started[c]``, where ``started[c]`` is the number of blocks
-holding at least one of the sublayers ``0 .. c-1`` (``started[0] = 0``):
-
-* slot 0 holds ``x0``; slot ``1 + b`` holds the sum of block ``b``'s outputs,
-  the running partial while block ``b`` is open, the committed block once
-  it is complete; the embedding is never summed into a partial;
-* before the first sublayer of a block the previous block is complete, so
-  the mix covers ``x0`` and the committed blocks; otherwise also the
-  partial of the current block: exactly the spec's commit-then-mix rule;
-* the first sublayer sees only ``x0`` and reads it exactly (softmax over
-  one source);
-* blocks of one sublayer are **attnres_full**: every output is its own
-  source, ``M = 2L + 1``.  **attnres_block** partitions as the original
-  benchmark does by default (``attnres_partition = "size"``): blocks of ``S``
-  sublayers, a boundary where ``j % S == 0``, the last block keeping the
-  remainder (its ``block.py@6bdf2ad``, ``attnres_is_attn_boundary``), with
-  ``S = attnres_block_size``, or ``ceil(2L / N)`` for ``N = attnres_blocks``
-  when that is 0 (fewer than ``N`` blocks at e.g. L14, L17, L21 with ``N = 8``;
-  a released checkpoint's ``config.json`` names its ``S``).  The variant
-  ``attnres_block+n_blocks`` (``"count"``) uses exactly ``N`` blocks whenever
-  ``2L >= N``, sizes ``floor(2L / N)`` or one more, the **first** ``2L mod N``
-  taking the extra sublayer (depthbench's earlier partition, the paper's
-  block count; the two agree at the paper-400m depths L16..L32); with
-  ``2L < N`` every sublayer is its own block.  ``M = 1 + number of blocks``.
-
-A skipped block (``active`` false) adds nothing to its slot and does not
-advance ``c``: it adds no source, and the following blocks fill the bank in
-*execution* order, exactly as if the block had been removed.  Each write
-touches one slot (a scatter-add into it), never the whole bank.  The
-per-sublayer ``q``, ``w`` are block parameters, so they move with a permuted
-block; every block owns both pairs (the block that runs first does not use
-its attention pair: its mix has one source).
-
-Depth states (``capture=True``) and the logit lens follow the original
-benchmark (docs/spec/analysis.md): ``z_l`` is the raw mix block ``l``'s
-attention side computes with its own ``q``, ``w`` (the backbone captures it
-at the block's entry, with the block's parameters), and ``z_L`` the
-readout's mix.  Analyses (never training) may also skip a block: its
-next consumer's mix then returns the newest source ("next-output" rule,
-tracked by the state's ``skipped`` flag), and a swap moves the mix that
-produces each block's right boundary with it.  The analysis options
-``probe_rule="readout"``, ``skip_rule="remove"`` and ``swap_rule="block"``
-(the family's analysis options, in ``spec.analysis``) select depthbench's
-earlier definitions instead.
-
-The mixes run in ``depth_mix`` (pure ``jnp``, explicit source masks).  On
-the XLA path a block computes its two mixes in one set of passes over the
-bank, the two-phase form of the AttnRes paper: before the attention side,
-its mix and the MLP side's *partial* mix over the slots up to ``covered =
-block_of[c]`` (those the attention side's write leaves alone, with their
-log-sum-exp); after the write, the MLP side's mix is that partial merged
-with the slot written (``merge_source``, an online softmax), or the partial
-alone after a skipped attention side.  The state keeps each slot's inverse
-RMS (``inv_rms``, ``[M, B, T]``), set when the slot is written, so the
-mixes never recompute it.  At d 64, L 32 on CPU the two together took
-attnres_full's train step from 2.18-2.45x to 1.57-1.78x pre_ln's (2026-12-01).
-With ``model.impl=pallas`` each mix is one fused kernel call instead, and
-``inv_rms`` is not kept.
-
-Epsilon (``attnres_eps``, default 1e-5): the original fuses the key norm, the
-sublayer's pre-norm and, at the readout, the final norm into one kernel
-(``olmo_core/kernels/attnres.py@aba1f65`` ``fused_attnres``) whose RMS eps is
-the key norm's, OLMo-core's RMSNorm default 1e-5 (the backbone's norms keep
-the shape config's ``norm_eps``, 1e-6).  So every key norm, the pre-norm of
-every sublayer but the first (whose input is ``x0`` alone, normed as the
-backbone's ``attention_norm(x0)``) and the final norm use ``attnres_eps``
-(the family's ``PreNormEps``).
+* one fixed-size bank ``[M, B, T, d]`` (logical axis 'activation_sources'),
+  ``M = 1 +`` the number of blocks (:func:`block_sizes`; ``2L + 1`` for
+  attnres_full), and a count ``c`` of the sublayers executed so far.  Slot 0
+  holds ``x0``; sublayer output ``y_c`` is *added* into slot ``1 +
+  block_of[c]`` (a scatter-add into one slot, never the whole bank), the
+  block's running partial until it is complete, so the embedding is never
+  summed into a partial.  The mix before sublayer ``c`` sees slots ``0 ..
+  started[c]``, ``started[c]`` the number of blocks holding one of the
+  sublayers ``0 .. c-1``: the spec's commit-then-mix rule.  The first
+  sublayer reads ``x0`` exactly (one source) and keeps the backbone's
+  pre-norm eps; every other pre-norm, the key norms and the final norm use
+  ``attnres_eps`` (``PreNormEps``);
+* a skipped block (``active`` false) adds nothing and does not advance ``c``:
+  the following blocks fill the bank in *execution* order, as if it were
+  removed (the analyses' "next-output" rule is the state's ``skipped``
+  flag).  ``q``, ``w`` are block parameters, so they move with a permuted
+  block; every block owns both pairs (the first block's attention pair is
+  unused);
+* on the XLA path a block's two mixes share one set of passes over the bank
+  (the two-phase form): before the attention side, its mix and the MLP side's
+  partial mix over the slots up to ``covered = block_of[c]`` (with their
+  log-sum-exp); after the write, that partial merged with the slot written
+  (``merge_source``, an online softmax), or the partial alone after a
+  skipped attention side.  Each slot's inverse RMS is kept in the state
+  (``inv_rms``, ``[M, B, T]``, set when the slot is written).  Both make the
+  CPU step faster (bench/results/code_notes.md).  With ``model.impl=pallas``
+  each mix is one fused kernel call and ``inv_rms`` is not kept.
 """
 
 from __future__ import annotations

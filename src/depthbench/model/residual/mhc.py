@@ -1,57 +1,31 @@
 """mhc: manifold-constrained hyper-connections (DeepSeek, 2025), ``n = 4``, no tanh.
 
-For sublayer ``j`` with ``k = j mod n`` (spec/residuals.md, family 7), in
-DeepSeek's fused form (one ``nd x (n^2 + 2n)`` matrix ``phi``, the RMS
-division applied after the matmul)::
+For sublayer ``j`` with ``k = j mod n``, in DeepSeek's fused form (one ``nd x
+(n^2 + 2n)`` matrix ``phi``, the RMS division after the matmul)::
 
-    f    = concat_s H[s]                    r = rms(f)   (fp32, eps mhc_rms_eps)
-    u    = (f @ phi) / r                    = [u_pre | u_post | u_res]
-    pre  = sigmoid(a_pre * u_pre + b_pre)                      in R^n
-    post = 2 * sigmoid(a_post * u_post + b_post)               in R^n
-    R    = a_res * reshape(u_res, (n, n)) + B_res
-    P    = sinkhorn(R)        (sinkhorn_iters, sinkhorn_temperature)
-    read:  x = sum_s pre[s] * H[s];  y = F(N(x))
-    write: H[t] <- sum_s P[s, t] * H[s] + post[t] * y
+    u = (concat_s H[s] @ phi) / rms(concat_s H[s]) = [u_pre | u_post | u_res]   (fp32)
+    read:  x = sum_s sigmoid(a_pre u_pre + b_pre)[s] H[s];  y = F(N(x))
+    write: H[t] <- sum_s P[s, t] H[s] + 2 sigmoid(a_post u_post + b_post)[t] y,
+           P from sinkhorn(a_res reshape(u_res, (n, n)) + B_res)   (sinkhorn_iters,
+                                                      sinkhorn_temperature)
 
-The original benchmark trained two forms of it, and every choice that
-separates them is a field (defaults: the Liger form its 400M runs used,
-``--mhc-backend=liger_mhc``, liger-kernel 0.8.5 ``ops/mhc.py``):
-
-* ``mhc_sinkhorn``: ``linear`` (Liger: a row softmax, then divisions by the
-  sums plus ``mhc_sinkhorn_eps``) or ``log`` (PyTorch mHC, ``sinkhorn_log``);
-* ``mhc_res_layout``: how ``R``'s (and ``B_res``'s, ``phi``'s residual
-  columns') ``n x n`` entries are laid out.  ``out_in`` (Liger): ``R[o, i]``,
-  ``H[o] <- sum_i h_res[o, i] H[i]`` with ``h_res = sinkhorn(R)``, so ``P =
-  h_res^T``; ``in_out`` (PyTorch mHC): ``R[s = in, t = out]``, ``P =
-  sinkhorn(R)``.  Sinkhorn normalises the last axis first, so the two
-  layouts differ in more than a transpose after finitely many rounds;
-* ``mhc_rms_eps``: the eps of ``r`` (Liger 1e-6, PyTorch mHC 1e-8);
-* ``mhc_gate_decay``: weight decay on ``a_pre``, ``a_post``, ``a_res``
-  (Liger creates them outside the decayed groups; PyTorch mHC decays them);
-* ``mhc_phi_dtype``: ``phi``'s storage (Liger keeps it in bf16,
-  ``liger_phi_dtype``; ``param`` follows ``model.param_dtype``);
-* ``mhc_tanh``: ``tanh`` on ``u`` before the gates (the first mHC
-  checkpoints, config.py@dc75a4e to @5152cab, ``tanh: bool = True``);
-* ``readout``: ``mean_then_norm`` (Liger's mean collapse) or PyTorch mHC's
-  ``sum_then_norm`` (its final code, model.py@8cc2fd74; ``norm_then_sum``
-  up to model.py@5152cab: ``streams.py``).
-
-The variant ``mhc+pytorch`` sets the final PyTorch form, ``mhc+pytorch_early``
-the first one (tanh on, ``norm_then_sum``: config.py and model.py@dc75a4e); a
-run directory saved before these fields existed trained the PyTorch form with
-``norm_then_sum`` and reads as it (``saved_before``).
+The original benchmark trained two forms, Liger's (the default, its 400M runs)
+and PyTorch mHC's; every choice that separates them is a field
+(``mhc_sinkhorn``, ``mhc_sinkhorn_eps``, ``mhc_rms_eps``, ``mhc_res_layout``,
+``mhc_gate_decay``, ``mhc_phi_dtype``, ``mhc_tanh``, ``readout``: their table,
+the init and the variants ``mhc+pytorch`` and ``mhc+pytorch_early`` are in
+docs/spec/residuals.md, family 7).  A run directory saved before these
+fields existed trained the PyTorch form with ``norm_then_sum`` and reads as
+it (``saved_before``).
 
 ``phi`` is stored as ``[n, d, n^2 + 2n]`` (the same matrix, rows split by
-stream so its ``d`` axis shards like the streams' feature axis).  Init:
-``phi = 0``; ``a_* = hc_scale_init`` (0.01); ``b_pre = +mhc_bias`` at ``k``,
-``-mhc_bias`` elsewhere; ``b_post = 0``; ``B_res`` 0 on the diagonal and
-``-mhc_bias`` off it, so ``P`` starts near the identity (the original's
-"gap 8", hyper_connections.py@f61f873).  ``b_pre``, ``b_post`` and ``B_res``
-take no weight decay.  Two connectors per block, stacked on a leading axis of
-size 2; all coefficient maths in fp32.  As in hc, ``write`` recomputes
-``read``'s coefficients (one copy after XLA's CSE).  The Pallas kernels
-compute the PyTorch form (``log``, ``in_out``, no tanh); the model runs the
-others in XLA, and ``model.impl = "pallas"`` refuses them.
+stream so its ``d`` axis shards like the streams' feature axis); the
+init biases ``+-mhc_bias`` (8) and the gates' ``hc_scale_init`` (0.01) are fields.
+Two connectors per block, stacked on a leading axis of size 2; all
+coefficient maths in fp32.  As in hc, ``write`` recomputes ``read``'s
+coefficients (one copy after XLA's CSE).  The Pallas kernels compute the
+PyTorch form (``log``, ``in_out``, no tanh); the model runs the others in
+XLA, and ``model.impl = "pallas"`` refuses them.
 """
 
 from __future__ import annotations

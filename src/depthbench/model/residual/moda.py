@@ -2,41 +2,21 @@
 
 Each attention head's one softmax covers the causal sequence keys of the
 current block **and** depth keys at the same token written by earlier
-sublayers (spec/residuals.md, family 10; arXiv 2603.15619, section 2.2 and
-Algorithm 1; reference code hustvl/MoDA):
+sublayers.  The math, the original's choices and their sources (the
+backbone's KV heads for the extra projection, the rotated depth query, pre-
+or post-norm) and the variants: docs/spec/residuals.md, family 10.  Here:
 
 * the attention sublayer of block ``b`` (execution position) writes its own
-  pre-RoPE ``k, v`` (``aux["kv"]``: the sequence KV reused as depth KV, no
-  parameters, ``n_kv`` heads) into attention slot ``b``;
-* the MLP sublayer writes ``k, v`` from an extra linear ``d -> 2 H d_h``
-  (parameter ``depth_kv``, init like the backbone's K/V) on its input
-  (``aux["x_in"]``) into MLP slot ``b``.  ``H = moda_kv_heads``; 0 (default)
-  is the backbone's ``n_kv_heads``, as the original benchmark's
-  ``configure_moda`` builds it (``examples/moda_common.py@6bdf2ad``,
-  ``extra_ffn_kv_proj``; +11.6% to +14% parameters at paper-400m, outside
-  the fixed budget).  The reference code trains GQA backbones, where that
-  projection is small; the variant ``moda+lean`` (``H = 2``, post-norm) keeps
-  it within about 2% of the budget.  Query head ``h`` scores the MLP depth
-  keys of head ``h // (n_heads / H)``, as GQA shares a key head;
-* the attention of block ``b`` sees the slots ``0 .. b - 1`` of both kinds:
-  block 0 is ordinary causal attention;
-* depth logits use the **rotated** query against the unrotated depth keys
-  (``moda_depth_query = "rotated"``): the reference's fused kernel
-  (``parallel_moda``) takes one query for the sequence and the depth keys, so
-  the query the sequence keys need (rotated) also meets the depth keys, in
-  the reference code and in the original benchmark (``olmo_core/nn/moda.py@
-  100da5f``).  ``"unrotated"`` uses the pre-RoPE query there (RoPE cancels at
-  equal positions: a reading of the paper, variant ``unrotated_query``);
-* norm placement (``moda_norm``): ``"pre"`` (default): ``x <- x + F(N(x))``,
-  the original benchmark's ``moda`` entry scripts; ``"post"``: ``x <- N(x +
-  F(x))``, no pre-norm, as post_ln (its ``post_norm_moda``, and the paper's
-  Table 6 finds MoDA better with post-norm; the authors' companion paper is
-  "Post-LayerNorm is back", arXiv 2601.19895).  Variants ``post_norm``,
-  ``pre_norm``, ``unrotated_query`` and ``lean`` (depthbench's earlier
-  default: ``H = 2``, post-norm).
-
-The joint softmax is ``moda_attention.attention_with_depth``; the family
-hands it to the backbone's attention sublayer (``DepthAttention``).
+  pre-RoPE ``k, v`` (``aux["kv"]``, ``n_kv`` heads, no parameters) into
+  attention slot ``b``; the MLP sublayer writes ``k, v`` from the extra
+  linear ``depth_kv`` (``d -> 2 H d_h``, ``H = moda_kv_heads``, 0: the
+  backbone's ``n_kv_heads``) on its input (``aux["x_in"]``) into MLP slot
+  ``b``.  Query head ``h`` scores the MLP depth keys of head ``h // (n_heads
+  / H)``, as GQA shares a key head;
+* the attention of block ``b`` sees the slots ``0 .. b - 1`` of both kinds,
+  so block 0 is ordinary causal attention.  The joint softmax is
+  ``moda_attention.attention_with_depth``; the family hands it to the
+  backbone's attention sublayer (``DepthAttention``).
 
 Only slots a later attention reads are kept: ``L - 1`` of each kind, so the
 last block writes nothing (its MLP does not even compute its extra linear:
@@ -47,9 +27,9 @@ in ``extra_block_params``: it exists and is trained by nothing).
 State: ``{"x": [B, T, d], "ka", "va": [B, T, n_kv, L-1, d_h], "kf", "vf":
 [B, T, H, L-1, d_h], "valid": [L-1]}``: heads before slots, so the depth
 dots (batched over ``B, T``, heads) and their backward read the caches
-without transposed copies.  Slots follow execution positions;
-a skipped block (``active`` false) leaves ``x`` unchanged and its slots
-invalid: it writes no depth keys.  The caches are in the compute dtype.
+without transposed copies.  Slots follow execution positions; a skipped
+block (``active`` false) leaves ``x`` unchanged and its slots invalid: it
+writes no depth keys.  The caches are in the compute dtype.
 """
 
 from __future__ import annotations
@@ -107,9 +87,8 @@ def put_slot(cache_btkmh: jax.Array, new_btkh: jax.Array, j: jax.Array, ok: jax.
 
     Forward: a scatter whose index is moved past the end where not ``ok``
     (dropped): no read of the old slot, whose cotangent would be a
-    cache-sized zero tensor and add per write (at d 64, L 32 that took
-    moda's temp memory from 2.53x to 2.84x pre_ln's and its step from
-    1.9-2.0x to 2.1-2.2x).
+    cache-sized zero tensor and add per write (more temp memory and a slower
+    step: bench/results/code_notes.md).
 
     Backward: ``new`` gets the slot's cotangent; the cache's cotangent is
     passed on *as is*, slot ``j`` not zeroed.  Exact for what moda writes:
@@ -122,9 +101,10 @@ def put_slot(cache_btkmh: jax.Array, new_btkh: jax.Array, j: jax.Array, ok: jax.
     ``lax.cond`` so its result is materialised once (XLA fuses a plain slice
     into each consumer, the in-place add included, which orders nothing),
     and the pass-on adds zero taken from it: a data dependence that orders
-    the update after the read (moda's L32 step 2.04x -> 1.76x pre_ln's,
-    temp memory 2.53x -> 2.40x).  A non-finite cotangent makes the cache's
-    NaN: the run has diverged anyway."""
+    the update after the read (the copies gone, moda's step is faster and
+    smaller: bench/results/depth_memory.md, "moda's cotangent caches passed
+    on unzeroed").  A non-finite cotangent makes the cache's NaN: the run
+    has diverged anyway."""
     jj = jnp.where(ok, j, cache_btkmh.shape[3])
     return cache_btkmh.at[:, :, :, jj].set(new_btkh.astype(cache_btkmh.dtype), mode="drop")
 

@@ -142,9 +142,9 @@ def _keep_state(fam: ResidualFamily, state, pos):
 
     Under ``matmuls_saveable`` the backward would otherwise recompute the
     attention sublayer's write, and the family's read from it, to reach the
-    MLP: for the stream families a pass over ``n`` activations each (hc at d
-    256, L 4 on a 2-core CPU: 0.92x remat off's speed unmarked, 1.10x with
-    this and the read output kept; pre_ln within 2%)."""
+    MLP: for the stream families a pass over ``n`` activations each, which
+    kept it slower than remat off (bench/results/code_notes.md, "the state
+    between a block's sublayers")."""
     if not isinstance(state, dict):  # banks are leaves of a dict state
         return keep_for_backward(state)
     banks = fam.bank_slots(state, pos) if isinstance(fam, DepthBanks) else {}

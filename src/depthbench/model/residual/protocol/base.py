@@ -187,7 +187,7 @@ class ResidualFamily:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     reference: ClassVar[str] = ""
-    # The family's typed config, ``config.model.residual`` (fields.py).
+    # The family's typed config, ``config.model.residual`` (family_config.py).
     Config: ClassVar[type[FamilyConfig]] = FamilyConfig
     # Whether the backbone applies its own RMSNorm N_j before each sublayer.
     pre_norm: ClassVar[bool] = True

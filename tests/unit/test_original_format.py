@@ -60,13 +60,9 @@ def test_the_block_config_reads_back_as_the_same_fields(design):
         with pytest.raises(ConfigError, match="width-muP"):
             family.to_original()
         return
-    block = family.to_original()
-    again = dict(saved, model={**saved["model"],
-                               "block": {**saved["model"]["block"], **block}})
-    if family.name == "moda":  # its last-block override travels with the block
-        last = str(saved["model"]["n_layers"] - 1)
-        again["model"]["block_overrides"] = {last: {**again["model"]["block"],
-                                                    "moda_skip_ffn_kv": True}}
+    block = {**saved["model"]["block"], **family.to_original()}
+    # (what the family's blocks need beside the block: MoDA's last-block override)
+    again = dict(saved, model={**saved["model"], "block": block, **family.original_model(block)})
     read = read_model(again)
     assert read.family == model.family
     assert read.reading.residual == model.reading.residual

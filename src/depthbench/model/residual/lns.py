@@ -10,8 +10,10 @@ when the analyses permute blocks: it belongs to the weights trained under it.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
+import numpy as np
 
 from depthbench.errors import ConfigError
 from depthbench.model.residual.protocol.base import ResidualFamily
@@ -54,6 +56,11 @@ class LNS(ResidualFamily, ScaledInput, OriginalFormat):
             raise ConfigError(f"the original's LNS divides by sqrt(l); this lns has lns_power "
                               f"{self.power:g}")
         return {"name": "default_scaled"}
+
+    def original_buffers(self, i):
+        """``ln_scale``: upstream OLMo-core's ``default_scaled`` block keeps it (its
+        loader wants the key), fp32 of ``1 / math.sqrt(i + 1)`` as it computes it."""
+        return {"ln_scale": np.float32(1.0 / math.sqrt(i + 1))}
 
     @property
     def power(self) -> float:

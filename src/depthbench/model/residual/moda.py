@@ -397,6 +397,12 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
         return {"name": "moda" if self.pre_norm else "post_norm_moda",
                 "moda": {"extra_ffn_kv_proj": True, "extra_attn_kv_proj": False}}
 
+    def original_model(self, block):
+        """configure_moda's last-block override: the same block, its FFN depth K/V
+        skipped (nothing reads it)."""
+        return {"block_overrides": {str(self.spec.depth - 1): {**block,
+                                                                 "moda_skip_ffn_kv": True}}}
+
     def original_norms(self, i):
         return PRE_NORMS if self.pre_norm else POST_NORMS
 

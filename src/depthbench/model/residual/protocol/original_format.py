@@ -8,7 +8,8 @@ original trained declares, in its own file, both directions of the mapping:
 
 * **config**: which block configs are its (:meth:`OriginalFormat.original_claims`),
   what their fields mean as its own fields (:meth:`~OriginalFormat.from_original`,
-  a :class:`Reading`), and back (:meth:`~OriginalFormat.to_original`);
+  a :class:`Reading`), and back (:meth:`~OriginalFormat.to_original`, with
+  :meth:`~OriginalFormat.original_model` for what sits beside the block);
 * **tensors**: which checkpoint tensors hold its parameters, laid out how
   (:class:`Tensor`, :class:`Place`: each a conversion to depthbench's layout and
   its inverse), the norms and sublayer modules its blocks name, the entries
@@ -215,6 +216,12 @@ class OriginalFormat:
         computing this config."""
         return {"name": self.original_blocks[0]}
 
+    def original_model(self, block: dict[str, Any]) -> dict[str, Any]:
+        """Entries of config.json's ``model`` section beside ``model.block`` that this
+        family's blocks need (``block``: the whole block config written); none by
+        default."""
+        return {}
+
     def original_norms(self, i: int) -> dict[str, str]:
         """Block ``i``'s norm modules (``attention_norm`` ...) and the leaves their
         weights land in."""
@@ -223,6 +230,13 @@ class OriginalFormat:
     def original_block_tensors(self, i: int) -> list[Tensor | Constant]:
         """Block ``i``'s tensors of the family's own (``blocks.{i}.`` left out)."""
         return []
+
+    def original_buffers(self, i: int) -> dict[str, np.ndarray]:
+        """Block ``i``'s state-dict entries that are no parameters (buffers the
+        original's or upstream OLMo-core's modules keep), by key without
+        ``blocks.{i}.``: written on export so that a loader requiring every key
+        finds them, never read on import (``original_ignored``)."""
+        return {}
 
     def original_global_tensors(self) -> list[Tensor]:
         """The family's tensors outside the blocks."""

@@ -10,6 +10,7 @@ tests/integration/test_bad_inputs_in_a_process.py a few in real processes."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 from pathlib import Path
@@ -73,6 +74,11 @@ def disk(tmp_path_factory) -> Path:
                                                 "train.seq_len": 32}), val_tokens=1200)
     shutil.copy(tiny_tokenizer(root / "tok"), run / "tokenizer.json")
     write_records(root / "records")
+    for name, family, fields in (("run_mix_ln", "mix_ln", {}),
+                                 ("run_lns_quarter", "lns", {"model.residual.lns_power": 0.25})):
+        (root / name).mkdir()  # a config.json is all an export reads before refusing
+        (root / name / "config.json").write_text(json.dumps(tiny_config(family, 2,
+                                                                         **fields).to_dict()))
     (root / "a_file").write_text("I am a file, not a directory\n")
     (root / "empty").mkdir()
     (root / "sweep_get_config_raises.py").write_text(
@@ -281,6 +287,33 @@ CASES = [
     ("import-hf: --out a link loop",
      lambda d: ["import-hf", str(d / "empty"), "--out", str(d / "loop_a")],
      r"import-hf: --out: '\S+/loop_a' " + LOOP + "$"),
+    # ---------------------------------------------------------------- exports
+    ("export-olmo without --out", lambda d: ["export-olmo", _run(d)],
+     r"^depthbench: error: export-olmo: the following arguments are required: --out$"),
+    ("export-olmo: a family the original never trained",
+     lambda d: ["export-olmo", str(d / "run_mix_ln"), "--out", str(d / "step")],
+     r"export-olmo: mix_ln is not a design the original DepthBench trained, so its format has "
+     r"no block for it; exportable families: pre_ln, .*lns.*$"),
+    ("export-olmo: a configuration the original never trained",
+     lambda d: ["export-olmo", str(d / "run_lns_quarter"), "--out", str(d / "step")],
+     r"export-olmo: the original's LNS divides by sqrt\(l\); this lns has lns_power 0\.25$"),
+    ("export-olmo: RUN_DIR not a run",
+     lambda d: ["export-olmo", str(d / "empty"), "--out", str(d / "step")],
+     r"export-olmo: RUN_DIR '\S+/empty' is not a run directory \(no config\.json naming "
+     r"model\.family\); give one written by train, import-olmo or import-hf$"),
+    ("export-olmo: --out a file",
+     lambda d: ["export-olmo", _run(d), "--out", str(d / "a_file")],
+     r"export-olmo: --out '\S+/a_file' is a file; give a new \(or empty\) directory$"),
+    ("export-olmo: --out a link loop",
+     lambda d: ["export-olmo", _run(d), "--out", str(d / "loop_a")],
+     r"export-olmo: --out: '\S+/loop_a' " + LOOP + "$"),
+    ("export-hf: a family other than the baseline",
+     lambda d: ["export-hf", str(d / "run_mix_ln"), "--out", str(d / "hf")],
+     r"export-hf: a mix_ln run is not a Llama \(only pre_ln runs, the plain LLaMA decoder, "
+     r"are\); export-olmo writes the original DepthBench's format$"),
+    ("export-hf: --out exists and is not empty",
+     lambda d: ["export-hf", _run(d), "--out", str(d / "records")],
+     r"export-hf: --out '\S+/records' exists and is not empty; use a new directory$"),
     ("import-olmo: --out a link loop",
      lambda d: ["import-olmo", str(d / "empty"), "--out", str(d / "loop_a")],
      r"import-olmo: --out: '\S+/loop_a' " + LOOP + "$"),

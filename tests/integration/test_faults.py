@@ -589,5 +589,5 @@ def test_an_import_refuses_an_out_another_import_is_writing(hf_source, tmp_path,
     assert cli_main(_import_argv(hf_source, out)) == 2
     _check_stderr(capsys.readouterr().err, (
         rf"^depthbench: error: import-hf: --out '{re.escape(str(out))}' is being written by "
-        rf"another import \(process {os.getppid()}\); wait for it or use another directory$",))
+        rf"another command \(process {os.getppid()}\); wait for it or use another directory$",))
     assert work.is_dir() and not out.exists()

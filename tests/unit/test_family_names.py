@@ -1,7 +1,7 @@
 """Shared code names no residual family: what differs by family lives in the
 family's file (a capability) or comes from the registry.
 
-Scanned: config.py, importers/, analysis/ and equal_compute/ (the trainer,
+Scanned: config.py, importers/, exporters/, analysis/ and equal_compute/ (the trainer,
 sharding and costs have their own tests).  A family's name may appear in
 comments and docstrings (as an example), never in the code's names or strings.
 """
@@ -16,7 +16,7 @@ from paths import SRC
 
 from depthbench.model.residual.protocol import registry
 
-GENERIC = ["config.py", "importers", "analysis", "equal_compute"]
+GENERIC = ["config.py", "importers", "exporters", "analysis", "equal_compute"]
 
 
 def _code_tokens(text: str):

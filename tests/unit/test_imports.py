@@ -133,7 +133,7 @@ FLOORS = (
     ("variants", "config", "configs", "reference"),
     ("costs", "parallel", "hostmem", "data", "rundir.identity"),
     ("train",),
-    ("run", "importers"),  # a trained or imported model
+    ("run", "importers", "exporters"),  # a trained or imported model; runs in and out
     ("analysis", "evaluation", "equal_compute", "plots", "dryrun"),
     ("sweep",),
     ("report", "run_report", "lr_transfer"),

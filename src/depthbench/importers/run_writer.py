@@ -8,9 +8,10 @@ tokenizer files copied along.  The checkpoint holds either a full
 (``import-hf``: an imported model can be fine-tuned) or only the parameters
 (item ``params``: what ``load_run`` needs, a third of the memory for Adam).
 
-Everything is built in a hidden sibling directory (``.<name>.importing-PID``)
-and renamed onto ``--out`` only once complete, so a failure (bad input found
-late, a full disk, Ctrl-C) leaves ``--out`` as it was.  A full or read-only
+Everything is built in a hidden sibling directory (``.<name>.importing-PID``;
+an export's ``.<name>.exporting-PID``: :func:`built_aside`, which the exporters
+share) and renamed onto ``--out`` only once complete, so a failure (bad input
+found late, a full disk, Ctrl-C) leaves ``--out`` as it was.  A full or read-only
 disk is one line naming ``--out`` (exit status 4, the rule of
 :mod:`depthbench.faults`), however the writer said it (TensorStore's text
 included); the hidden directory a killed import left is removed by the next
@@ -22,11 +23,13 @@ holds two copies of the model.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,22 +78,28 @@ def check_out(out: str | Path, command: str) -> Path:
                               "not a directory")
     live = [pid for pid, _ in _work_dirs(path) if pid_alive(pid)]
     if live:
-        raise ConfigError(f"{command}: --out {str(path)!r} is being written by another import "
+        raise ConfigError(f"{command}: --out {str(path)!r} is being written by another command "
                           f"(process {live[0]}); wait for it or use another directory")
     return path
 
 
+# What a command building ``--out`` aside is doing (the hidden directory's suffix).
+WORK_VERBS = ("importing", "exporting")
+
+
 def _work_dirs(out: Path) -> list[tuple[int, Path]]:
-    """The hidden ``.<name>.importing-PID`` directories beside ``out``: where
-    imports into ``out`` build the run before renaming it (:func:`write_run`)."""
-    prefix = f".{out.name}.importing-"
+    """The hidden ``.<name>.importing-PID`` (or ``exporting-PID``) directories beside
+    ``out``: where imports and exports into ``out`` build it before renaming it
+    (:func:`built_aside`)."""
     if not out.parent.is_dir():
         return []
     found = []
     for p in out.parent.iterdir():
-        pid = p.name.removeprefix(prefix)
-        if p.name.startswith(prefix) and pid.isdigit() and p.is_dir() and not p.is_symlink():
-            found.append((int(pid), p))
+        for verb in WORK_VERBS:
+            prefix = f".{out.name}.{verb}-"
+            pid = p.name.removeprefix(prefix)
+            if p.name.startswith(prefix) and pid.isdigit() and p.is_dir() and not p.is_symlink():
+                found.append((int(pid), p))
     return found
 
 
@@ -203,10 +212,7 @@ def write_run(out: Path, config, params_np: dict, *, source: tuple[str, dict],
     got = jax.tree.map(lambda a: tuple(np.shape(a)), params_np)
     if want != got:  # a programming error in a converter, not bad input
         raise AssertionError(f"converted tree {got} != model tree {want}")
-    _remove_leftovers(out)
-    work = out.parent / f".{out.name}.importing-{os.getpid()}"
-    try:
-        work.mkdir(parents=True)
+    with built_aside(out, str(config.name)) as work:
         for name, src in files.items():
             shutil.copy2(src, work / name)
         params = _to_devices(params_np, setup.param_shardings)
@@ -234,15 +240,28 @@ def write_run(out: Path, config, params_np: dict, *, source: tuple[str, dict],
                     source[0]: {**source[1], "copied": sorted(files)}}
         written = {**config.to_dict(), "resolved": resolved}
         atomic_write_json(work / CONFIG_FILE, written)
+    return written
+
+
+@contextlib.contextmanager
+def built_aside(out: Path, command: str, verb: str = "importing") -> Iterator[Path]:
+    """A hidden work directory beside ``out`` (checked by :func:`check_out`) to
+    build it in, renamed onto ``out`` when the block ends; on any failure it is
+    removed and ``out`` left as it was, a full or read-only disk raised as the
+    one line naming ``--out`` (``command``: whose line)."""
+    _remove_leftovers(out)
+    work = out.parent / f".{out.name}.{verb}-{os.getpid()}"
+    try:
+        work.mkdir(parents=True)
+        yield work
         if out.is_dir():
             out.rmdir()  # empty (check_out), replaced by the finished directory
         os.replace(work, out)
     except BaseException as e:
         _remove_settled(work)
         if isinstance(e, Exception) and faults.is_storage_error(e):
-            raise _storage_error(e, out, str(config.name)) from e
+            raise _storage_error(e, out, command) from e
         raise
-    return written
 
 
 def _remove_settled(work: Path, quiet: float = 0.3, limit: float = 10.0) -> None:

@@ -239,8 +239,9 @@ class Run:
         with self._context():
             logits, cap = self._fn(tuple(capture))(self.params, tokens, active_l, order_l)
         # The padding rows off: the batch axis is the first, after the depth axis of
-        # the per-boundary captures ("probe" holds no batch axis).
-        cap = {k: v if k == "probe" else v[:, :b] for k, v in cap.items()}
+        # the per-boundary and per-layer captures ("probe" holds no batch axis).
+        cap = {k: v if k == "probe" else _rows(v, b, 0 if k == "carry" else 1)
+               for k, v in cap.items()}
         out = (logits[:b], cap)
         if to_numpy:
             out = jax.tree.map(lambda a: np.asarray(jax.device_get(a), np.float32), out)
@@ -259,6 +260,11 @@ class Run:
         s = self.spec
         return (f"Run({str(self.run_dir)!r}, family={s.family}, L={s.depth}, d={s.d_model}, "
                 f"step={self.step})")
+
+
+def _rows(tree, b: int, axis: int):
+    """Each leaf's first ``b`` entries along ``axis`` (the batch axis)."""
+    return jax.tree.map(lambda a: jax.lax.slice_in_dim(a, 0, b, axis=axis), tree)
 
 
 def load_run(run_dir: str | Path, *, step: int | None = None, options: dict | None = None) -> Run:

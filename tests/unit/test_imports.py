@@ -127,13 +127,14 @@ FLOORS = (
     ("faults", "output_paths", "rundir"),  # a run directory's files, names, lock, restore
     ("shapes", "model.spec", "pallas_kernels"),
     ("model.residual.protocol",),  # what a family implements and declares
-    ("model.depth_scan", "model.layers"),
+    ("model.depth_scan", "model.layers", "model.past_attention"),
     ("model.residual.parts",),  # pieces families share
     ("model", "model.residual.protocol.registry"),  # the families, their table, the model
     ("variants", "config", "configs", "reference"),
     ("costs", "parallel", "hostmem", "data", "rundir.identity"),
     ("train",),
     ("run", "importers", "exporters"),  # a trained or imported model; runs in and out
+    ("generation",),  # a run's prefill and decode programs, sampling, the decode loop
     ("analysis", "evaluation", "equal_compute", "plots", "dryrun"),
     ("sweep",),
     ("report", "run_report", "lr_transfer"),

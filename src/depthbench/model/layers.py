@@ -9,11 +9,13 @@ beta, hyper-connections' 1/sqrt(n)).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from depthbench.model.past_attention import PastKeys, merge_parts, past_part
 from depthbench.model.residual.protocol.base import (
     BTD,
     keep_for_backward,
@@ -78,13 +80,16 @@ def project(x: jax.Array, w: jax.Array, in_dims: int = 1) -> jax.Array:
     return y.reshape(*lead, *w.shape[in_dims:])
 
 
-def rope(x_bthd: jax.Array, positions_t: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding (rotate-half convention), computed in fp32."""
+def rope(x_bthd: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding (rotate-half convention), computed in fp32.
+
+    ``positions`` is ``[T]`` (every row alike) or ``[B, T]`` (a decode step:
+    each row at its own position); a token's angles are the same either way."""
     half = x_bthd.shape[-1] // 2
     freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angle_th = positions_t.astype(jnp.float32)[:, None] * freq[None, :]
-    sin = jnp.sin(angle_th)[None, :, None, :]
-    cos = jnp.cos(angle_th)[None, :, None, :]
+    angle = positions.astype(jnp.float32)[..., None] * freq  # [(B,) T, half]
+    sin = jnp.sin(angle)[..., None, :]  # a heads axis to broadcast over
+    cos = jnp.cos(angle)[..., None, :]
     x = x_bthd.astype(jnp.float32)
     x1, x2 = x[..., :half], x[..., half:]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -140,6 +145,32 @@ def causal_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array) ->
     out_bkqmh, _ = causal_blocks(q_bkqmh, k_btkh.transpose(0, 2, 1, 3),
                                   v_btkh.transpose(0, 2, 1, 3))
     return rows_to_heads(out_bkqmh, t)
+
+
+def causal_part(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array
+                ) -> tuple[jax.Array, jax.Array]:
+    """Causal attention of already scaled queries over their own tokens, with
+    each row's log-sum-exp: ``(out [B, T, N, H], lse [B, T, N])``, the part
+    :func:`~depthbench.model.past_attention.merge_parts` joins with others
+    (cached keys, moda's depth keys).  :func:`causal_attention`'s blocks and
+    backward; fp32 when its inputs are."""
+    t, kv = q_btnh.shape[1], k_btkh.shape[2]
+    q_bkqmh = heads_to_rows(q_btnh, kv, query_blocks(t))
+    out_bkqmh, lse_bkqm = causal_blocks(q_bkqmh, k_btkh.transpose(0, 2, 1, 3),
+                                        v_btkh.transpose(0, 2, 1, 3))
+    return rows_to_heads(out_bkqmh, t), rows_to_heads(lse_bkqm[..., None], t)[..., 0]
+
+
+def attention_with_past(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
+                        past: PastKeys) -> jax.Array:
+    """Attention of new tokens (rotated queries, keys, values ``[B, T, *, H]``) over
+    themselves, causally, and over the cached keys of earlier positions: one
+    softmax in fp32, in two parts merged by their log-sum-exps."""
+    scale = 1.0 / jnp.sqrt(jnp.float32(q_btnh.shape[-1]))
+    q = q_btnh.astype(jnp.float32) * scale
+    parts = [causal_part(q, k_btkh.astype(jnp.float32), v_btkh.astype(jnp.float32)),
+             past_part(q, past)]
+    return merge_parts(parts).astype(q_btnh.dtype)
 
 
 def heads_to_rows(x_btnh: jax.Array, kv: int, nb: int = 1) -> jax.Array:
@@ -242,21 +273,32 @@ def _causal_blocks_bwd(saved, cts):
 causal_blocks.defvjp(_causal_blocks_fwd, _causal_blocks_bwd)
 
 
+class AttentionKeys(NamedTuple):
+    """What an attention sublayer's tokens offer as keys: ``k``, ``v`` before RoPE
+    (mixture-of-depths attention stores them as depth keys) and the rotated
+    ``k_rot`` (a decoder caches it with ``v``), each ``[B, T, K, H]``."""
+
+    k: jax.Array
+    v: jax.Array
+    k_rot: jax.Array
+
+
 class Attention(nn.Module):
     """Causal multi-head attention with RoPE and optional GQA.
 
-    Returns the output and the pre-RoPE ``(k, v)`` (mixture-of-depths
-    attention stores them as depth keys).  ``attend(q, q_rot, k_rot, v)``, when
-    given, replaces the causal softmax (a family's
-    ``capabilities.DepthAttention``: moda's joint softmax over sequence and
-    depth keys).
+    Returns the output and the tokens' :class:`AttentionKeys`.  ``positions`` is
+    ``[T]`` or, in a decode step, ``[B, T]``; ``past`` (:class:`PastKeys`) the
+    keys of earlier positions the tokens also see (a decoder's cache).
+    ``attend(q, q_rot, k_rot, v, past)``, when given, replaces the softmax (a
+    family's ``capabilities.DepthAttention``: moda's joint softmax over
+    sequence and depth keys).
     """
 
     spec: ModelSpec
     scales: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)  # q, k, v, o
 
     @nn.compact
-    def __call__(self, x_btd, positions_t, attend=None):
+    def __call__(self, x_btd, positions, attend=None, past: PastKeys | None = None):
         s = self.spec
         d, n, kv, h = s.d_model, s.n_heads, s.n_kv_heads, s.head_dim
         sq, sk, sv, so = self.scales
@@ -270,16 +312,18 @@ class Attention(nn.Module):
         v = project(x, wv.astype(s.dtype))
         q = with_axes(q, ("activation_batch", "activation_length", "activation_heads", None))
         k = with_axes(k, ("activation_batch", "activation_length", "activation_kv_heads", None))
-        qr, kr = rope(q, positions_t, s.rope_theta), rope(k, positions_t, s.rope_theta)
+        qr, kr = rope(q, positions, s.rope_theta), rope(k, positions, s.rope_theta)
         if attend is not None:
-            out = attend(q, qr, kr, v)
+            out = attend(q, qr, kr, v, past)
+        elif past is not None:
+            out = attention_with_past(qr, kr, v, past)
         elif s.attention_impl == "xla":
             out = causal_attention(qr, kr, v)
         else:  # a fused kernel jax provides ("cudnn")
             out = jax.nn.dot_product_attention(
                 qr, kr, v, is_causal=True, implementation=s.attention_impl)
         y = project(out, wo.astype(s.dtype), in_dims=2)
-        return with_axes(y, BTD), (k, v)
+        return with_axes(y, BTD), AttentionKeys(k, v, kr)
 
 
 MLP_AXES = ("activation_batch", "activation_length", "activation_mlp")

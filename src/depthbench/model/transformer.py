@@ -22,6 +22,7 @@ from flax import linen as nn
 
 from depthbench.model.depth_scan import layer_stack
 from depthbench.model.layers import MLP, Attention, RMSNorm, project, trunc_normal
+from depthbench.model.past_attention import CACHE_AXES, KVCache, PastKeys
 from depthbench.model.residual.protocol import registry
 from depthbench.model.residual.protocol.base import (
     BTD,
@@ -36,6 +37,7 @@ from depthbench.model.residual.protocol.capabilities import (
     AnalysisProbes,
     DepthAttention,
     DepthBanks,
+    PositionState,
     PreNormEps,
     ScaledInput,
     probes,
@@ -43,7 +45,7 @@ from depthbench.model.residual.protocol.capabilities import (
 from depthbench.model.spec import ModelSpec
 
 # What a forward can capture beside its logits (Transformer's docstring).
-CAPTURES = ("z", "lens_logits", "probe")
+CAPTURES = ("z", "lens_logits", "probe", "kv", "carry")
 
 # Parameter names the optimizer's weight-decay presets need (train/optim.py):
 # the scope holding every residual-family parameter, the backbone's norm gains
@@ -77,11 +79,14 @@ class Block(nn.Module):
     spec: ModelSpec
     fam: ResidualFamily
     capture: bool | str = False
+    keep_kv: bool = False  # return the attention's rotated keys and values (a decoder's cache)
 
     @nn.compact
-    def __call__(self, state, xs, g, positions_t):
+    def __call__(self, state, xs, g, positions, valid_bs=None):
         fam, s = self.fam, self.spec
         pos, ident, active = xs["pos"], xs["ident"], xs["active"]
+        # A decode step: this layer's cached keys of the positions each row holds.
+        past = PastKeys(*xs["past"], valid_bs) if "past" in xs else None
         p = _FamilyParams(fam, True, name="residual")(ident)
         attn = Attention(s, tuple(fam.init_scale(m) for m in "qkvo"), name="attn")
         mlp = MLP(s, tuple(fam.init_scale(m) for m in ("gate", "up", "down")), name="mlp")
@@ -108,8 +113,10 @@ class Block(nn.Module):
                 x_in = fam.input_scale(p, x_in, site)
             if sub == 0:
                 attend = fam.attention(p, state, site) if isinstance(fam, DepthAttention) else None
-                y, kv = attn(x_in, positions_t, attend)
-                aux = {"x_in": x_in, "kv": kv, "ctx": ctx}
+                y, keys = attn(x_in, positions, attend, past)
+                aux = {"x_in": x_in, "kv": (keys.k, keys.v), "ctx": ctx}
+                if self.keep_kv:
+                    captured["kv"] = {"k": keys.k_rot, "v": keys.v}
             else:
                 y, aux = mlp(x_in), {"x_in": x_in, "ctx": ctx}
             state = fam.write(p, state, y, site, aux, active)
@@ -178,12 +185,22 @@ class Transformer(nn.Module):
     :meth:`probe` of every sublayer, leaves ``[L, 2, ...]``).  ``active``
     [L] (bool) skips blocks; ``ident`` [L] gives the original index of the
     block at each position (use with :func:`permute_blocks`).
+
+    Decoding (``model/decode.py``): ``"kv"`` captures each layer's rotated keys
+    and values ``{"k", "v": [L, B, T, K, H]}``; with ``cache``
+    (:class:`~depthbench.model.past_attention.KVCache`) the tokens are the next
+    ones of each row, at positions ``lengths_b + 0 .. T-1``, and see the
+    cached positions as well (the family resumes from the cache's carry,
+    ``capabilities.PositionState``); ``"carry"`` captures what the family
+    carries to later positions.  ``logits_at`` [B]: the logits (and the
+    carry) at that position of each row only, ``[B, V]``.
     """
 
     spec: ModelSpec
 
     @nn.compact
-    def __call__(self, tokens_bt, *, capture: Sequence[str] = (), active=None, ident=None):
+    def __call__(self, tokens_bt, *, capture: Sequence[str] = (), active=None, ident=None,
+                 cache: KVCache | None = None, logits_at=None):
         s = self.spec
         asked = tuple(capture)
         if not set(asked) <= set(CAPTURES):
@@ -204,6 +221,9 @@ class Transformer(nn.Module):
         x0 = nn.with_logical_constraint(x0, BTD)
         g = _FamilyParams(fam, False, name="residual")()
         state = fam.init_state(g, x0)
+        carries = isinstance(fam, PositionState)
+        if carries and cache is not None:
+            state = fam.resume(g, state, cache.carry)
         xs = {
             "pos": jnp.arange(L, dtype=jnp.int32),
             "ident": jnp.arange(L, dtype=jnp.int32)
@@ -218,16 +238,26 @@ class Transformer(nn.Module):
             block,
             variable_axes={"params": 0},
             split_rngs={"params": True},
-            in_axes=(0, nn.broadcast, nn.broadcast),
+            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
             length=L,
             unroll=s.scan_unroll,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
-        positions_t = jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)
-        if self._depth_linear(fam, state) and not self.is_initializing():
-            state, captured = self._depth_linear_stack(fam, level, state, xs, g, positions_t)
+        positions = jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)
+        valid_bs = None
+        if cache is not None:  # each row continues where it stands
+            positions = cache.lengths_b[:, None] + positions
+            valid_bs = cache.valid_bs()
+            xs["past"] = tuple(nn.with_logical_constraint(c, CACHE_AXES)
+                               for c in (cache.k_lbksh, cache.v_lbksh))
+        keep_kv = "kv" in asked
+        # The depth-linear stack is for the backward's memory; decoding takes none.
+        if (self._depth_linear(fam, state) and not self.is_initializing()
+                and cache is None and not keep_kv):
+            state, captured = self._depth_linear_stack(fam, level, state, xs, g, positions)
         else:
-            state, captured = stack(s, fam, level, name="blocks")(state, xs, g, positions_t)
+            state, captured = stack(s, fam, level, keep_kv, name="blocks")(
+                state, xs, g, positions, valid_bs)
         final_norm = RMSNorm(s, name="final_norm")
         head = self.param(
             "head",
@@ -245,12 +275,24 @@ class Transformer(nn.Module):
 
         x = fam.readout(g, state, final_norm)
         chex.assert_shape(x, (*tokens_bt.shape, s.d_model))  # a family's readout is [B, T, d]
-        logits = lm_head(x)
+        if logits_at is None:
+            logits = lm_head(x)
+        else:  # the head on one position per row (a prefill's last token)
+            logits = lm_head(jnp.take_along_axis(x, logits_at[:, None, None], axis=1))[:, 0]
+        out = {}
+        if keep_kv:
+            out["kv"] = captured["kv"]
+        if "carry" in asked:
+            if not carries:
+                raise ValueError(f"capture: {s.family} carries nothing across positions "
+                                 "(no capabilities.PositionState)")
+            last_b = jnp.full(tokens_bt.shape[:1], tokens_bt.shape[1] - 1, jnp.int32)
+            out["carry"] = fam.carry(g, state, last_b if logits_at is None else logits_at)
         if not level:
-            return logits, {}
+            return logits, out
         analysis = probes(fam)
         z_last = analysis.boundary_state(None, g, state)
-        out = {"z": jnp.concatenate([captured["z"], z_last[None]], axis=0)}
+        out["z"] = jnp.concatenate([captured["z"], z_last[None]], axis=0)
         if level == "all":
             lens = [jax.tree.map(lambda a, i=i: a[i], captured["lens"]) for i in range(L)]
             lens.append(analysis.lens_state(None, g, state))
@@ -265,14 +307,14 @@ class Transformer(nn.Module):
         return (self.spec.layer_scan == "depth_linear" and isinstance(fam, DepthBanks)
                 and bool(fam.bank_slots(state, jnp.zeros((), jnp.int32))))
 
-    def _depth_linear_stack(self, fam, capture, state, xs, g, positions_t):
+    def _depth_linear_stack(self, fam, capture, state, xs, g, positions):
         """The blocks' stacked parameters (made by the ``nn.scan`` at init) run
         by the depth-linear custom VJP, each block applied as a pure function."""
         params_l = nn.meta.unbox(self.variables["params"]["blocks"])
 
         def step(p, state, x, g):
             block = Block(self.spec, fam, capture)
-            return block.apply({"params": p}, state, x, g, positions_t)
+            return block.apply({"params": p}, state, x, g, positions)
 
         return layer_stack(step, fam.bank_slots, params_l, state, xs, g,
                            unroll=self.spec.scan_unroll, extent=fam.bank_extent)

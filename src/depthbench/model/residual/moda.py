@@ -243,8 +243,8 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
         groups = ((state["ka"], state["va"], valid), (state["kf"], state["vf"], valid))
         rotated = self.rotated_query
 
-        def attend(q, qr, kr, v):
-            return attention_with_depth(qr, kr, v, qr if rotated else q, groups)
+        def attend(q, qr, kr, v, past):
+            return attention_with_depth(qr, kr, v, qr if rotated else q, groups, past)
 
         return attend
 

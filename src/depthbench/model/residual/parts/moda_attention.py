@@ -4,22 +4,23 @@ The attention sublayer of a moda block (``residual/moda.py``) scores, besides
 the causal sequence keys, the depth keys earlier sublayers wrote at the same
 token; the family hands :func:`attention_with_depth` to the backbone's
 attention through ``capabilities.DepthAttention``.  The sequence part is the
-backbone's own causal attention (``model/layers.py``), merged with the depth
-parts by their log-sum-exps.
+backbone's own causal attention (``model/layers.py``), plus a decoder's
+cached keys of earlier positions (``model/past_attention.py``), merged with
+the depth parts by their log-sum-exps.
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
-from depthbench.model.layers import causal_blocks, heads_to_rows, query_blocks, rows_to_heads
+from depthbench.model.layers import causal_part
+from depthbench.model.past_attention import PastKeys, merge_parts, past_part
 from depthbench.model.residual.protocol.base import keep_for_backward
 
 
-def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
+def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups,
+                         past: PastKeys | None = None):
     """Causal attention whose softmax also covers depth keys at the same token.
 
     Sequence logits use the rotated ``q_btnh`` against rotated ``k``; depth
@@ -27,32 +28,28 @@ def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
     family decides) against each group's depth keys.  ``groups`` is a sequence
     of ``(k_btgmh, v_btgmh, valid_m)``, each with its own number of key heads
     ``g`` dividing ``n`` (query head ``i`` uses key head ``i // (n / g)``, as
-    in GQA); invalid slots are masked.  One softmax over all of it, in fp32,
-    scale ``1/sqrt(d_h)``::
+    in GQA); invalid slots are masked.  ``past``: the sequence keys of earlier
+    positions (a decode step's cache), seen by every token.  One softmax over
+    all of it, in fp32, scale ``1/sqrt(d_h)``::
 
         out = (sum_s e^(l_s) v_s + sum_m e^(l_m) v_m) / (sum of the e^)
 
     computed in parts, each normalised on its own with its log-sum-exp, then
-    merged by those: the sequence part is :func:`causal_attention`'s (causal
-    query blocks, its layout, the flash-style backward), each group of depth
-    keys is :func:`_depth_part` (``m`` keys per token)::
-
-        lse = log(sum_parts e^lse_part)
-        out = sum_parts e^(lse_part - lse) out_part
+    merged by those (:func:`~depthbench.model.past_attention.merge_parts`):
+    the sequence part is :func:`causal_attention`'s (causal query blocks, its
+    layout, the flash-style backward), each group of depth keys is
+    :func:`_depth_part` (``m`` keys per token).
 
     Query heads are grouped per key head (as :func:`causal_attention`), never
     repeated, and the parts are not concatenated: no key or logit tensor is
     copied per query head.
     """
     b, t, n, h = q_btnh.shape
-    kv = k_btkh.shape[2]
     scale = 1.0 / jnp.sqrt(jnp.float32(h))
-    nb = query_blocks(t)
-    q_bkqmh = heads_to_rows(q_btnh.astype(jnp.float32) * scale, kv, nb)
-    out_bkqmh, lse_bkqm = causal_blocks(
-        q_bkqmh, k_btkh.astype(jnp.float32).transpose(0, 2, 1, 3),
-        v_btkh.astype(jnp.float32).transpose(0, 2, 1, 3))
-    parts = [(rows_to_heads(out_bkqmh, t), rows_to_heads(lse_bkqm[..., None], t)[..., 0])]
+    q = q_btnh.astype(jnp.float32) * scale
+    parts = [causal_part(q, k_btkh.astype(jnp.float32), v_btkh.astype(jnp.float32))]
+    if past is not None:
+        parts.append(past_part(q, past))
     qd_btnh = q_depth_btnh.astype(jnp.float32) * scale
     for k_btgmh, v_btgmh, valid_m in groups:
         g = k_btgmh.shape[2]
@@ -62,12 +59,7 @@ def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
         parts.append((out_btgrh.reshape(b, t, n, h), lse_btgr.reshape(b, t, n)))
     # The sequence part's lse is finite (the diagonal key is always there), so
     # the joint one is; a depth part with no valid key has lse -inf: weight 0.
-    mu_btn = jax.lax.stop_gradient(functools.reduce(jnp.maximum, [lse for _, lse in parts]))
-    weights = [jnp.exp(lse - mu_btn) for _, lse in parts]
-    total_btn = functools.reduce(jnp.add, weights)
-    out_btnh = functools.reduce(jnp.add, [o * (w / total_btn)[..., None]
-                                          for (o, _), w in zip(parts, weights, strict=True)])
-    return out_btnh.astype(q_btnh.dtype)
+    return merge_parts(parts).astype(q_btnh.dtype)
 
 
 @jax.custom_vjp

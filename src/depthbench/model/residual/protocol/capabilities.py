@@ -11,6 +11,9 @@ backbone, a state of one vector per token, no learning-rate rule.
   layer stack keeps memory linear in depth (attnres, moda);
 * :class:`DepthAttention`: the attention sublayer's softmax also covers keys
   the family keeps in its state (moda);
+* :class:`PositionState`: what a decoder keeps for the family from one
+  token position to the next, beyond the attention keys and values (none of
+  the built-in families: their state is per token);
 * :class:`ScaledInput`: a factor on a sublayer's normalised input (lns);
 * :class:`PreNormEps`: the eps of the backbone's pre-norm, per sublayer
   (attnres: its mixes' fused norms use ``attnres_eps``);
@@ -84,8 +87,10 @@ class DepthBanks(abc.ABC):
 
 # ------------------------------------------------------- sublayer extensions
 
-# (pre-RoPE query, rotated query, rotated keys, values) -> attention output [B, T, n, h]
-Attend = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
+# (pre-RoPE query, rotated query, rotated keys, values, past) -> attention output
+# [B, T, n, h]; past: None, or a decode step's cached keys of earlier positions
+# (model/past_attention.PastKeys), which every token also sees.
+Attend = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, Any], jax.Array]
 
 
 class DepthAttention(abc.ABC):
@@ -95,7 +100,35 @@ class DepthAttention(abc.ABC):
     def attention(self, p: Any, state: State, site) -> Attend | None:
         """The attention sublayer ``site`` runs, from the state it reads: a function
         of the sublayer's query, keys and values (``Attend``), or None for the
-        backbone's own causal attention."""
+        backbone's own causal attention.  In a decode step it also receives the
+        cached sequence keys (``past``) and must include them in its softmax."""
+
+
+# ------------------------------------------------------------ decoding
+
+
+class PositionState(abc.ABC):
+    """State a family carries from one token position to later ones, beyond the
+    attention keys and values a decoder caches for every family.
+
+    A family without it keeps a state of its own per token (one vector, ``n``
+    streams, a bank of the same token's sources, the same token's depth
+    keys): a decode step rebuilds it from the new token's embedding with
+    ``init_state``, and the decoder caches nothing for the family.  A family
+    whose state at a token also depends on earlier tokens declares here what
+    a decoder keeps between steps (the *carry*) and how a step resumes from it;
+    its full forward computes the same state from the whole sequence."""
+
+    @abc.abstractmethod
+    def resume(self, g: Any, state: State, carry: Any) -> State:
+        """The state ``init_state`` made for new tokens, continued from the carry
+        of the tokens before them (what :meth:`carry` returned)."""
+
+    @abc.abstractmethod
+    def carry(self, g: Any, state: State, at_b: jax.Array) -> Any:
+        """What the tokens up to ``at_b`` ``[B]`` (each row's last one) leave for
+        later positions, read from the state after the last block: a pytree of
+        arrays with a leading batch axis."""
 
 
 class ScaledInput(abc.ABC):

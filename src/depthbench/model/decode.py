@@ -1,0 +1,86 @@
+"""Prefill and decode steps with a KV cache, for every residual family.
+
+* :func:`prefill`: the prompts (right-padded ``[B, P]``, each row's length
+  given) through the model's own forward, returning each row's last logits
+  and a :class:`~depthbench.model.past_attention.KVCache` of ``S`` slots;
+* :func:`decode_step`: one (or ``T``) new token(s) per row at the position
+  the row stands at, attending to the cache; returns the logits and the cache
+  with the new keys written.
+
+Both are pure functions of the parameters (jit them once per shape: the
+generation layer, ``depthbench.generation``, keeps one program per batch and
+length bucket).  Padding past a row's length never leaks: attention is
+causal in the prefill, and the cache's slots past a row's length are masked
+until the row writes them.
+
+What the cache holds per family comes from the family itself: every family
+gets each layer's attention keys and values; one whose state at a token
+depends on earlier tokens other than through attention declares
+``capabilities.PositionState`` and its carry rides in the cache.  The
+built-in families' states are per token (hc's streams, attnres's bank and
+moda's depth keys are the same token's), so their cache is the K/V alone.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from depthbench.model.past_attention import CACHE_AXES, KVCache
+from depthbench.model.residual.protocol.capabilities import PositionState
+from depthbench.model.transformer import Transformer, family_of
+
+
+def _captures(model: Transformer) -> tuple[str, ...]:
+    carries = isinstance(family_of(model.spec), PositionState)
+    return ("kv", "carry") if carries else ("kv",)
+
+
+def _as_cache_layout(x_lbtkh: jax.Array) -> jax.Array:
+    """``[L, B, T, K, H]`` -> ``[L, B, K, T, H]`` (the cache's layout) with its axes."""
+    return nn.with_logical_constraint(x_lbtkh.transpose(0, 1, 3, 2, 4), CACHE_AXES)
+
+
+def prefill(model: Transformer, params, tokens_bp: jax.Array, lengths_b: jax.Array,
+            size: int) -> tuple[jax.Array, KVCache]:
+    """``(logits [B, V] at each row's last prompt token, cache of size slots)``.
+
+    ``tokens_bp`` holds row ``b``'s prompt in its first ``lengths_b[b]`` places
+    (``1 <= lengths_b <= P <= size``)."""
+    p = tokens_bp.shape[1]
+    if p > size:
+        raise ValueError(f"prefill: {p} prompt positions do not fit a cache of {size}")
+    lengths_b = lengths_b.astype(jnp.int32)
+    logits_bv, cap = model.apply({"params": params}, tokens_bp, capture=_captures(model),
+                                 logits_at=lengths_b - 1)
+    pad = ((0, 0), (0, 0), (0, 0), (0, size - p), (0, 0))
+    k, v = (jnp.pad(_as_cache_layout(cap["kv"][n]), pad) for n in ("k", "v"))
+    return logits_bv, KVCache(_constrain(k), _constrain(v), lengths_b, cap.get("carry"))
+
+
+def decode_step(model: Transformer, params, cache: KVCache, tokens_bt: jax.Array
+                ) -> tuple[jax.Array, KVCache]:
+    """``(logits [B, V] after each row's last new token, cache)``: ``tokens_bt``
+    ``[B, T]`` (``T`` usually 1) continue each row at ``cache.lengths_b``; the
+    rows must have ``T`` free slots."""
+    t = tokens_bt.shape[1]
+    logits_bv, cap = model.apply({"params": params}, tokens_bt, capture=_captures(model),
+                                 cache=cache, logits_at=jnp.full(tokens_bt.shape[:1], t - 1))
+    k = _write(cache.k_lbksh, _as_cache_layout(cap["kv"]["k"]), cache.lengths_b)
+    v = _write(cache.v_lbksh, _as_cache_layout(cap["kv"]["v"]), cache.lengths_b)
+    return logits_bv, KVCache(k, v, cache.lengths_b + t, cap.get("carry"))
+
+
+def _write(cache_lbksh: jax.Array, new_lbkth: jax.Array, at_b: jax.Array) -> jax.Array:
+    """The cache with row ``b``'s new slots written from ``at_b[b]`` on: one
+    scatter of the new slots (in place where the cache's buffer is donated),
+    never a pass over the whole cache."""
+    def row(c_lksh, n_lkth, at):
+        return jax.lax.dynamic_update_slice_in_dim(c_lksh, n_lkth.astype(c_lksh.dtype), at, 2)
+
+    return _constrain(jax.vmap(row, in_axes=(1, 1, 0), out_axes=1)(cache_lbksh, new_lbkth, at_b))
+
+
+def _constrain(x_lbksh: jax.Array) -> jax.Array:
+    return nn.with_logical_constraint(x_lbksh, CACHE_AXES)

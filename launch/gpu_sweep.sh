@@ -61,7 +61,7 @@ EOF
 die() { echo "gpu_sweep.sh: error: $*" >&2; exit 2; }
 # An option without its value is bad usage (exit 2, like an unknown one), not
 # bash's own ${2:?} failure (exit 1).
-need() { (($# >= 2)) && [[ -n "$2" ]] || { usage >&2; die "$1 needs a value"; }; }
+need() { if (($# < 2)) || [[ -z "$2" ]]; then usage >&2; die "$1 needs a value"; fi; }
 
 SCRIPT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 MODE=submit SPEC="" WORKDIR="" NODES=1 GPUS=8 CPUS=16 TIME=24:00:00 JOB=depthbench-sweep

@@ -35,7 +35,7 @@ EOF
 die() { echo "local_multiprocess.sh: error: $*" >&2; exit 2; }
 # An option without its value is bad usage (exit 2, like an unknown one), not
 # bash's own ${2:?} failure (exit 1).
-need() { (($# >= 2)) && [[ -n "$2" ]] || { usage >&2; die "$1 needs a value"; }; }
+need() { if (($# < 2)) || [[ -z "$2" ]]; then usage >&2; die "$1 needs a value"; fi; }
 
 N="" DEVICES="" PORT="" LOGS="" GRACE=30 DRY=0
 while (($#)); do

@@ -10,8 +10,9 @@ A run directory (``depthbench train --workdir``) holds ``config.json``,
 * ``loss_curves.png``: training loss (and validation loss at evaluations),
   learning rate and gradient norm against the step;
 * ``layer_stats.png``: the residual stream's per-block statistics over
-  training (``state_rms``, ``update_rms``, ``update_ratio``; see
-  ``train/step.py:layer_stats``), one line per logged step, read from
+  training (``state_rms``, ``update_rms``, ``update_ratio``, and the l2 norm
+  of each block's output and of the loss's gradient on it, ``forward_norm``
+  and ``backward_norm``; see ``train/layer_stats.py``), one line per logged step, read from
   ``layer_stats.jsonl``, which the trainer writes every
   ``train.layer_stats_every`` steps.  Runs trained before that file was
   kept have their statistics in TensorBoard only (``tb/``); their report
@@ -104,20 +105,26 @@ def loss_curves(rows: list[dict], path: Path, title: str) -> bool:
     return True
 
 
+# The statistics drawn (the others of layer_stats.jsonl, the original's mean,
+# variance and magnitude of both directions, are in report.md's table, TensorBoard, W&B).
+PLOTTED = ("state_rms", "update_rms", "update_ratio", "forward_norm", "backward_norm")
+
+
 def layer_plot(stats: dict[str, dict[int, list[float]]], path: Path, title: str) -> bool:
-    """One panel per statistic: value vs block index, a line per logged step
-    (light = early, dark = late)."""
+    """One panel per statistic of :data:`PLOTTED` the run logged: value vs block
+    index, a line per logged step (light = early, dark = late)."""
     from matplotlib import colormaps
     from matplotlib.ticker import MaxNLocator
 
     from depthbench.plots import Figure, save_figure
 
+    stats = {name: stats[name] for name in PLOTTED if name in stats}
     if not stats:
         return False
     fig = Figure(figsize=(4.2 * len(stats), 3.4))
     axes = fig.subplots(1, len(stats), squeeze=False)[0]
     cmap = colormaps["viridis"]
-    for ax, (stat, by_step) in zip(axes, sorted(stats.items()), strict=True):
+    for ax, (stat, by_step) in zip(axes, stats.items(), strict=True):
         steps = sorted(by_step)
         for k, step in enumerate(steps):
             shade = cmap(0.15 + 0.8 * k / max(1, len(steps) - 1))
@@ -125,6 +132,8 @@ def layer_plot(stats: dict[str, dict[int, list[float]]], path: Path, title: str)
                     label=f"step {step}" if k in (0, len(steps) - 1) else None)
         ax.set(xlabel="depth state" if stat == "state_rms" else "block", ylabel=stat,
                yscale="log" if all(v > 0 for s in steps for v in by_step[s]) else "linear")
+        if stat == "backward_norm" and all(math.isnan(v) for s in steps for v in by_step[s]):
+            ax.set_title("no gradient: the depth state is a mix", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(frameon=False, fontsize=8)
     fig.suptitle(title)

@@ -118,6 +118,9 @@ def test_run_directory_holds_everything(finished):
     for i in range(3):  # z_0 .. z_L
         assert (f"layers/state_rms/{i:03d}", EVERY) in tags
     assert ("layers/update_rms/001", STEPS) in tags
+    for stat in ("forward", "backward"):  # the original's four, per block
+        for moment in ("mean", "variance", "magnitude", "norm"):
+            assert (f"layers/{stat}_{moment}/001", STEPS) in tags
 
 
 def test_finished_run_is_not_retrained(finished, overrides, capsys):

@@ -108,7 +108,7 @@ def test_a_sweep_run_logs_its_config_metrics_and_block_stats_to_wandb(overrides,
     stats = read_jsonl(run_dir / "layer_stats.jsonl")
     assert [r["step"] for r in stats] == [EVERY, STEPS]
     for row in stats:
-        for stat in ("state_rms", "update_rms"):
+        for stat in ("state_rms", "update_rms", "forward_norm", "backward_norm"):
             values = row[stat]
             assert len(values) >= 2
             for i, v in enumerate(values):

@@ -8,7 +8,7 @@ from analysis_tiny import tiny_config, tokens
 from noisy_params import perturbed
 
 from depthbench.analysis.analyze import analyze
-from depthbench.analysis.blockwise import Blockwise
+from depthbench.model.blockwise import Blockwise
 from depthbench.model.residual.attnres import depth_weights
 from depthbench.model.transformer import family_of, permute_blocks
 from depthbench.run import init_run

@@ -108,8 +108,12 @@ def test_report_of_one_run(finished, capsys):
     for png in ("loss_curves.png", "layer_stats.png"):
         assert (workdir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     stats = run_report.layer_stats(workdir)
-    assert sorted(stats) == ["state_rms", "update_ratio", "update_rms"]
+    moments = [f"{d}_{m}" for d in ("backward", "forward")
+               for m in ("magnitude", "mean", "norm", "variance")]
+    assert sorted(stats) == [*moments, "state_rms", "update_ratio", "update_rms"]
     assert sorted(stats["state_rms"]) == [4, 8]  # layer_stats_every = 4, 8 steps
+    assert len(stats["backward_norm"][8]) == 2 and min(stats["backward_norm"][8]) > 0
+    assert "| backward_norm | 8 |" in text
     assert len(stats["state_rms"][8]) == 3 and len(stats["update_rms"][8]) == 2  # L2: z0..z2
     for s, u, ratio in zip(stats["state_rms"][8], stats["update_rms"][8],
                            stats["update_ratio"][8], strict=False):

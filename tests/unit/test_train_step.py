@@ -15,6 +15,7 @@ import pytest
 
 from depthbench import config as config_lib
 from depthbench import parallel
+from depthbench.train import layer_stats
 from depthbench.train import state as state_lib
 from depthbench.train import step as step_lib
 
@@ -80,8 +81,8 @@ def test_layer_stats_known_answer(mesh, fp32):
     s, init, _, _ = fp32
     init_params = init.params
     tokens = _batch(1)["inputs"]
-    stats = jax.device_get(step_lib.make_layer_stats(s)(
-        init_params, parallel.host_batch_to_global({"inputs": tokens}, mesh)["inputs"]))
+    stats = jax.device_get(layer_stats.make_layer_stats(s)(
+        init_params, parallel.host_batch_to_global(_batch(1), mesh)))
     assert stats["state_rms"].shape == (3,) and stats["update_rms"].shape == (2,)
     # z_0 is the embedding output (pre_ln): its RMS over the batch is known.
     x0 = init_params["embed"][tokens]

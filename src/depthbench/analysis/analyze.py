@@ -25,9 +25,9 @@ from tqdm.auto import tqdm
 
 from depthbench.analysis import metrics as M
 from depthbench.analysis import probes
-from depthbench.analysis.blockwise import Blockwise
 from depthbench.analysis.names import CAUSAL_RATIOS, METRICS
 from depthbench.config import ConfigError
+from depthbench.model.blockwise import Blockwise
 
 _NEEDS = {"late_layer_interaction": ("causal_score", "permutation_score"),
           "effective_depth": ("layer_pruning",)}

@@ -23,6 +23,7 @@ import jax
 import ml_collections
 
 from depthbench import parallel
+from depthbench.train import layer_stats
 from depthbench.train import state as state_lib
 from depthbench.train import step as step_lib
 
@@ -119,7 +120,7 @@ def _build(config) -> tuple:
     s = state_lib.setup(config, parallel.mesh_from_config(config))
     micro = int(config.train.microbatches)
     return (s, state_lib.make_init(s), step_lib.make_train_step(s, micro),
-            step_lib.make_eval_step(s), step_lib.make_layer_stats(s))
+            step_lib.make_eval_step(s), layer_stats.make_layer_stats(s))
 
 
 def compiled(config) -> tuple:

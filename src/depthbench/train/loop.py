@@ -261,7 +261,7 @@ class _Session:
         """The work that needs the state of the step just read (``self.step``)."""
         t = self.config.train
         if self.due(int(t.layer_stats_every)):
-            stats = self.stats_fn(self.state.params, self.val[0]["inputs"])
+            stats = self.stats_fn(self.state.params, self.val[0])
             self.writer.layer_stats(self.step, jax.device_get(stats))
         if self.due(int(t.checkpoint_every)):
             self.save()

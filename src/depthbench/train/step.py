@@ -1,4 +1,4 @@
-"""The jitted train step, eval step and layer-statistics probe.
+"""The jitted train step and eval step (the layer-statistics probe: ``layer_stats.py``).
 
 Every function is ``jax.jit`` with explicit ``in_shardings`` /
 ``out_shardings`` over the run's mesh; the train step donates the state.
@@ -117,28 +117,4 @@ def make_eval_step(s: TrainSetup) -> Callable:
         in_shardings=(s.param_shardings, parallel.batch_sharding(s.mesh)),
         out_shardings=parallel.replicated(s.mesh),
     )
-    return _in_context(s, fn)
-
-
-def layer_stats(s: TrainSetup, params: Any, inputs_bt: jax.Array) -> dict[str, jax.Array]:
-    """Per-depth statistics of the residual stream, from the family's depth
-    states ``z_0 .. z_L`` (``capture=("z",)``; nothing family-specific here).
-
-    ``state_rms[l]`` = RMS of z_l; ``update_rms[l]`` = RMS of z_{l+1} - z_l
-    (what block l adds); ``update_ratio[l]`` = their ratio.
-    """
-    _, out = s.model.apply({"params": params}, inputs_bt, capture=("z",))
-    z = out["z"]
-    z = z.astype(jnp.float32)
-    axes = tuple(range(1, z.ndim))
-    state_rms = jnp.sqrt(jnp.mean(jnp.square(z), axis=axes))
-    update_rms = jnp.sqrt(jnp.mean(jnp.square(z[1:] - z[:-1]), axis=axes))
-    return {"state_rms": state_rms, "update_rms": update_rms,
-            "update_ratio": update_rms / jnp.maximum(state_rms[:-1], 1e-30)}
-
-
-def make_layer_stats(s: TrainSetup) -> Callable:
-    fn = jax.jit(lambda params, inputs: layer_stats(s, params, inputs),
-                 in_shardings=(s.param_shardings, parallel.batch_sharding(s.mesh)),
-                 out_shardings=parallel.replicated(s.mesh))
     return _in_context(s, fn)

@@ -1,8 +1,10 @@
-"""The model run block by block, for analyses that replace or differentiate one block.
+"""The model run block by block, for what replaces or differentiates one block.
 
 ``model.transformer.Transformer`` runs its blocks inside one ``nn.scan``;
-the usefulness score (an affine map substituted for a block) and the block
-Jacobian need to cut in between two blocks.  :class:`Blockwise` rebuilds the
+the usefulness score (an affine map substituted for a block), the block
+Jacobian and the trainer's backward layer statistics (the loss's gradient on
+each block's output, ``train/layer_stats.py``) need to cut in between two
+blocks.  :class:`Blockwise` rebuilds the
 same forward pass from the same parameters (the backbone's own ``Block``
 module applied to each block's slice of the stacked parameters under
 ``lax.scan``), and reaches the residual state only through the family's
@@ -28,8 +30,9 @@ from depthbench.model.transformer import Block
 
 
 class Blockwise:
-    """Pure functions of ``(params, tokens_bt, ...)`` for one run (trace them under
-    ``run.context()``)."""
+    """Pure functions of ``(params, tokens_bt, ...)`` for one run (anything with its
+    ``spec`` and ``family``: a ``Run``, a ``TrainSetup``; trace them under its
+    ``context()``)."""
 
     def __init__(self, run):
         self.run, self.spec, self.fam = run, run.spec, run.family

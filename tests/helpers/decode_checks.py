@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
+from noisy_params import perturbed
 
 from depthbench.model import decode
 from depthbench.model.spec import ModelSpec
@@ -45,21 +46,23 @@ def relative(ours, ref) -> float:
     return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
 
 
-def random_params(model: Transformer, tokens_bt, seed: int = 0):
-    """Parameters of ``model`` drawn in numpy (nothing compiled): norm weights
-    ``1 + 0.3 N(0, 1)``, the family's parameters ``0.3 N(0, 1)`` (at init its
-    queries and projections are zero: a mix that cannot tell a wrong slot),
-    the backbone's matrices ``0.1 N(0, 1)``, each in its dtype."""
-    shapes = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), tokens_bt)["params"]))
-    rng = np.random.default_rng(seed)
+_INITS: dict[tuple, dict] = {}
 
-    def draw(path, leaf):
-        name, x = jax.tree_util.keystr(path), rng.standard_normal(leaf.shape)
-        x = 1 + 0.3 * x if ("norm" in name or "scale" in name) else (
-            0.3 * x if "residual" in name else 0.1 * x)
-        return jnp.asarray(x.astype(leaf.dtype))
 
-    return jax.tree_util.tree_map_with_path(draw, shapes)
+def noisy_init(model: Transformer, tokens_bt=TOKENS):
+    """``model``'s initial parameters moved off their init (numpy noise, nothing
+    compiled but the init): the family's by ``0.3 N(0, 1)`` (at init its queries
+    and projections are zero: a mix that could not tell a wrong slot), every
+    parameter by ``0.1 N(0, 1)``.  Near the init the model stays well
+    conditioned (fresh random stream mixes would amplify rounding ~100x over
+    ten sublayers, and the forward would not agree with itself to 1e-5).  One
+    compiled init per family and parameter shapes: its variants reuse it."""
+    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens_bt)["params"])
+    key = (model.spec.family, str(jax.tree.structure(boxed)),
+           tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(nn.unbox(boxed))))
+    if key not in _INITS:
+        _INITS[key] = nn.unbox(jax.jit(model.init)(jax.random.key(1), tokens_bt)["params"])
+    return perturbed(perturbed(_INITS[key], 2, 0.3, only="residual"), 3, 0.1)
 
 
 def decoded_and_full(model: Transformer, params, tokens_bt, lengths_b=LENGTHS,
@@ -106,8 +109,10 @@ def model_specs(shape: Shape = SHAPE) -> list[tuple[list[str], ModelSpec]]:
     return [(labels, spec) for spec, labels in found.items()]
 
 
-# Where a family has Pallas kernels (model.impl = "pallas"), in the forms they compute.
-PALLAS = {"attnres_full": {}, "attnres_block": {"attnres_blocks": 2}, "hc": {"hc_n": 2},
+# Where a family has Pallas kernels (model.impl = "pallas"), in the forms they
+# compute: the depth-attention kernel (attnres_full runs the same one, on blocks
+# of one), hc's and mhc's routing kernels and the stream post-mix they share.
+PALLAS = {"attnres_block": {"attnres_blocks": 2}, "hc": {"hc_n": 2},
           "mhc+pytorch": {"hc_n": 2, "sinkhorn_iters": 4}}
 
 
@@ -125,7 +130,7 @@ def _check_on_mesh(labels, spec, mesh_axes: dict[str, int]) -> dict:
 
     t0 = time.perf_counter()
     model = Transformer(spec)
-    params = random_params(model, TOKENS)
+    params = noisy_init(model)
     mesh = parallel.make_mesh(mesh_axes)
     boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), TOKENS)["params"])
     with jax.set_mesh(mesh), nn.logical_axis_rules(parallel.axis_rules()):
@@ -139,8 +144,9 @@ def _check_on_mesh(labels, spec, mesh_axes: dict[str, int]) -> dict:
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
-# The original's own checkpoints imported with import-olmo (tests/fixtures/original_checkpoints).
-IMPORTED = ("moda_post", "mhc")
+# The original's own checkpoints imported with import-olmo (tests/fixtures/original_checkpoints):
+# MoDA post-norm, 3 heads (the joint softmax with cached keys at another shape).
+IMPORTED = ("moda_post",)
 
 
 def decoded_run(run, tokens_bt: np.ndarray, lengths_b: np.ndarray, steps: int):

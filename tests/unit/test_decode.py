@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from decode_checks import SHAPE, TOKENS, decoded_and_full, random_params, relative
+from decode_checks import SHAPE, TOKENS, decoded_and_full, noisy_init, relative
+from flax import linen as nn
 
 from depthbench.model import decode
 from depthbench.model.residual.protocol import registry
@@ -28,7 +29,7 @@ def test_prefill_and_decode_steps_give_the_forward_logits(family):
     """Rows of 3 and 6 prompt tokens, 4 steps each: 10 positions, each compared.
     moda: the joint softmax takes the cached sequence keys as one more part."""
     model = Transformer(ModelSpec.from_shape(SHAPE, family=family))
-    params = random_params(model, TOKENS)
+    params = noisy_init(model)
     got, want, cache = jax.jit(lambda p, t: decoded_and_full(model, p, t))(params, TOKENS)
     assert float(np.std(want)) > 0.3  # logits far from uniform: a wrong key would show
     assert relative(got, want) < 1e-5
@@ -39,7 +40,7 @@ def test_padding_never_leaks():
     """Other tokens in the prompts' padding and in the cache's unwritten slots
     change no logit, bitwise: causal attention and the slot mask weigh them 0."""
     model = Transformer(ModelSpec.from_shape(SHAPE))
-    params = random_params(model, TOKENS)
+    params = noisy_init(model)
     lengths = jnp.array([3, 6])
 
     @jax.jit
@@ -63,7 +64,7 @@ def test_the_cache_holds_kv_heads_in_the_compute_dtype():
     nothing (shapes only: nothing compiled)."""
     spec = ModelSpec.from_shape(SHAPE, family="hc", compute_dtype="bfloat16")
     model = Transformer(spec)
-    params = jax.eval_shape(lambda: random_params(model, TOKENS))
+    params = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), TOKENS)["params"]))
     logits, cache = jax.eval_shape(
         lambda p: decode.prefill(model, p, jnp.zeros((3, 8), jnp.int32),
                                  jnp.array([1, 8, 4]), 16), params)
@@ -116,7 +117,7 @@ def running_mean():
 
 def test_a_family_carrying_state_across_positions_decodes_exactly(running_mean):
     model = Transformer(ModelSpec.from_shape(SHAPE, family=running_mean))
-    params = random_params(model, TOKENS)
+    params = noisy_init(model)
     got, want, cache = jax.jit(lambda p, t: decoded_and_full(model, p, t))(params, TOKENS)
     assert relative(got, want) < 1e-5
     # The carry counts the tokens each row has seen: 3 + 4 and 6 + 4.

@@ -81,6 +81,20 @@ def test_logits_match_transformers(tmp_path, overrides):
     assert saved["resolved"]["hf"]["tie_word_embeddings"] == overrides["tie_word_embeddings"]
 
 
+def test_an_imported_llama_decodes_with_the_cache_as_its_forward(tmp_path):
+    """import-hf's run through generation.Decoder (prefill of 7 and 11 tokens, 6
+    teacher-forced steps) gives its forward's logits within 1e-5 (issue 40)."""
+    from decode_checks import decoded_run, relative
+
+    from depthbench import load_run
+
+    save_random_llama(tmp_path / "hf")  # GQA, untied
+    assert cli_main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 0
+    tokens = np.random.default_rng(1).integers(0, 97, size=(2, 19)).astype(np.int32)
+    got, want = decoded_run(load_run(tmp_path / "run"), tokens, np.array([7, 11]), 6)
+    assert relative(got, want) < 1e-5 and float(np.std(want)) > 0.1
+
+
 def test_bf16_checkpoint_reads_exactly_without_torch(tmp_path):
     model = save_random_llama(tmp_path / "hf", dtype=torch.bfloat16)
     tensors = hf_import.read_tensors(tmp_path / "hf")

@@ -1,0 +1,70 @@
+"""How the next token is chosen from the logits: greedy, or sampled with a
+temperature, optionally from the top-k tokens and/or the top-p nucleus.
+
+Runs inside the jitted decode programs (the logits never leave the device).
+Each row draws with its own key, ``fold_in(fold_in(seed, step), row id)``,
+so a prompt's sample depends on the seed, the step and the prompt's index
+only: not on the batch it shares or where in it it sits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """``temperature`` 0 is greedy (argmax); ``top_k`` 0 and ``top_p`` 1 cut nothing."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature: {self.temperature} must be >= 0")
+        if self.top_k < 0:
+            raise ValueError(f"top_k: {self.top_k} must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: {self.top_p} must lie in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = Sampling()
+
+
+def filtered_logits(logits_bv: jax.Array, sampling: Sampling) -> jax.Array:
+    """fp32 logits over the temperature, ``-inf`` outside the top-k tokens and
+    outside the nucleus: the fewest most likely tokens whose probability
+    reaches ``top_p`` (a token is kept while the mass before it is below
+    ``top_p``; the most likely one always)."""
+    logits = logits_bv.astype(jnp.float32) / sampling.temperature
+    if sampling.top_k:
+        k = min(int(sampling.top_k), logits.shape[-1])
+        kth_b1 = jax.lax.top_k(logits, k)[0][:, -1:]
+        logits = jnp.where(logits < kth_b1, -jnp.inf, logits)
+    if sampling.top_p < 1:
+        desc_bv = -jnp.sort(-logits, axis=-1)
+        probs_bv = jax.nn.softmax(desc_bv, axis=-1)
+        before_bv = jnp.cumsum(probs_bv, axis=-1) - probs_bv
+        kept_bv = before_bv < sampling.top_p
+        cutoff_b1 = jnp.min(jnp.where(kept_bv, desc_bv, jnp.inf), axis=-1, keepdims=True)
+        logits = jnp.where(logits < cutoff_b1, -jnp.inf, logits)
+    return logits
+
+
+def choose(logits_bv: jax.Array, sampling: Sampling, seed_key: jax.Array, step: jax.Array,
+           row_ids_b: jax.Array) -> jax.Array:
+    """The next token of each row, ``[B]`` int32."""
+    if sampling.greedy:
+        return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
+    step_key = jax.random.fold_in(seed_key, step)
+    keys_b = jax.vmap(lambda r: jax.random.fold_in(step_key, r))(row_ids_b)
+    logits = filtered_logits(logits_bv, sampling)
+    return jax.vmap(jax.random.categorical)(keys_b, logits).astype(jnp.int32)

@@ -154,20 +154,7 @@ class Run:
     @cached_property
     def tokenizer(self):
         """``encode(str) -> list[int]``, ``decode(ids) -> str``, ``eos_id``, ``vocab_size``."""
-        info = self.resolved.get("tokenizer") or {}
-        path = str(info.get("tokenizer_path") or "")
-        # An imported run carries its tokenizer.json (relocatable with the directory).
-        local = None if self.run_dir is None else self.run_dir / TOKENIZER_FILE
-        if local is not None and local.is_file() and (not path or path.endswith(".json")):
-            path = str(local)
-        if not path:
-            raise ConfigError(f"RUN_DIR: {self.run_dir} records no tokenizer in {CONFIG_FILE} "
-                              "(resolved.tokenizer.tokenizer_path)")
-        from depthbench.data.tokenizer import open_tokenizer
-
-        return open_tokenizer(path, field="resolved.tokenizer.tokenizer_path",
-                              eos_id=int(info.get("eos_id", -1)),
-                              bos_id=int(info.get("bos_id", -1)))
+        return run_tokenizer(self.run_dir, self.resolved)
 
     # ------------------------------------------------------------ model calls
     @property
@@ -265,6 +252,24 @@ class Run:
 def _rows(tree, b: int, axis: int):
     """Each leaf's first ``b`` entries along ``axis`` (the batch axis)."""
     return jax.tree.map(lambda a: jax.lax.slice_in_dim(a, 0, b, axis=axis), tree)
+
+
+def run_tokenizer(run_dir: Path | None, resolved: dict):
+    """The tokenizer a run was trained with (``resolved``: its config.json's
+    "resolved" block), through the one tokenizer interface."""
+    info = resolved.get("tokenizer") or {}
+    path = str(info.get("tokenizer_path") or "")
+    # An imported run carries its tokenizer.json (relocatable with the directory).
+    local = None if run_dir is None else run_dir / TOKENIZER_FILE
+    if local is not None and local.is_file() and (not path or path.endswith(".json")):
+        path = str(local)
+    if not path:
+        raise ConfigError(f"RUN_DIR: {run_dir} records no tokenizer in {CONFIG_FILE} "
+                          "(resolved.tokenizer.tokenizer_path)")
+    from depthbench.data.tokenizer import open_tokenizer
+
+    return open_tokenizer(path, field="resolved.tokenizer.tokenizer_path",
+                          eos_id=int(info.get("eos_id", -1)), bos_id=int(info.get("bos_id", -1)))
 
 
 def load_run(run_dir: str | Path, *, step: int | None = None, options: dict | None = None) -> Run:

@@ -79,6 +79,8 @@ def disk(tmp_path_factory) -> Path:
         (root / name).mkdir()  # a config.json is all an export reads before refusing
         (root / name / "config.json").write_text(json.dumps(tiny_config(family, 2,
                                                                          **fields).to_dict()))
+    (root / "sft_no_output.json").write_text(json.dumps([{"instruction": "Say hi."}]))
+    (root / "sft_empty.jsonl").write_text("\n")
     (root / "a_file").write_text("I am a file, not a directory\n")
     (root / "empty").mkdir()
     (root / "sweep_get_config_raises.py").write_text(
@@ -287,6 +289,20 @@ CASES = [
     ("import-hf: --out a link loop",
      lambda d: ["import-hf", str(d / "empty"), "--out", str(d / "loop_a")],
      r"import-hf: --out: '\S+/loop_a' " + LOOP + "$"),
+    # --------------------------------------------------------------- data sft
+    ("data sft: a record without its output",
+     lambda d: ["data", "sft", str(d / "sft_no_output.json"), "--run", _run(d), "--quiet"],
+     r"RECORDS: \S+/sft_no_output\.json record 0 has no 'output' field \(it has: "
+     r"instruction\); instruction records name instruction, input \(optional\), output$"),
+    ("data sft: no records",
+     lambda d: ["data", "sft", str(d / "sft_empty.jsonl"), "--run", _run(d), "--quiet"],
+     r"RECORDS: \S+/sft_empty\.jsonl holds no records$"),
+    ("data sft: a parent that is not a run",
+     lambda d: ["data", "sft", str(d / "sft_no_output.json"), "--run", str(d / "empty")],
+     r"data sft: RUN_DIR '\S+/empty' is not a run directory"),
+    ("data sft: records that are not a file",
+     lambda d: ["data", "sft", str(d / "empty"), "--run", _run(d)],
+     r"RECORDS: '\S+/empty' is not a file$"),
     # ---------------------------------------------------------------- exports
     ("export-olmo without --out", lambda d: ["export-olmo", _run(d)],
      r"^depthbench: error: export-olmo: the following arguments are required: --out$"),

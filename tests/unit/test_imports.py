@@ -133,7 +133,7 @@ FLOORS = (
     ("variants", "config", "configs", "reference"),
     ("costs", "parallel", "hostmem", "data", "rundir.identity"),
     ("train",),
-    ("run", "importers", "exporters"),  # a trained or imported model; runs in and out
+    ("run", "importers", "exporters", "finetune"),  # a model of a run; runs in and out
     ("generation",),  # a run's prefill and decode programs, sampling, the decode loop
     ("analysis", "evaluation", "equal_compute", "plots", "dryrun"),
     ("sweep",),

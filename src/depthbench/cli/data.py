@@ -1,4 +1,5 @@
-"""``depthbench data prepare | show | tokenize``: build, look at and pre-tokenise corpora."""
+"""``depthbench data prepare | show | tokenize | sft``: build, look at and pre-tokenise
+corpora; instruction records for fine-tuning."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from depthbench import config as config_lib
 from depthbench import data
-from depthbench.cli import data_tokenize
+from depthbench.cli import data_sft, data_tokenize
 
 MAX_SHOW_WINDOWS = 1000
 
@@ -88,6 +89,7 @@ def register(subparsers) -> None:
                       help=f"windows to print (1 to {MAX_SHOW_WINDOWS})")
     show.set_defaults(func=_show)
     data_tokenize.register(sub)
+    data_sft.register(sub)
 
 
 def _load(args):

@@ -82,6 +82,9 @@ def disk(tmp_path_factory) -> Path:
     (root / "sft_no_output.json").write_text(json.dumps([{"instruction": "Say hi."}]))
     (root / "sft_empty.jsonl").write_text("\n")
     (root / "a_file").write_text("I am a file, not a directory\n")
+    (root / "prompts_text.jsonl").write_text("The sky is\n")  # plain text, not JSON lines
+    (root / "prompts_no_field.jsonl").write_text(json.dumps({"text": "The sky is"}) + "\n")
+    (root / "prompts_empty.jsonl").write_text(json.dumps({"prompt": ""}) + "\n")
     (root / "empty").mkdir()
     (root / "sweep_get_config_raises.py").write_text(
         "def get_config():\n    raise KeyError('model')\n\n"
@@ -114,6 +117,10 @@ def _analyze(d: Path, *extra: str) -> list[str]:
 def _nll(d: Path, *extra: str) -> list[str]:
     return ["eval", _run(d), "--suite", "nll-code-stem-math", "--data-dir", str(d / "records"),
             "--no-progress", *extra]
+
+
+def _generate(d: Path, *extra: str) -> list[str]:
+    return ["generate", _run(d), "--no-progress", *extra]
 
 
 def _lm_eval(d: Path, model_args: str) -> list[str]:
@@ -375,6 +382,50 @@ CASES = [
     ("eval: --data-dir without the records",
      lambda d: ["eval", _run(d), "--suite", "nll-code-stem-math", "--data-dir", str(d / "empty")],
      r"--data-dir: \S+/empty/mbpp\.jsonl \(or \.parquet\) does not exist; put the mbpp records"),
+    # --------------------------------------------------------------- generate
+    ("generate: a prompt longer than the window",
+     lambda d: _generate(d, "--prompt", "word " * 40),
+     r"--prompt: \d+ tokens \(with the document start\) are longer than the run's window of "
+     r"32 \(train\.seq_len\)$"),
+    ("generate: --max-new-tokens 0",
+     lambda d: _generate(d, "--prompt", "x", "--max-new-tokens", "0"),
+     r"--max-new-tokens: expected a positive integer, got '0'$"),
+    ("generate: --max-new-tokens past the window",
+     lambda d: _generate(d, "--prompt", "x", "--max-new-tokens", "33"),
+     r"--max-new-tokens: 33 is past the run's window of 32 tokens \(train\.seq_len\)$"),
+    ("generate: a negative temperature",
+     lambda d: _generate(d, "--prompt", "x", "--temperature", "-0.5"),
+     r"--temperature: expected a number >= 0, got '-0\.5'$"),
+    ("generate: --top-p 0", lambda d: _generate(d, "--prompt", "x", "--top-p", "0"),
+     r"--top-p: expected a number in \(0, 1\], got '0'$"),
+    ("generate: --top-p above 1", lambda d: _generate(d, "--prompt", "x", "--top-p", "1.5"),
+     r"--top-p: expected a number in \(0, 1\], got '1\.5'$"),
+    ("generate: a negative --top-k", lambda d: _generate(d, "--prompt", "x", "--top-k", "-1"),
+     r"--top-k: expected an integer >= 0, got '-1'$"),
+    ("generate: a prompts file that is not JSON lines",
+     lambda d: _generate(d, "--prompts", str(d / "prompts_text.jsonl")),
+     r"--prompts: '\S+/prompts_text\.jsonl' line 1 is not JSON \(.+\); expected one JSON "
+     r"object per line$"),
+    ("generate: a prompts file without the field",
+     lambda d: _generate(d, "--prompts", str(d / "prompts_no_field.jsonl")),
+     r"--prompts: '\S+' line 1 has no field 'prompt' \(--field names the prompt's field; the "
+     r"record has 'text'\)$"),
+    ("generate: a prompts file that does not exist",
+     lambda d: _generate(d, "--prompts", str(d / "no_prompts.jsonl")),
+     r"--prompts: '\S+/no_prompts\.jsonl' does not exist; give a JSON-lines file$"),
+    ("generate: an empty prompt", lambda d: _generate(d, "--prompt", ""),
+     r"--prompt: empty; give the text to continue$"),
+    ("generate: an empty prompt in the file",
+     lambda d: _generate(d, "--prompts", str(d / "prompts_empty.jsonl")),
+     r"--prompts: '\S+' line 1: the prompt \('prompt'\) is empty$"),
+    ("generate: no prompt at all", lambda d: _generate(d),
+     r"generate: one of the arguments --prompt --prompts is required$"),
+    ("generate: a directory that is not a run",
+     lambda d: ["generate", str(d / "empty"), "--prompt", "x"],
+     r"RUN_DIR: '\S+/empty' has no config\.json; give a directory written by"),
+    ("generate: --out a directory",
+     lambda d: _generate(d, "--prompt", "x", "--out", str(d / "empty")),
+     r"--out: '\S+/empty' is a directory; give a file name"),
     # ---------------------------------------------------------------- lm-eval
     ("lm-eval: an unknown model arg", lambda d: _lm_eval(d, f"run={_run(d)},temperature=0"),
      r"--model_args: 'temperature' is not an argument of the depthbench model; allowed: run, "),
@@ -485,7 +536,7 @@ ENV_PROCESS_CASES = IMPORT_TIME | {"DEPTHBENCH_OVERRIDES: an unclosed quote"}
 
 # Cases whose stderr is checked in a real process (logging configured as a user's is).
 PROCESS_CASES = {"analyze: more windows than the split holds", "eval: --step not checkpointed",
-                 "lm-eval: an unknown model arg"}
+                 "lm-eval: an unknown model arg", "generate: a prompt longer than the window"}
 
 
 def unchanged(disk: Path, run) -> str:

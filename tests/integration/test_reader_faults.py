@@ -1,9 +1,10 @@
 """Every reader of a run directory under a damaged checkpoint (integration).
 
 Readers: ``depthbench analyze``, ``depthbench eval``, ``depthbench lm-eval``,
-``depthbench report`` (each a real process, so that what a user sees on
-stderr is what is checked) and ``load_run`` (the notebook's entry, in this
-process).  Damages: the latest checkpoint's state file overwritten in part,
+``depthbench report``, ``depthbench generate`` (each a real process, so that
+what a user sees on stderr is what is checked; generate under two of the
+damages: it opens runs as eval does) and ``load_run`` (the notebook's
+entry, in this process).  Damages: the latest checkpoint's state file overwritten in part,
 its ``_METADATA`` truncated, its ``ocdbt.process_0/`` deleted, and every
 checkpoint damaged.
 
@@ -140,7 +141,11 @@ READERS = {
                                 f"run={run}", "--batch_size", "2", "--tasks", "tiny_mc",
                                 "--include_path", str(m["tasks"])], ()),
     "report": (lambda m, run: ["report", str(run), "--no-plots"], ("report.md",)),
+    "generate": (lambda m, run: ["generate", str(run), "--prompt", "The sky is",
+                                 "--max-new-tokens", "4", "--no-progress"], ()),
 }
+# The damages each reader meets (default: all of them).
+READER_DAMAGES = {"generate": ("state file overwritten in part", "every checkpoint damaged")}
 
 
 def _depthbench(argv: list[str], home: Path) -> subprocess.CompletedProcess:
@@ -155,7 +160,7 @@ def _cases():
         __import__("importlib.util").util.find_spec("lm_eval") is None,
         reason="lm-eval not installed (pip install -e '.[eval]')")
     for reader in READERS:
-        for damage in DAMAGES:
+        for damage in READER_DAMAGES.get(reader, DAMAGES):
             marks = [pytest.mark.slow] + ([lm_eval_missing] if reader == "lm-eval" else [])
             yield pytest.param(reader, damage, id=f"{reader}-{damage}", marks=marks)
 
@@ -207,6 +212,8 @@ def _check_output(reader: str, run: Path, proc: subprocess.CompletedProcess) -> 
         assert result["step"] == INTACT and result["aggregate"]["num_target_tokens"] > 0
     elif reader == "lm-eval":
         assert "tiny_mc" in proc.stdout and "acc" in proc.stdout
+    elif reader == "generate":
+        assert proc.stdout.startswith("The sky is") and "time to first token" in proc.stdout
     else:
         assert "status            finished" in proc.stdout
 

@@ -304,7 +304,7 @@ def test_families_bad_input(capsys, argv, needle):
 # ---------------------------------------------------------------------- help
 
 
-@pytest.mark.parametrize("command", ["shapes", "costs", "families"])
+@pytest.mark.parametrize("command", ["shapes", "costs", "families", "generate"])
 def test_help_has_examples(capsys, command):
     assert run([command, "--help"]) == 0
     out = capsys.readouterr().out

@@ -20,7 +20,7 @@ from depthbench.errors import EXIT_BAD_INPUT, ConfigError
 # Sub-command modules, in the order `depthbench --help` lists them.
 COMMANDS = ("shapes", "costs", "families", "data", "train", "sweep", "report",
             "import_hf", "import_olmo", "export_hf", "export_olmo", "eval", "lm_eval_cmd",
-            "analyze", "coordcheck")
+            "generate", "analyze", "coordcheck")
 
 
 # Extra `section.field=value` overrides for every command that takes them, applied

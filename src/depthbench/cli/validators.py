@@ -14,7 +14,8 @@ from pathlib import Path
 
 from depthbench.output_paths import LOOP, link_loop
 
-__all__ = ["directory", "non_negative_int", "plain_name", "positive_int"]
+__all__ = ["directory", "non_negative_float", "non_negative_int", "plain_name",
+           "positive_int", "unit_fraction"]
 
 
 def _integer(text: str, lowest: int, what: str) -> int:
@@ -35,6 +36,30 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """0, 1, 2, ... (a number of shots, a step)."""
     return _integer(text, 0, "an integer >= 0")
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        return float("nan")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """0 or more (a temperature)."""
+    value = _number(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def unit_fraction(text: str) -> float:
+    """A number in (0, 1] (a top-p nucleus)."""
+    value = _number(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
 
 
 def plain_name(text: str) -> str:

@@ -22,7 +22,6 @@ import time
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
@@ -43,8 +42,8 @@ class Rows:
     logits_bv: jax.Array
     tokens_b: jax.Array
     steps: int
-    row_ids_b: jax.Array
-    seed_key: jax.Array
+    row_ids_b: np.ndarray
+    seed: np.uint32
 
     @property
     def size(self) -> int:
@@ -93,9 +92,9 @@ class Decoder:
     def _prefill_program(self, rows: int, size: int):
         model, sampling = self.run.model, self.sampling
 
-        def run(params, tokens_bp, lengths_b, seed_key, row_ids_b):
+        def run(params, tokens_bp, lengths_b, seed, row_ids_b):
             logits_bv, cache = decode.prefill(model, params, tokens_bp, lengths_b, size)
-            return logits_bv, choose(logits_bv, sampling, seed_key, 0, row_ids_b), cache
+            return logits_bv, choose(logits_bv, sampling, seed, 0, row_ids_b), cache
 
         return jax.jit(run, in_shardings=(self.run.param_shardings, self._batch2, self._batch1,
                                           self._rep, self._batch1),
@@ -106,9 +105,9 @@ class Decoder:
         model, sampling = self.run.model, self.sampling
         cache_sh = self.cache_shardings(rows, size)
 
-        def run(params, cache, tokens_b, seed_key, step, row_ids_b):
+        def run(params, cache, tokens_b, seed, step, row_ids_b):
             logits_bv, cache = decode.decode_step(model, params, cache, tokens_b[:, None])
-            return logits_bv, choose(logits_bv, sampling, seed_key, step, row_ids_b), cache
+            return logits_bv, choose(logits_bv, sampling, seed, step, row_ids_b), cache
 
         return jax.jit(run, in_shardings=(self.run.param_shardings, cache_sh, self._batch1,
                                           self._rep, self._rep, self._batch1),
@@ -134,13 +133,12 @@ class Decoder:
             length_b[r] = len(ids)
         ids_b = np.arange(rows, dtype=np.int32) if row_ids is None else np.concatenate(
             [np.asarray(row_ids, np.int32), np.zeros(rows - len(prompts), np.int32)])
-        seed_key = jax.random.key_data(jax.random.key(seed))
-        args = (self.run.params, tokens, length_b, seed_key, ids_b)
+        args = (self.run.params, tokens, length_b, np.uint32(seed), ids_b)
         program = self._compiled(("prefill", rows, width, size),
                                  lambda: self._prefill_program(rows, size), args)
         with self.run.context():
             logits, chosen, cache = program(*args)
-        return Rows(cache, logits, chosen, 0, jnp.asarray(ids_b), seed_key)
+        return Rows(cache, logits, chosen, 0, ids_b, np.uint32(seed))
 
     def advance(self, rows: Rows, tokens_b=None) -> Rows:
         """One decode step: each row is fed the token its last call chose (or
@@ -148,10 +146,10 @@ class Decoder:
         cache of ``rows`` is donated: use the returned one."""
         fed = rows.tokens_b if tokens_b is None else np.asarray(tokens_b, np.int32)
         step = np.int32(rows.steps + 1)
-        args = (self.run.params, rows.cache, fed, rows.seed_key, step, rows.row_ids_b)
+        args = (self.run.params, rows.cache, fed, rows.seed, step, rows.row_ids_b)
         program = self._compiled(("step", int(rows.tokens_b.shape[0]), rows.size),
                                  lambda: self._step_program(int(rows.tokens_b.shape[0]),
                                                             rows.size), args)
         with self.run.context():
             logits, chosen, cache = program(*args)
-        return Rows(cache, logits, chosen, rows.steps + 1, rows.row_ids_b, rows.seed_key)
+        return Rows(cache, logits, chosen, rows.steps + 1, rows.row_ids_b, rows.seed)

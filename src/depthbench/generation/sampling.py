@@ -2,7 +2,7 @@
 temperature, optionally from the top-k tokens and/or the top-p nucleus.
 
 Runs inside the jitted decode programs (the logits never leave the device).
-Each row draws with its own key, ``fold_in(fold_in(seed, step), row id)``,
+Each row draws with its own key, ``fold_in(fold_in(key(seed), step), row id)``,
 so a prompt's sample depends on the seed, the step and the prompt's index
 only: not on the batch it shares or where in it it sits.
 """
@@ -59,12 +59,13 @@ def filtered_logits(logits_bv: jax.Array, sampling: Sampling) -> jax.Array:
     return logits
 
 
-def choose(logits_bv: jax.Array, sampling: Sampling, seed_key: jax.Array, step: jax.Array,
+def choose(logits_bv: jax.Array, sampling: Sampling, seed: jax.Array, step: jax.Array,
            row_ids_b: jax.Array) -> jax.Array:
-    """The next token of each row, ``[B]`` int32."""
+    """The next token of each row, ``[B]`` int32 (``seed``, ``step``: integers,
+    traced or not)."""
     if sampling.greedy:
         return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
-    step_key = jax.random.fold_in(seed_key, step)
+    step_key = jax.random.fold_in(jax.random.key(seed), step)
     keys_b = jax.vmap(lambda r: jax.random.fold_in(step_key, r))(row_ids_b)
     logits = filtered_logits(logits_bv, sampling)
     return jax.vmap(jax.random.categorical)(keys_b, logits).astype(jnp.int32)

@@ -1,0 +1,118 @@
+"""``depthbench generate RUN_DIR --prompt TEXT | --prompts FILE.jsonl``: text from a
+run, decoded with a KV cache.
+
+Prints each prompt with its completion (or writes them to ``--out``), then
+time to first token, prefill and decode tokens/s.  Exit status: 0 ok, 2 bad
+input (one line; nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_NEW_TOKENS = 64
+
+EPILOG = """\
+examples:
+  depthbench generate runs/demo --prompt "Once upon a time" --max-new-tokens 40
+  depthbench generate runs/demo --prompt "The" --temperature 0.8 --top-p 0.9 --seed 1
+  depthbench generate runs/tinyllama --prompts questions.jsonl --field question \\
+      --max-new-tokens 128 --stop "\\n\\n" --batch-size 16 --out answers.jsonl
+
+Greedy by default (--temperature 0); sampling is deterministic for a --seed,
+whatever the batch size.  Each prompt follows the tokenizer's document start
+(BOS where a Hugging Face tokenizer has one, else EOS: depthbench runs train
+on documents joined by EOS).  A completion ends at EOS, before a --stop
+string, after --max-new-tokens, or when prompt and completion fill the run's
+window (train.seq_len).  --out FILE.jsonl: each prompt's record with
+"completion", "new_tokens" and "stop_reason" added.  The run's latest intact
+checkpoint is read (a damaged one is skipped with a warning).
+"""
+
+
+def _run(args: argparse.Namespace) -> int:
+    from depthbench.errors import ConfigError
+    from depthbench.generation import prompts as prompt_io
+    from depthbench.output_paths import output_file
+
+    # Everything that can be checked without the model first: nothing is loaded
+    # (and nothing written) for a bad prompts file or --out.
+    prompts = (prompt_io.from_text(args.prompt) if args.prompt is not None
+               else prompt_io.from_jsonl(args.prompts, args.field))
+    out = output_file(args.out, "--out") if args.out else None
+
+    from depthbench.evaluation.prefix import prefix_token_id
+    from depthbench.generation.decoder import Decoder
+    from depthbench.generation.loop import generate
+    from depthbench.generation.sampling import Sampling
+    from depthbench.run import load_run
+    from depthbench.rundir.io import write_jsonl
+
+    run = load_run(args.run_dir, step=args.step)
+    tok, window = run.tokenizer, int(run.config.train.seq_len)
+    max_new = args.max_new_tokens or min(DEFAULT_NEW_TOKENS, window)
+    if max_new > window:
+        raise ConfigError(f"--max-new-tokens: {max_new} is past the run's window of {window} "
+                          "tokens (train.seq_len)")
+    ids = []
+    for p in prompts:
+        tokens = [prefix_token_id(tok), *tok.encode(p.text)]
+        if len(tokens) > window:
+            raise ConfigError(f"{p.where}: {len(tokens)} tokens (with the document start) are "
+                              f"longer than the run's window of {window} (train.seq_len)")
+        ids.append(tokens)
+    decoder = Decoder(run, Sampling(args.temperature, args.top_k, args.top_p), window=window)
+    completions, timing = generate(
+        decoder, ids, max_new=max_new, batch_size=args.batch_size, seed=args.seed,
+        stop=args.stop or (), eos_id=tok.eos_id if tok.eos_id >= 0 else None,
+        detokenize=lambda new: tok.decode(new, skip_special_tokens=True),
+        progress=not args.no_progress)
+    if out is not None:
+        write_jsonl(out, [{**p.record, "completion": c.text, "new_tokens": len(c.ids),
+                           "stop_reason": c.stop_reason}
+                          for p, c in zip(prompts, completions, strict=True)])
+        print(f"wrote {out} ({len(completions)} completions)")
+    else:
+        for p, c in zip(prompts, completions, strict=True):
+            print(f"{p.text}{c.text}\n[{len(c.ids)} tokens, {c.stop_reason}]\n")
+    print(timing.summary())
+    return 0
+
+
+def register(subparsers) -> None:
+    from depthbench.cli.validators import (
+        non_negative_float,
+        non_negative_int,
+        positive_int,
+        unit_fraction,
+    )
+
+    p = subparsers.add_parser(
+        "generate", help="generate text from a run (KV cache; greedy or sampled)",
+        description=__doc__.split("\n\n")[0], epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (trained or imported)")
+    given = p.add_mutually_exclusive_group(required=True)
+    given.add_argument("--prompt", metavar="TEXT", help="one prompt")
+    given.add_argument("--prompts", metavar="FILE.jsonl",
+                       help="JSON lines, one record per prompt (its text in --field)")
+    p.add_argument("--field", default="prompt", help="the prompt's field in --prompts (prompt)")
+    p.add_argument("--max-new-tokens", type=positive_int,
+                   help=f"tokens to generate per prompt, at most ({DEFAULT_NEW_TOKENS}, or the "
+                        "run's window if shorter)")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0,
+                   help="0: greedy (default); above 0: sample from softmax(logits / T)")
+    p.add_argument("--top-k", type=non_negative_int, default=0,
+                   help="sample from the k most likely tokens only (0: all)")
+    p.add_argument("--top-p", type=unit_fraction, default=1.0,
+                   help="sample from the smallest set of tokens holding this much probability "
+                        "(1: all)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="sampling seed (0)")
+    p.add_argument("--batch-size", type=positive_int, default=8,
+                   help="prompts decoded together (8)")
+    p.add_argument("--stop", action="append", metavar="TEXT",
+                   help="end a completion before this text (repeatable)")
+    p.add_argument("--out", metavar="FILE.jsonl", help="write the completions here instead")
+    p.add_argument("--step", type=non_negative_int, help="checkpoint step (default: latest)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run)

@@ -10,7 +10,8 @@ operations an evaluation needs:
 * ``rolling(ids, prefix_id)``: the log-likelihood of a whole text after one
   prefix token (lm-eval's ``loglikelihood_rolling``).
 * ``generate(contexts, max_new, stop)``: greedy continuation, cut at the
-  first stop string, at EOS, or after ``max_new`` tokens.
+  first stop string, at EOS, or after ``max_new`` tokens, decoded with a KV
+  cache (:mod:`depthbench.generation`).
 
 Windows.  A model sees at most ``max_length`` tokens.  When context plus
 target fit in ``max_length + 1`` tokens the input is exactly lm-eval's:
@@ -20,13 +21,15 @@ each predicting up to ``max_length`` target tokens with all the left context
 that fits (the same tokens lm-eval's rolling windows see).
 
 Compiled shapes.  Inputs are right-padded to the next length bucket (powers
-of two from 16, and ``max_length``) and batches to a fixed ``batch_size``
-(rounded up to the mesh's batch shards), so an evaluation compiles at most
-one program per bucket.  Padding cannot leak: attention is causal and padded
-positions are never read.  Log-softmax and the gather of the target ids run
-inside the jitted call, so ``[B, T, V]`` logits never leave the device.
-Generation has no KV cache: each step reruns the bucketed forward pass
-(greedy decoding is what the suites need; fine for short answers).
+of two from 16, and ``max_length``: ``generation/buckets.py``) and batches to
+a fixed ``batch_size`` (rounded up to the mesh's batch shards), so an
+evaluation compiles at most one program per bucket.  Padding cannot leak:
+attention is causal and padded positions are never read.  Log-softmax and
+the gather of the target ids run inside the jitted call, so ``[B, T, V]``
+logits never leave the device.  Generation prefills each batch into a cache
+of one length bucket and decodes a token per row per step
+(:class:`~depthbench.generation.decoder.Decoder`, greedy: what the suites
+need).
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ from tqdm import tqdm
 
 from depthbench import parallel
 from depthbench.errors import ConfigError
-
-MIN_BUCKET = 16
+from depthbench.generation.buckets import MIN_BUCKET, bucket_for
+from depthbench.generation.decoder import Decoder
+from depthbench.generation.loop import generate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,22 +87,6 @@ def target_windows(owner: int, context: Sequence[int], target: Sequence[int],
         out.append(Window(owner, tuple(full[lo:end - 1]), tuple(full[lo + 1:end]), end - start))
         start = end
     return out
-
-
-def buckets(max_length: int) -> list[int]:
-    """Padded lengths: powers of two from MIN_BUCKET below ``max_length``, then it."""
-    out, b = [], MIN_BUCKET
-    while b < max_length:
-        out.append(b)
-        b *= 2
-    return out + [max_length]
-
-
-def bucket_for(n: int, max_length: int) -> int:
-    for b in buckets(max_length):
-        if n <= b:
-            return b
-    raise ValueError(f"length {n} exceeds max_length {max_length}")
 
 
 def _memory_bytes(mesh) -> int | None:
@@ -149,16 +137,9 @@ class Scorer:
             target_logp = jnp.take_along_axis(logp, targets_bt[..., None], axis=-1)[..., 0]
             return target_logp, jnp.argmax(logits, axis=-1) == targets_bt
 
-        def next_token(params, tokens_bt, last_b):
-            logits, _ = model.apply({"params": params}, tokens_bt)
-            at = jnp.take_along_axis(logits, last_b[:, None, None], axis=1)[:, 0]
-            return jnp.argmax(at, axis=-1).astype(jnp.int32)
-
-        vec = parallel.batch_sharding(run.mesh, 1)
         self._score = jax.jit(score, in_shardings=(run.param_shardings, batch, batch),
                               out_shardings=(batch, batch))
-        self._next = jax.jit(next_token, in_shardings=(run.param_shardings, batch, vec),
-                             out_shardings=vec)
+        self.decoder = Decoder(run, window=self.max_length)
 
     def _call(self, fn: Callable, kind: str, *arrays: np.ndarray):
         self.compiled_shapes.add((kind,) + arrays[0].shape)
@@ -217,45 +198,15 @@ class Scorer:
         ctxs = [list(c)[-keep:] for c in contexts]
         if any(not c for c in ctxs):
             raise ValueError("context: empty; give at least one token (e.g. the prefix token)")
-        results: list[str] = [""] * len(ctxs)
+        # Longest first, so each batch's rows share a length bucket.
         order = sorted(range(len(ctxs)), key=lambda k: -len(ctxs[k]))
-        batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        for idx in tqdm(batches, desc=desc, unit="batch", disable=not self.progress):
-            T = bucket_for(len(ctxs[idx[0]]) + max_new, self.max_length)
-            tokens = np.zeros((self.batch_size, T), np.int32)
-            length = np.ones(self.batch_size, np.int32)
-            for r, k in enumerate(idx):
-                tokens[r, :len(ctxs[k])] = ctxs[k]
-                length[r] = len(ctxs[k])
-            new: list[list[int]] = [[] for _ in idx]
-            done = [False] * len(idx)
-            while not all(done):
-                nxt = self._call(self._next, "generate", tokens, length - 1)
-                for r in range(len(idx)):
-                    if done[r]:
-                        continue
-                    tok = int(nxt[r])
-                    if tok == eos_id:
-                        done[r] = True
-                        continue
-                    new[r].append(tok)
-                    tokens[r, length[r]] = tok
-                    length[r] += 1
-                    text = decode(new[r])
-                    if (len(new[r]) >= max_new or length[r] >= T
-                            or any(s and s in text for s in stop)):
-                        done[r] = True
-            for r, k in enumerate(idx):
-                results[k] = cut_at_stop(decode(new[r]), stop)
+        done, _ = generate(self.decoder, [ctxs[k] for k in order], max_new=max_new,
+                           batch_size=self.batch_size, stop=stop, eos_id=eos_id,
+                           detokenize=decode, progress=self.progress, desc=desc)
+        for first in order[::self.batch_size]:  # each batch's longest context sets its bucket
+            self.compiled_shapes.add(("generate", self.batch_size,
+                                      bucket_for(len(ctxs[first]) + max_new, self.max_length)))
+        results: list[str] = [""] * len(ctxs)
+        for k, c in zip(order, done, strict=True):
+            results[k] = c.text
         return results
-
-
-def cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    """``text`` up to (not including) the earliest occurrence of any stop string."""
-    cut = len(text)
-    for s in stop:
-        if s:
-            at = text.find(s)
-            if at >= 0:
-                cut = min(cut, at)
-    return text[:cut]

@@ -4,7 +4,8 @@ load, the jax version, the date and any step-time setting in the environment
 
 Sections: the PyTorch peer comparison (skipped with a message without torch),
 compile time against depth per family, step time and memory per family
-relative to pre_ln, throughput and MFU, data-pipeline headroom, and any of
+relative to pre_ln, throughput and MFU, data-pipeline headroom, inference
+(decode latency and KV cache per family and depth, ``bench/inference.py``), and any of
 ``bench/kernels.py``, ``bench/bench_tokenize.py``, ``bench/depth_memory.py``
 present (run as they are, their output included).
 
@@ -56,7 +57,7 @@ def _script(name: str) -> str:
 
 
 def sections(quick: bool) -> dict:
-    from bench import peer, suite
+    from bench import inference, peer, suite
 
     fams = QUICK_FAMILIES if quick else None
     reps = 2 if quick else 5
@@ -68,6 +69,9 @@ def sections(quick: bool) -> dict:
         "families": lambda: suite.families_vs_pre_ln(fams, reps),
         "throughput": lambda: suite.throughput(reps),
         "data": lambda: _data(quick),
+        "inference": lambda: inference.run(
+            families=fams, depths=(2, 10) if quick else None, reps=2 if quick else 3,
+            plot_path=None if quick else inference.PLOT),
         **found,
     }
 

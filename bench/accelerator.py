@@ -1,6 +1,6 @@
 """Everything an accelerator can tell in a few minutes, in one call.
 
-    python -m bench.accelerator                 # on a GPU or TPU host: ~8 minutes at most
+    python -m bench.accelerator                 # on a GPU or TPU host: ~9 minutes at most
     python -m bench.accelerator --dry --out /tmp/acc   # tiny shapes on a CPU: proves the script
 
 Parts (bench/accelerator_parts.py), in this order, each under its own
@@ -8,8 +8,9 @@ deadline: ``versions`` (jax, jaxlib, plugins, the device and its peaks),
 ``mfu`` (the 400M pre_ln L24 bf16 train step), ``families`` (hc, mhc,
 attnres_block, attnres_full, moda against pre_ln at L32, ``model.impl``
 xla and pallas), ``kernels`` (the Pallas kernels alone against XLA),
-``precision`` (bf16 against fp32 losses over 30 steps) and ``memory``
-(compiled memory at L70).
+``precision`` (bf16 against fp32 losses over 30 steps), ``memory``
+(compiled memory at L70) and ``inference`` (decode latency and KV cache of
+pre_ln from L16 to L70, ``bench/inference.py``).
 
 One worker process runs the parts in turn and appends each row to an
 events file as soon as it has it; this process never touches the device
@@ -40,10 +41,10 @@ from pathlib import Path
 from bench import common
 
 # Deadlines (seconds) of each part on an accelerator; their sum plus one worker
-# start stays under 8 minutes.  A CPU --dry run gets DRY_DEADLINE for each: the
+# start stays under 9 minutes.  A CPU --dry run gets DRY_DEADLINE for each: the
 # deadlines are a watchdog there, not a budget.
 DEADLINES = {"versions": 30, "mfu": 100, "families": 170, "kernels": 50, "precision": 60,
-             "memory": 40}
+             "memory": 40, "inference": 60}
 TITLES = {
     "versions": "versions, device and peaks",
     "mfu": "MFU: 400M pre_ln L24 train step, bf16",
@@ -51,6 +52,7 @@ TITLES = {
     "kernels": "the kernels alone: Pallas against XLA, forward and backward",
     "precision": "bf16 against fp32 losses, routing families",
     "memory": "memory at L70",
+    "inference": "serving: decode latency and KV cache against depth, L16 to L70",
 }
 DRY_DEADLINE = 300
 STARTUP = 90  # a worker's imports and device start

@@ -399,6 +399,13 @@ def precision(part: Part) -> None:
               "at lr 3e-3 without warm-up; fp32 master weights in both")
 
 
+def inference(part: Part) -> None:
+    """Decode latency and KV cache against depth (bench/inference.py)."""
+    from bench.inference import accelerator_part
+
+    accelerator_part(part)
+
+
 PARTS: dict[str, Callable[[Part], None]] = {
     "versions": versions,
     "mfu": mfu,
@@ -406,6 +413,7 @@ PARTS: dict[str, Callable[[Part], None]] = {
     "kernels": kernels_alone,
     "precision": precision,
     "memory": memory,
+    "inference": inference,
 }
 
 

@@ -72,7 +72,8 @@ def dry(tmp_path_factory):
 
 @pytest.mark.slow  # the dry run: minutes on a 2-core CPU
 def test_every_part_has_a_section_that_finished(dry):
-    assert list(dry) == ["versions", "mfu", "families", "kernels", "precision", "memory"]
+    assert list(dry) == ["versions", "mfu", "families", "kernels", "precision", "memory",
+                         "inference"]
     for name, text in dry.items():
         assert re.search(r"\*\*done in \d+ s\*\*", text), (name, text[-500:])
         assert tables(text), name
@@ -136,6 +137,20 @@ def test_memory_of_every_family(dry):
                                           "mhc", "hc"]
     assert rows[0]["memory / pre_ln"] == "1.00x"
     assert all(number(r["memory (GiB)"]) > 0 for r in rows)
+
+
+@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
+def test_inference_against_depth(dry):
+    """Decode latency and cache per token at the shallowest and deepest micro shapes:
+    the cache grows with depth at a fixed parameter count (L x d: 2.63x from L2 to L10)."""
+    rows = tables(dry["inference"])[0]
+    assert [(r["depth"], r["family"]) for r in rows] == [
+        ("2", "pre_ln"), ("2", "moda"), ("10", "pre_ln"), ("10", "moda")]
+    for r in rows:
+        assert number(r["ms/token"]) > 0 and number(r["TTFT ms"]) > 0
+        assert number(r["decode tok/s"]) > 0 and number(r["peak MiB"]) > 0
+    assert rows[2]["cache vs shallowest"] == "2.63x"
+    assert rows[1]["ms/token vs shallowest"] == "1.00x"
 
 
 def test_a_hanging_part_times_out_and_the_next_still_runs(tmp_path):

@@ -67,6 +67,11 @@ class Decoder:
         self._batch2 = parallel.batch_sharding(run.mesh, 2)
         self._rep = parallel.replicated(run.mesh)
 
+    @property
+    def programs(self) -> dict[tuple, object]:
+        """The programs compiled so far (``jax.stages.Compiled``), by kind and shape."""
+        return dict(self._programs)
+
     def rows(self, n: int) -> int:
         """The batch a program is compiled for: ``n`` rounded up to the batch shards."""
         return -(-max(1, int(n)) // self.shards) * self.shards

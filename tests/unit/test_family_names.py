@@ -1,8 +1,10 @@
 """Shared code names no residual family: what differs by family lives in the
 family's file (a capability) or comes from the registry.
 
-Scanned: config.py, importers/, exporters/, analysis/ and equal_compute/ (the trainer,
-sharding and costs have their own tests).  A family's name may appear in
+Scanned: config.py, importers/, exporters/, analysis/, equal_compute/ and the decoder
+(model/decode.py, model/past_attention.py, generation/, cli/generate.py: what a
+family caches across positions is its own capability); the trainer, sharding and
+costs have their own tests.  A family's name may appear in
 comments and docstrings (as an example), never in the code's names or strings.
 """
 
@@ -16,7 +18,8 @@ from paths import SRC
 
 from depthbench.model.residual.protocol import registry
 
-GENERIC = ["config.py", "importers", "exporters", "analysis", "equal_compute"]
+GENERIC = ["config.py", "importers", "exporters", "analysis", "equal_compute",
+           "model/decode.py", "model/past_attention.py", "generation", "cli/generate.py"]
 
 
 def _code_tokens(text: str):

@@ -44,8 +44,10 @@ from depthbench.model.residual.protocol.capabilities import (
 )
 from depthbench.model.spec import ModelSpec
 
-# What a forward can capture beside its logits (Transformer's docstring).
-CAPTURES = ("z", "lens_logits", "probe", "kv", "carry")
+# What a forward can capture beside its logits (Transformer's docstring): the
+# depth analyses' captures, and what a decoder keeps (model/decode.py).
+CAPTURES = ("z", "lens_logits", "probe")
+DECODE_CAPTURES = ("kv", "carry")
 
 # Parameter names the optimizer's weight-decay presets need (train/optim.py):
 # the scope holding every residual-family parameter, the backbone's norm gains
@@ -177,7 +179,8 @@ def remat_policy(name: str):
 class Transformer(nn.Module):
     """tokens [B, T] -> ``(logits [B, T, V] fp32, captured)``, always.
 
-    ``captured`` holds what ``capture`` asked for (:data:`CAPTURES`), nothing
+    ``captured`` holds what ``capture`` asked for (:data:`CAPTURES`, and
+    :data:`DECODE_CAPTURES` below), nothing
     else: ``"z"``, the ``L + 1`` depth states stacked on axis 0 (``z_0``
     first; ``z_l`` taken at block ``l``'s left boundary with its parameters,
     see ``AnalysisProbes.boundary_state``); ``"lens_logits"`` ``[L+1, B, T,
@@ -203,8 +206,9 @@ class Transformer(nn.Module):
                  cache: KVCache | None = None, logits_at=None):
         s = self.spec
         asked = tuple(capture)
-        if not set(asked) <= set(CAPTURES):
-            raise ValueError(f"capture: {asked}; each must be one of {CAPTURES}")
+        if not set(asked) <= set(CAPTURES + DECODE_CAPTURES):
+            raise ValueError(f"capture: {asked}; each must be one of "
+                             f"{CAPTURES + DECODE_CAPTURES}")
         # What the stack records: nothing, the depth states, or everything.
         level: bool | str = ("all" if {"lens_logits", "probe"} & set(asked) else
                              "z" in asked)

@@ -378,6 +378,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _choice(config, "model.impl", ("xla", "pallas", "auto"))  # model/residual/parts/fused.py
     _choice(config, "model.attention_impl", ("xla", "cudnn"))
     _choice(config, "train.lr_rule", LR_RULES)
+    _check_finetune(config)
     _check_lr_rule(config)
     _choice(config, "parallel.distributed", ("auto", "on", "off"))
     check_wandb_mode(config.train.get("wandb", ""))
@@ -430,6 +431,24 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     shapes.resolve_shape(config)
     registry.family_config(config.model.family, _residual_dict(config)).validate(config)
     return config
+
+
+def _check_finetune(config: ml_collections.ConfigDict) -> None:
+    """``train.schedule`` and the ``finetune`` section (a config saved before they
+    existed has neither: what it lacks takes the default)."""
+    if "schedule" in config.train:
+        _choice(config, "train.schedule", ("cosine", "linear"))
+    if "finetune" not in config:
+        return
+    _choice(config, "finetune.layout", ("padded", "packed"))
+    _positive(config, "finetune.epochs")
+    _positive(config, "finetune.max_samples", allow_zero=True)
+    f = config.finetune
+    if not 0 < f.val_fraction < 1:
+        raise ConfigError(f"config.finetune.val_fraction: must be in (0, 1), got {f.val_fraction}")
+    if f.max_seq_len < 2:
+        raise ConfigError(f"config.finetune.max_seq_len: must be at least 2 (one response token "
+                          f"and EOS), got {f.max_seq_len}")
 
 
 def _check_lr_rule(config: ml_collections.ConfigDict) -> None:

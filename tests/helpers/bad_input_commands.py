@@ -119,6 +119,14 @@ def _nll(d: Path, *extra: str) -> list[str]:
             "--no-progress", *extra]
 
 
+def _finetune(d: Path, *extra: str, records: str = "sft_no_output.json",
+              parent: Path | None = None, workdir: Path | None = None) -> list[str]:
+    if extra and not extra[0].startswith("--"):
+        records, extra = extra[0], extra[1:]
+    return ["finetune", str(parent or d / "run"), "--records", str(d / records), "--workdir",
+            str(workdir or d / "ft"), "--no-progress", *extra]
+
+
 def _generate(d: Path, *extra: str) -> list[str]:
     return ["generate", _run(d), "--no-progress", *extra]
 
@@ -310,6 +318,35 @@ CASES = [
     ("data sft: records that are not a file",
      lambda d: ["data", "sft", str(d / "empty"), "--run", _run(d)],
      r"RECORDS: '\S+/empty' is not a file$"),
+    # --------------------------------------------------------------- finetune
+    ("finetune: a record without its output", lambda d: _finetune(d, "sft_no_output.json"),
+     r"--records: \S+/sft_no_output\.json record 0 has no 'output' field \(it has: "
+     r"instruction\); instruction records name instruction, input \(optional\), output$"),
+    ("finetune: no records", lambda d: _finetune(d, "sft_empty.jsonl"),
+     r"--records: \S+/sft_empty\.jsonl holds no records$"),
+    ("finetune: a parent that is not a run", lambda d: _finetune(d, parent=d / "empty"),
+     r"finetune: RUN_DIR '\S+/empty' is not a run directory \(no config\.json naming "
+     r"model\.family\); give one written by train, import-olmo or import-hf$"),
+    ("finetune: --workdir not empty and no run", lambda d: _finetune(d, workdir=d / "records"),
+     r"--workdir: '\S+/records' exists and is not empty and holds no run; give a new or "
+     r"empty directory$"),
+    ("finetune: --workdir another run", lambda d: _finetune(d, workdir=d / "run_mix_ln"),
+     r"--workdir: '\S+/run_mix_ln' holds another run \(not a fine-tuning of \S+/run\); "
+     r"give a new directory$"),
+    ("finetune: --workdir the parent", lambda d: _finetune(d, workdir=d / "run"),
+     r"--workdir: '\S+/run' is the parent run itself; give a new directory$"),
+    ("finetune: an override of the parent's model",
+     lambda d: _finetune(d, "--config.model.depth=3"),
+     r"--config\.model\.depth: a fine-tuned run keeps its parent's model and tokenizer; of "
+     r"model\.\* and data\.\* only compute_dtype, .* may be set$"),
+    ("finetune: train.steps set", lambda d: _finetune(d, "--config.train.steps=5"),
+     r"--config\.train\.steps: set by depthbench finetune \(train\.steps follows from "
+     r"finetune\.epochs and the records\)$"),
+    ("train: a fine-tuning's config",
+     lambda d: ["train", "--config", "base", "--workdir", str(d / "new"),
+                f"--config.finetune.parent={_run(d)}"],
+     r"config\.finetune\.parent: a fine-tuning run is started by `depthbench finetune "
+     r"PARENT_RUN --records FILE`, not by train$"),
     # ---------------------------------------------------------------- exports
     ("export-olmo without --out", lambda d: ["export-olmo", _run(d)],
      r"^depthbench: error: export-olmo: the following arguments are required: --out$"),

@@ -18,7 +18,7 @@ from depthbench import faults, hostmem
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError
 
 # Sub-command modules, in the order `depthbench --help` lists them.
-COMMANDS = ("shapes", "costs", "families", "data", "train", "sweep", "report",
+COMMANDS = ("shapes", "costs", "families", "data", "train", "finetune", "sweep", "report",
             "import_hf", "import_olmo", "export_hf", "export_olmo", "eval", "lm_eval_cmd",
             "generate", "analyze", "coordcheck")
 

@@ -80,6 +80,7 @@ def get_config() -> ml_collections.ConfigDict:
     t.seq_len = 128
     t.lr = 3e-3
     t.lr_rule = "none"  # "none" | "family": the family's depth-transfer LR rule (completep's)
+    t.schedule = "cosine"  # after warmup: "cosine" | "linear" (decay to final_lr_fraction x lr)
     t.warmup_fraction = 0.1
     t.final_lr_fraction = 0.1
     t.b1 = 0.9
@@ -108,6 +109,24 @@ def get_config() -> ml_collections.ConfigDict:
     e.data_dir = ""  # local records (DIR/<task>.jsonl or .parquet); "" = the hub
     e.limit = 0  # records per task (0: all)
     e.batch_size = 8
+
+    # --------------------------------------------------------------- finetune
+    # Supervised fine-tuning as the original DepthBench does it (docs/FINETUNE.md).
+    # A fine-tuned run's config (`depthbench finetune`) names its parent run and
+    # its data here.  In a pretraining spec the section is runtime: with records
+    # set, `depthbench sweep` fine-tunes each finished run into RUN_DIR/sft/ with
+    # the train recipe of finetune.spec and evaluates it as eval.suites says.
+    f = c.finetune = ml_collections.ConfigDict()
+    f.parent = ""  # the run fine-tuned (set by depthbench finetune; "" = pretraining)
+    f.records = ""  # instruction records: local .json, .jsonl or .parquet
+    f.data_digest = ""  # the prepared records' cache digest (set by depthbench finetune)
+    f.spec = "sft"  # the fine-tuning recipe's spec: a bundled name or a file
+    f.layout = "padded"  # "padded": one record per row | "packed": rows of whole records
+    f.epochs = 3.0  # passes over the training records; sets train.steps
+    f.max_seq_len = 512  # longest record in tokens (data sft --max-seq-len)
+    f.max_samples = 0  # records kept after shuffling (0: all)
+    f.val_fraction = 0.02  # records held out for the validation loss
+    f.data_seed = 42  # the records' shuffle before the split (the original's)
 
     # --------------------------------------------------------------- parallel
     p = c.parallel = ml_collections.ConfigDict()

@@ -84,15 +84,15 @@ def _check(max_seq_len: int, max_samples: int | None, val_fraction: float) -> No
         raise ConfigError(f"--val-fraction: {val_fraction}; want a share in (0, 1)")
 
 
-def _split_sizes(n: int, val_fraction: float, where: Path) -> tuple[int, int]:
+def _split_sizes(n: int, val_fraction: float, where: Path, field: str) -> tuple[int, int]:
     n_val = max(1, round(n * val_fraction))
     if n - n_val < 1:
-        raise ConfigError(f"RECORDS: {where} holds {n} record(s); holding out "
+        raise ConfigError(f"{field}: {where} holds {n} record(s); holding out "
                           f"{n_val} for validation leaves none to train on")
     return n - n_val, n_val
 
 
-def _encode(records, tok, max_seq_len: int, where: str, progress: bool):
+def _encode(records, tok, max_seq_len: int, where: str, progress: bool, length_field: str):
     """``(ids, mask, offsets, truncated)`` of ``records`` (a list of (index, Record))."""
     from tqdm import tqdm
 
@@ -104,7 +104,8 @@ def _encode(records, tok, max_seq_len: int, where: str, progress: bool):
             prompts = tok.encode_batch([template.prompt(r) for _, r in chunk])
             answers = tok.encode_batch([template.response(r) for _, r in chunk])
             for (i, _), p, a in zip(chunk, prompts, answers, strict=True):
-                x, m, cut = template.encode(p, a, tok.eos_id, max_seq_len, f"record {i}")
+                x, m, cut = template.encode(p, a, tok.eos_id, max_seq_len, f"record {i}",
+                                            length_field)
                 ids.append(x)
                 masks.append(m)
                 lengths.append(len(x))
@@ -117,16 +118,18 @@ def _encode(records, tok, max_seq_len: int, where: str, progress: bool):
 
 def prepare_sft(records_path: str | Path, run_dir: str | Path, *, max_seq_len: int = 512,
                 max_samples: int | None = None, val_fraction: float = 0.02, seed: int = 42,
-                cache_dir: str = "", progress: bool = True) -> SFTData:
+                cache_dir: str = "", progress: bool = True, field: str = "RECORDS",
+                length_field: str = "--max-seq-len") -> SFTData:
     """The cache entry of ``records_path`` tokenised by ``run_dir``'s tokenizer (built
-    if absent)."""
+    if absent; ``field``, ``length_field``: what error lines call the records and
+    ``max_seq_len``)."""
     from depthbench.exporters.source_run import open_run
     from depthbench.run import run_tokenizer
 
     _check(max_seq_len, max_samples, val_fraction)
     source = Path(records_path).expanduser()
     if not source.is_file():
-        raise ConfigError(f"RECORDS: {str(records_path)!r} is not a file")
+        raise ConfigError(f"{field}: {str(records_path)!r} is not a file")
     run = open_run(run_dir, WHAT)
     tok = run_tokenizer(run.run_dir, run.resolved)
     if tok.eos_id < 0:
@@ -136,9 +139,9 @@ def prepare_sft(records_path: str | Path, run_dir: str | Path, *, max_seq_len: i
                "val_fraction": val_fraction, "seed": seed}
     key = cache.digest("sft", FORMAT, file_sha256(source), tok.sha256, tok.eos_id,
                        tok.vocab_size, options)
-    records = read_records(source)  # (bad records are one line before the cache is touched)
+    records = read_records(source, field)  # (bad records: one line before the cache is touched)
     order = np.random.default_rng(seed).permutation(len(records))[:max_samples]
-    _, n_val = _split_sizes(len(order), val_fraction, source)
+    _, n_val = _split_sizes(len(order), val_fraction, source, field)
     split_of = {"val": order[:n_val], "train": order[n_val:]}
     root = cache.cache_root(cache_dir)
     final = root / "sft" / key
@@ -153,7 +156,8 @@ def prepare_sft(records_path: str | Path, run_dir: str | Path, *, max_seq_len: i
         with cache.atomic_dir(final) as work:
             for name in SPLITS:
                 chosen = [(int(i), records[i]) for i in split_of[name]]
-                ids, mask, offsets, truncated = _encode(chosen, tok, max_seq_len, name, progress)
+                ids, mask, offsets, truncated = _encode(chosen, tok, max_seq_len, name, progress,
+                                                        length_field)
                 for part, array in (("ids", ids), ("mask", mask), ("offsets", offsets)):
                     np.save(work / f"{name}_{part}.npy", array)
                 manifest["splits"][name] = {

@@ -37,8 +37,9 @@ def response(record: Record) -> str:
 
 
 def encode(prompt_ids: list[int], response_ids: list[int], eos_id: int, max_seq_len: int,
-           where: str) -> tuple[np.ndarray, np.ndarray, bool]:
-    """``(ids, label mask, truncated)`` of one record (``where`` names it in errors)."""
+           where: str, field: str = "--max-seq-len") -> tuple[np.ndarray, np.ndarray, bool]:
+    """``(ids, label mask, truncated)`` of one record (``where`` names it in errors,
+    ``field`` the setting of ``max_seq_len``)."""
     ids = [*prompt_ids, *response_ids, eos_id]
     mask = [False] * len(prompt_ids) + [True] * (len(response_ids) + 1)
     truncated = len(ids) > max_seq_len
@@ -46,7 +47,7 @@ def encode(prompt_ids: list[int], response_ids: list[int], eos_id: int, max_seq_
         ids = ids[:max_seq_len - 1] + [eos_id]
         mask = mask[:max_seq_len - 1] + [True]
         if not any(mask[:-1]):
-            raise ConfigError(f"--max-seq-len {max_seq_len}: {where}'s prompt alone is "
+            raise ConfigError(f"{field} {max_seq_len}: {where}'s prompt alone is "
                               f"{len(prompt_ids)} tokens, so the original's truncation leaves "
-                              "no response token; raise --max-seq-len or drop the record")
+                              f"no response token; raise {field} or drop the record")
     return np.asarray(ids, np.int64), np.asarray(mask, bool), truncated

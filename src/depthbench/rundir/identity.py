@@ -7,7 +7,9 @@ with the same identity.  The identity is every field of the config except
   it computes -- another mesh after a preemption, another cache, how often
   it logs), the one hand-kept list of them;
 * ``resolved.*`` (what the run resolved its config to, recorded beside it);
-* ``model.residual.*`` fields of families other than the run's own.
+* ``model.residual.*`` fields of families other than the run's own;
+* ``finetune.*`` of a run that is no fine-tuning (``finetune.parent`` empty):
+  there the section says what a sweep does after the run, not what it computes.
 
 A field missing from a saved config (added to the schema after it was
 written) takes its default, so old run directories keep their identity.
@@ -45,6 +47,7 @@ RUNTIME_FIELDS = (
 )
 
 _RESIDUAL = "model.residual."
+_FINETUNE = "finetune."
 
 
 def is_runtime_field(dotted: str) -> bool:
@@ -68,8 +71,11 @@ def identity(saved: dict) -> dict[str, Any]:
     family = flat.get("model.family", defaults.get("model.family"))
     own = registry.get(family).config_fields() if family in registry.names() else {}
     out: dict[str, Any] = {}
+    pretraining = not flat.get(_FINETUNE + "parent")
     for key in set(flat) | set(defaults):
         if is_runtime_field(key) or key.startswith("resolved.") or key.startswith(_RESIDUAL):
+            continue
+        if pretraining and key.startswith(_FINETUNE):
             continue
         out[key] = _hashable(flat.get(key, defaults.get(key)))
     for name, default in own.items():

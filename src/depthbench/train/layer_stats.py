@@ -105,7 +105,9 @@ def depth_states_and_grads(s: TrainSetup, params: Any, batch: dict
 
         state, (z_l, exact_l) = jax.lax.scan(body, bw.init_state(params, inputs),
                                              (jnp.arange(depth, dtype=jnp.int32), eps_l))
-        loss = transformer.cross_entropy(bw.logits(params, state), batch["targets"])
+        # the trained loss: a fine-tuning batch's only where its label mask says
+        loss = transformer.cross_entropy(bw.logits(params, state), batch["targets"],
+                                         batch.get("mask"))
         return loss, (z_l, jnp.all(exact_l))
 
     state0 = bw.init_state(params, inputs)

@@ -17,21 +17,23 @@ checkpoint at the next step boundary and return ``status="preempted"``
 (no ``result.json``).  A NaN/inf loss or gradient norm, or a loss above
 ``train.max_loss``, ends the run with ``diverged: true``.
 
-This module is the loop and its start-up; the run directory (names, lock,
-atomic writes, identity, checkpoint restore) is :mod:`depthbench.rundir`, the clock and the
-result record :mod:`~depthbench.train.record`, signals
+This module is the loop and its start-up; what a run trains on and starts
+from is its inputs' (:mod:`~depthbench.train.inputs`: a corpus from a fresh
+init, or a fine-tuning's records from a parent run); the run directory (names,
+lock, atomic writes, identity, checkpoint restore) is :mod:`depthbench.rundir`,
+the clock and the result record :mod:`~depthbench.train.record`, signals
 :mod:`~depthbench.train.preemption`, the compile cache
 :mod:`~depthbench.train.compiled`.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
 
 import jax
-import numpy as np
 
 from depthbench import costs, data, faults, parallel
 from depthbench.errors import ConfigError
@@ -43,12 +45,18 @@ from depthbench.train import state as state_lib
 from depthbench.train import summary as summary_lib
 from depthbench.train.checkpoint import Checkpoints, resume_hint
 from depthbench.train.compiled import compiled
+from depthbench.train.inputs import CorpusInputs, Inputs
 from depthbench.train.metrics import MetricsWriter
 from depthbench.train.preemption import Preemption
 
 
-def run(config, workdir: str | Path, *, progress: bool = True) -> dict:
+def run(config, workdir: str | Path, *, progress: bool = True,
+        inputs: Inputs | None = None) -> dict:
     """Train ``config`` in ``workdir`` (resuming if it holds a checkpoint).
+
+    ``inputs`` (:mod:`~depthbench.train.inputs`): what it trains on and where
+    its parameters start; by default the config's corpus from a fresh init
+    (``depthbench finetune`` passes a parent run's and instruction records).
 
     Returns the ``result.json`` dict with ``status`` "finished" or "diverged",
     or ``{"status": "preempted", "step": N, "message": ...}`` after
@@ -59,6 +67,9 @@ def run(config, workdir: str | Path, *, progress: bool = True) -> dict:
     wall_start = time.time()
     # Before anything is written; a dry run checks the same (train/preflight.py).
     workdir = preflight.check_run(config, workdir)
+    if inputs is None and config.get("finetune") and config.finetune.get("parent"):
+        raise ConfigError("config.finetune.parent: a fine-tuning run is started by "
+                          "`depthbench finetune PARENT_RUN --records FILE`, not by train")
     parallel.maybe_initialize_distributed(config.parallel.distributed)
     done = identity.check_run_dir(config, workdir)
     if done is not None:
@@ -69,7 +80,8 @@ def run(config, workdir: str | Path, *, progress: bool = True) -> dict:
         # compilation stops the run at its first step boundary.
         with lock.training_claim(workdir, enabled=jax.process_index() == 0), \
                 preempt.installed():
-            session = _Session(config, workdir, progress, wall_start)
+            session = _Session(config, workdir, progress, wall_start,
+                               inputs or CorpusInputs(config))
             try:
                 session.train(preempt)
             finally:
@@ -87,6 +99,13 @@ def _warn(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _logged_at_start(workdir: Path) -> bool:
+    """Whether metrics.jsonl holds step 0's validation loss (a session that
+    stopped before its first checkpoint logged it already)."""
+    return any(r.get("step") == 0 and "val_loss" in r
+               for r in io.read_jsonl(workdir / METRICS_FILE))
+
+
 def _restored_loss(meta: dict, workdir: Path, step: int) -> float | None:
     """The training loss of the step a checkpoint was taken at: recorded in its
     metadata, or (checkpoints written before it was) metrics.jsonl's row of that step."""
@@ -100,17 +119,19 @@ class _Session:
     """One process's part of a run: start-up (data, compiled functions, state),
     the step loop, and the outcome."""
 
-    def __init__(self, config, workdir: Path, progress: bool, wall_start: float):
+    def __init__(self, config, workdir: Path, progress: bool, wall_start: float,
+                 inputs: Inputs):
         self.config, self.workdir, self.wall_start = config, workdir, wall_start
+        self.inputs = inputs
         self.main = jax.process_index() == 0
         t = config.train
         parallel.check_batch(parallel.mesh_from_config(config), int(t.batch_size),
                              int(t.microbatches))
         self.spec = spec = ModelSpec.from_config(config)
-        prepared = data.prepare(config, progress=progress and self.main)
-        if prepared.vocab_size > spec.vocab_size:
+        inputs.prepare(progress and self.main)
+        if inputs.vocab_size > spec.vocab_size:
             raise ConfigError(f"config.model.vocab_size: {spec.vocab_size} is smaller than the "
-                              f"tokenizer's {prepared.vocab_size} pieces")
+                              f"tokenizer's {inputs.vocab_size} pieces")
         s, init_fn, self.train_fn, self.eval_fn, self.stats_fn = compiled(config)
         self.mesh = s.mesh
         self.n_params = state_lib.param_count(s.abstract_state.params)
@@ -122,23 +143,25 @@ class _Session:
             workdir.mkdir(parents=True, exist_ok=True)
             if not (workdir / CONFIG_FILE).exists():
                 resolved = {"shape": spec.shape.as_dict(), "params": self.n_params,
-                            "flops_per_token": self.flops_per_token,
-                            "tokenizer": prepared.as_dict(), "mesh": parallel.describe(self.mesh)}
+                            "flops_per_token": self.flops_per_token, **inputs.resolved(),
+                            "mesh": parallel.describe(self.mesh)}
+                for name, source in inputs.files().items():
+                    shutil.copyfile(source, workdir / name)
                 io.atomic_write_json(workdir / CONFIG_FILE,
                                      {**config.to_dict(), "resolved": resolved})
 
         self.ckpt = Checkpoints(workdir / CHECKPOINT_DIR, int(t.keep_checkpoints),
                                 main_process=self.main)
-        self.it = data.train_iterator(config, prepared)
+        self.it = inputs.train_iterator()
         restored = self.ckpt.restore_latest(s.abstract_state, data.checkpoint_restore_arg(self.it),
                                             warn=_warn)
         if restored is None:
-            self.state, meta = state_lib.init_state(s, int(t.seed), init_fn), {}
+            self.state, meta = inputs.initial_state(s, int(t.seed), init_fn), {}
         else:
             self.state, meta = restored
         self.start = self.step = int(jax.device_get(self.state.step))
         self.val = [parallel.host_batch_to_global(b, self.mesh)
-                    for b in data.val_batches(config, prepared)]
+                    for b in inputs.val_batches()]
         self.writer = MetricsWriter(workdir, self.start, enabled=self.main, warn=_warn,
                                     wandb=wandb_sink.mode_of(config))
         self.clock = record.Clock(float(meta.get("train_seconds", 0.0)),
@@ -153,11 +176,13 @@ class _Session:
         if self.main and self.start:
             # Messages go to stderr with the bar: stdout is the summary (or --json).
             self.bar.write(f"resuming {workdir} from step {self.start}", file=sys.stderr)
+        if inputs.evaluate_first and self.start == 0 and not _logged_at_start(workdir):
+            self.writer.log(0, {"val_loss": self.evaluate()})  # where fine-tuning starts from
 
     # ------------------------------------------------------------ pieces
     def evaluate(self) -> float:
         losses = [self.eval_fn(self.state.params, b) for b in self.val]
-        return float(np.mean(jax.device_get(losses)))
+        return self.inputs.val_loss(jax.device_get(losses))
 
     def wall_seconds(self) -> float:
         return self.wall_before + time.time() - self.wall_start
@@ -284,6 +309,7 @@ class _Session:
             rate=rate, mfu=self.mfu(rate), wall_seconds=self.wall_seconds(),
             flops_per_token=self.flops_per_token, device_kind=self.device_kind,
             n_devices=int(self.mesh.size))
+        result.update(self.inputs.result_fields(self.workdir))
         if self.main:
             io.atomic_write_json(self.workdir / RESULT_FILE, result)
         return result

@@ -3,7 +3,9 @@
 spec/shapes_and_recipe.md: AdamW with betas (0.9, 0.95), eps 1e-8, weight
 decay 0.1 on every weight except those a family exempts (hyper-connection
 static routing); linear warmup from 0 over 10% of the steps, then cosine to
-0.1 x peak; gradient clipping at global norm 1.0.  Every number is a
+0.1 x peak; gradient clipping at global norm 1.0.  ``train.schedule =
+"linear"`` decays linearly instead (the original's fine-tuning recipe: 3%
+warmup, then linear to 0).  Every number is a
 ``train.*`` config field; ``train.no_decay`` names the set of parameters
 without decay (:data:`NO_DECAY_SETS`; the recipe's by default).  A family's
 depth rule (its ``LearningRateRule``, applied when ``train.lr_rule =
@@ -52,10 +54,33 @@ def warmup_cosine(peak: float, steps: int, warmup_fraction: float = 0.1,
     return schedule
 
 
+def warmup_linear(peak: float, steps: int, warmup_fraction: float = 0.03,
+                  final_fraction: float = 0.0) -> Callable[[jax.Array], jax.Array]:
+    """lr(s) for update s = 0 .. steps-1: linear from 0 to ``peak`` over W =
+    round(warmup_fraction * steps) updates (as :func:`warmup_cosine` rounds it),
+    then linear from ``peak`` to ``final = final_fraction * peak`` at s = steps
+    (transformers' ``get_linear_schedule_with_warmup`` when ``final`` is 0)."""
+    warmup = int(round(warmup_fraction * steps))
+    final = final_fraction * peak
+    decay = max(steps - warmup, 1)
+
+    def schedule(step):
+        s = jnp.asarray(step, jnp.float32)
+        warm = peak * s / max(warmup, 1)
+        frac = jnp.clip((s - warmup) / decay, 0.0, 1.0)
+        return jnp.where(s < warmup, warm, peak + (final - peak) * frac)
+
+    return schedule
+
+
+SCHEDULES = {"cosine": warmup_cosine, "linear": warmup_linear}  # train.schedule
+
+
 def schedule_from_config(config) -> Callable[[jax.Array], jax.Array]:
     t = config.train
-    return warmup_cosine(float(t.lr), int(t.steps), float(t.warmup_fraction),
-                         float(t.final_lr_fraction))
+    # .get: a spec written before train.schedule existed is a cosine one
+    make = SCHEDULES[t.get("schedule", "cosine")]
+    return make(float(t.lr), int(t.steps), float(t.warmup_fraction), float(t.final_lr_fraction))
 
 
 def _leaf_name(path) -> str:

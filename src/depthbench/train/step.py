@@ -7,6 +7,12 @@ them through ``lax.scan`` with an fp32 gradient accumulator laid out like the
 parameters, so one compiled body serves any number of micro-batches.
 The model runs in its compute dtype (``model.compute_dtype``) on fp32 master
 parameters; the loss and every reduction are fp32.
+
+A batch with a ``mask`` (fine-tuning: the label mask, aligned with
+``targets``) is scored only where the mask is set: the loss is the mean over
+the supervised tokens of the whole batch, whatever the micro-batches (each
+micro-batch's masked mean weighted by its share of those tokens).  Without a
+mask every token counts, as it always did.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from depthbench import parallel
 from depthbench.model import transformer
 from depthbench.train.state import TrainSetup, TrainState
 
-Batch = dict[str, jax.Array]  # {"inputs": int32[B, T], "targets": int32[B, T]}
+# {"inputs": int32[B, T], "targets": int32[B, T]} (+ "mask": bool[B, T] when fine-tuning)
+Batch = dict[str, jax.Array]
 
 
 def _in_context(s: TrainSetup, fn: Callable) -> Callable:
@@ -40,7 +47,14 @@ def _in_context(s: TrainSetup, fn: Callable) -> Callable:
 
 def loss_fn(s: TrainSetup, params: Any, batch: Batch, key: jax.Array) -> jax.Array:
     logits, _ = s.model.apply({"params": params}, batch["inputs"], rngs={"dropout": key})
-    return transformer.cross_entropy(logits, batch["targets"])
+    if "mask" not in batch:
+        return transformer.cross_entropy(logits, batch["targets"])
+    return transformer.cross_entropy(logits, batch["targets"], batch["mask"])
+
+
+def _supervised(mask_bt: jax.Array) -> jax.Array:
+    """Supervised tokens, at least 1 (the masked mean's own denominator)."""
+    return jnp.maximum(jnp.sum(mask_bt.astype(jnp.float32)), 1.0)
 
 
 def _split_micro(x_bt: jax.Array, microbatches: int) -> jax.Array:
@@ -63,6 +77,13 @@ def grads_and_loss(s: TrainSetup, params: Any, batch: Batch, key: jax.Array,
         loss, grads = grad_fn(params, batch, key)
         return loss, jax.tree.map(lambda g: g.astype(jnp.float32), grads)
     micro = jax.tree.map(lambda x: _split_micro(x, microbatches), batch)
+    if "mask" in batch:
+        # Each micro-batch's masked mean times its share of the batch's supervised
+        # tokens (x M: the sum below is divided by M), so that the batch's loss is
+        # the mean over all of its supervised tokens, not a mean of means.
+        total = _supervised(batch["mask"])
+        grad_fn = jax.value_and_grad(lambda p, b, k: loss_fn(s, p, b, k) * (
+            _supervised(b["mask"]) * microbatches / total))
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     zeros = jax.lax.with_sharding_constraint(zeros, s.param_shardings)  # laid out like params
 

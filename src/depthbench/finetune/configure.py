@@ -89,6 +89,9 @@ def with_data(config: ml_collections.ConfigDict, parent: SourceRun, *, progress:
               field: str) -> Plan:
     """The records prepared with the parent's tokenizer, and the steps they make."""
     f, t = config.finetune, config.train
+    if f.layout == "packed":  # the batches carry segment ids the model does not read yet
+        raise ConfigError("config.finetune.layout: 'packed' needs attention that stays inside "
+                          "each record, not built yet; use 'padded'")
     data = prepare_sft(f.records, parent.run_dir, max_seq_len=int(f.max_seq_len),
                        max_samples=int(f.max_samples) or None,
                        val_fraction=float(f.val_fraction), seed=int(f.data_seed),

@@ -67,3 +67,28 @@ def test_no_section_without_evaluated_runs(tmp_path):
     report.write_report(tmp_path, plots=False)
     assert "Downstream" not in (tmp_path / "report.md").read_text()
     assert not (tmp_path / "downstream_vs_aspect.png").exists()
+
+
+def test_fine_tuned_scores_beside_the_zero_shot_ones(tmp_path):
+    rows = [_row("pre_ln", 2, 3e-3, 3.4), _row("pre_ln", 4, 3e-3, 3.3), _row("hc", 4, 3e-3, 3.2)]
+    (tmp_path / "results.csv").write_text(sweeplib.rows_to_csv(rows))
+    scores = {("pre_ln-L2-lr3e-03", ""): 0.30, ("pre_ln-L2-lr3e-03", "sft"): 0.45,
+              ("pre_ln-L4-lr3e-03", ""): 0.35, ("hc-L4-lr3e-03", ""): 0.40,
+              ("hc-L4-lr3e-03", "sft"): 0.55}
+    for (name, within), acc in scores.items():
+        (tmp_path / name / within / "eval").mkdir(parents=True)
+        (tmp_path / name / within / "eval" / "commonsense.json").write_text(
+            json.dumps(_acc(acc)))
+    for name, before, after in (("pre_ln-L2-lr3e-03", 3.1, 1.2), ("hc-L4-lr3e-03", 2.9, 1.1)):
+        (tmp_path / name / "sft" / "result.json").write_text(json.dumps(
+            {"status": "finished", "final_val_loss": after,
+             "finetune": {"initial_val_loss": before}}))
+    report.write_report(tmp_path, plots=False)
+    md = (tmp_path / "report.md").read_text()
+    assert "| family | metric | stage | 76 (L2) | 30 (L4) |" in md
+    assert "| pre_ln | mean acc | zero-shot | 0.3000 | **0.3500** |" in md
+    assert "| pre_ln | mean acc | fine-tuned | 0.4500 | - |" in md
+    assert "| hc | mean acc | zero-shot | - | 0.4000 |" in md
+    assert "| hc | mean acc | fine-tuned | - | 0.5500 |" in md
+    assert "| pre_ln | 3.1000 → 1.2000 | - |" in md and "| hc | - | 2.9000 → 1.1000 |" in md
+    assert md.index("## Fine-tuning") < md.index("## Downstream evaluation")

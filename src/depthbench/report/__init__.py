@@ -26,6 +26,8 @@ One module per job:
 * :mod:`~depthbench.report.shape_costs`: the cost model applied to the sweep's
   shapes;
 * :mod:`~depthbench.report.figures`: the sweep's PNG plots;
+* :mod:`~depthbench.report.finetuned`: the fine-tuned runs' held-out
+  instruction loss, before and after;
 * :mod:`~depthbench.report.document`: report.md's text;
 * :mod:`~depthbench.report.write`: all of it written into the sweep
   directory (report.md, results.csv, plots) and its JSON summary.

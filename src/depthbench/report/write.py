@@ -10,7 +10,7 @@ from etils import epath
 
 from depthbench import sweep as sweeplib
 from depthbench.equal_compute import section as equal_compute_section
-from depthbench.report import figures
+from depthbench.report import figures, finetuned
 from depthbench.report.document import markdown
 from depthbench.report.rows import load_rows
 from depthbench.report.shape_costs import cost_rows, train_flops_per_token
@@ -56,6 +56,7 @@ def write_report(workdir: str | epath.Path, *, plots: bool = True) -> Report:
 
     downstream, downstream_files = report_section.section(workdir, summary, md_table, draw=plots)
     files.update(downstream_files)
+    downstream = finetuned.section(workdir, summary, md_table) + downstream
     compute = equal_compute_section.analyse(workdir, rows, summary,
                                             train_flops_per_token(workdir, rows))
     rows = [{**r, **compute.columns[r["name"]]} for r in rows]

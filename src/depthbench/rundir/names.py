@@ -19,6 +19,8 @@ or ``depthbench import-hf --out``)::
     analysis/analysis.json                         depthbench analyze
     eval/<suite>.json                              depthbench eval
     sweep_run.json, failure.txt                    when a sweep trains it
+    sft/                 the run fine-tuned (a run directory) when a sweep's
+                         spec sets finetune.records
 
 A sweep directory holds one run directory per run, ``sweep.json`` (the
 expanded sweep), ``results.csv`` and the sweep report.
@@ -45,6 +47,7 @@ ANALYSIS_FILE = "analysis.json"
 EVAL_DIR = "eval"
 RUN_RECORD = "sweep_run.json"  # the sweep's record of the run (its config)
 FAILURE_FILE = "failure.txt"  # the traceback of a run whose trainer raised
+FINETUNE_DIR = "sft"  # a sweep's fine-tuning of the run, itself a run directory
 
 # ---------------------------------------------------------- a sweep directory
 MANIFEST = "sweep.json"

@@ -192,6 +192,8 @@ class _Sweeper:
             self.outcome.skipped.append(run.name)
             if status == "diverged":
                 self.outcome.diverged.append(run.name)
+            elif self.finetune(run, run_dir, claimed=False) == "preempted":
+                return "preempted"
             self.bar.update(1)
             return status
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -207,12 +209,42 @@ class _Sweeper:
             status = _train_one(run, run_dir, self.runner, self.progress, self.outcome,
                                 self.bar, self.lead)
             self.ran_trainer = True
+            if status == "done":
+                status = self.finetune(run, run_dir, claimed=True) or status
         finally:
             if claim is not None:
                 claim.release()
         self.bar.update(1)
         self.refresh()
         return status
+
+
+    def finetune(self, run: Run, run_dir: epath.Path, *, claimed: bool) -> str | None:
+        """Fine-tune and evaluate a finished run when its spec sets ``finetune.records``
+        (:mod:`~depthbench.sweep.finetune_hook`); "preempted" when a signal stopped
+        the fine-tuning (the sweep stops: re-running it resumes), else None.  A run
+        another process holds is left to it."""
+        from depthbench.sweep import finetune_hook
+
+        if not finetune_hook.pending(run.config, run_dir):
+            return None
+        claim = None if claimed or not self.lock else RunLock(run_dir,
+                                                              stale_after=self.stale_after)
+        if claim is not None and not claim.acquire():
+            return None
+        try:
+            self.bar.set_postfix_str(f"{run.name} (fine-tuning)")
+            result = finetune_hook.after_run(run.config, run_dir, self.bar.write,
+                                             progress=self.progress)
+        finally:
+            if claim is not None:
+                claim.release()
+        if result and result.get("status") == "preempted":
+            self.outcome.preempted = run.name
+            self.bar.write(f"{run.name}: fine-tuning stopped at step {result.get('step')} "
+                           "(signal); re-run the sweep to resume it")
+            return "preempted"
+        return None
 
 
 def _failed(run: Run, run_dir: epath.Path, outcome: SweepOutcome, bar, start: float,

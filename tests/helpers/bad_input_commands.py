@@ -342,10 +342,11 @@ CASES = [
     ("finetune: train.steps set", lambda d: _finetune(d, "--config.train.steps=5"),
      r"--config\.train\.steps: set by depthbench finetune \(train\.steps follows from "
      r"finetune\.epochs and the records\)$"),
-    ("finetune: the packed layout (not built)",
-     lambda d: _finetune(d, "--config.finetune.layout=packed"),
-     r"config\.finetune\.layout: 'packed' needs attention that stays inside each record, not "
-     r"built yet; use 'padded'$"),
+    ("finetune: packed with the cudnn attention",
+     lambda d: _finetune(d, "--config.finetune.layout=packed",
+                         "--config.model.attention_impl=cudnn"),
+     r"config\.finetune\.layout: 'packed' keeps records apart with model\.attention_impl "
+     r"'xla' only, not 'cudnn'$"),
     ("train: a fine-tuning's config",
      lambda d: ["train", "--config", "base", "--workdir", str(d / "new"),
                 f"--config.finetune.parent={_run(d)}"],

@@ -2,7 +2,7 @@
 linear schedule, the row plans, the rows as arrays, the held-out loss.
 
 (The command end to end, resume, memorisation, readers and sweeps:
-tests/integration/test_finetune.py.)
+tests/integration/test_finetune_runs.py.)
 """
 
 from __future__ import annotations
@@ -142,3 +142,47 @@ def test_the_held_out_loss_weighs_each_batch_by_its_supervised_tokens(entry):
     assert val.counts.tolist() == [4, 2]  # records 0 + 1, then record 2 and an empty row
     assert len(val.batches()) == 2 and not val.batches()[1]["mask"][1].any()
     assert val.loss([1.0, 4.0]) == pytest.approx((1.0 * 4 + 4.0 * 2) / 6)
+
+
+def _records_entry(root, lengths, seed=0):
+    """A split of records of ``lengths`` tokens (random ids, random label masks)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, VOCAB, sum(lengths)).astype(np.uint16)
+    mask = rng.random(sum(lengths)) < 0.6
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    for part, array in (("ids", ids), ("mask", mask), ("offsets", offsets)):
+        np.save(root / f"train_{part}.npy", array)
+    return offsets
+
+
+@pytest.mark.parametrize("family", ["pre_ln", "attnres_full", "moda"])
+def test_packed_and_padded_give_the_same_loss_and_gradient(family, tmp_path):
+    """Records packed two to a row (attention kept inside each, RoPE from 0 in
+    each) score as when each has a row of its own: the scan, the depth-linear
+    stack (attnres) and moda's joint softmax over sequence and depth keys."""
+    config = config_lib.load(config_lib.base_spec_path(), [*TINY, f"model.family={family}",
+                                                           "train.seq_len=16"])
+    s = state_lib.setup(config, parallel.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}))
+    params = state_lib.init_state(s, 0).params
+    offsets = _records_entry(tmp_path, [5, 9, 3, 7])
+    order = np.arange(4)
+    positions = np.diff(offsets) - 1
+    batches = {}
+    for layout in ("padded", "packed"):
+        plan = rows.lay_out(order, positions, 16, layout)
+        reader = RowReader(str(tmp_path), "train", plan, 16, 0, layout == "packed")
+        batches[layout] = reader(np.arange(plan.rows))
+    assert len(batches["packed"]["inputs"]) == 2  # [0, 1] and [2, 3]
+
+    def loss(p, b):
+        return step_lib.loss_fn(s, p, b, jax.random.key(0))
+
+    fn = jax.jit(jax.value_and_grad(loss))
+    with s.context():
+        (a, ga), (b, gb) = (jax.device_get(fn(params, batches[k])) for k in batches)
+    assert b == pytest.approx(a, rel=2e-6)
+    for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb), strict=True):
+        np.testing.assert_allclose(y, x, rtol=2e-4, atol=2e-6)
+    crossed = dict(batches["packed"], segments=np.ones_like(batches["packed"]["segments"]))
+    with s.context():
+        assert abs(float(fn(params, crossed)[0]) - a) > 1e-4  # the mask matters

@@ -85,13 +85,27 @@ def from_parent(recipe: ml_collections.ConfigDict, parent: SourceRun
     return config_lib.validate(config)
 
 
+def _check_packable(config: ml_collections.ConfigDict) -> None:
+    """Packed rows keep their records apart only in the backbone's own attention and
+    for a family whose state at a token depends on that token alone."""
+    from depthbench.model.residual.protocol import registry
+    from depthbench.model.residual.protocol.capabilities import PositionState
+
+    m = config.model
+    if m.attention_impl != "xla":
+        raise ConfigError(f"config.finetune.layout: 'packed' keeps records apart with "
+                          f"model.attention_impl 'xla' only, not {m.attention_impl!r}")
+    if issubclass(registry.get(m.family), PositionState):
+        raise ConfigError(f"config.finetune.layout: 'packed' needs a family whose state "
+                          f"carries nothing across positions; {m.family} does (use 'padded')")
+
+
 def with_data(config: ml_collections.ConfigDict, parent: SourceRun, *, progress: bool,
               field: str) -> Plan:
     """The records prepared with the parent's tokenizer, and the steps they make."""
     f, t = config.finetune, config.train
-    if f.layout == "packed":  # the batches carry segment ids the model does not read yet
-        raise ConfigError("config.finetune.layout: 'packed' needs attention that stays inside "
-                          "each record, not built yet; use 'padded'")
+    if f.layout == "packed":
+        _check_packable(config)
     data = prepare_sft(f.records, parent.run_dir, max_seq_len=int(f.max_seq_len),
                        max_samples=int(f.max_samples) or None,
                        val_fraction=float(f.val_fraction), seed=int(f.data_seed),

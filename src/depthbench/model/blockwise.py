@@ -56,10 +56,13 @@ class Blockwise:
         """The family's per-block tree at ``pos`` (the protocol's ``p``)."""
         return jax.tree.map(lambda a: a[pos], params["blocks"].get("residual", {}))
 
-    def run_block(self, params, state, pos, positions_t):
+    def run_block(self, params, state, pos, positions_t, segments_bt=None):
+        """The block at ``pos`` (``positions_t``: ``[T]``, or ``[B, T]`` with a packed
+        row's ``segments_bt``)."""
         xs = {"pos": pos, "ident": pos, "active": jnp.ones((), bool)}
         p = self.block_params(params, pos)
-        out, _ = self.block.apply({"params": p}, state, xs, self._globals(params), positions_t)
+        out, _ = self.block.apply({"params": p}, state, xs, self._globals(params), positions_t,
+                                  None, segments_bt)
         return out
 
     def next_boundary(self, params, state, pos):

@@ -113,8 +113,12 @@ def query_blocks(t: int) -> int:
     return max(fits, default=1)
 
 
-def causal_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array) -> jax.Array:
+def causal_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
+                     segments_bt: jax.Array | None = None) -> jax.Array:
     """softmax(q k^T / sqrt(d_h) + causal mask) v, GQA by grouping query heads.
+
+    ``segments_bt`` (packed rows: one id per document): a query sees only the
+    earlier keys of its own segment.
 
     Query head ``i`` uses key head ``i // (n / k)`` (as in
     ``jax.nn.dot_product_attention``).  Written out rather than calling
@@ -143,12 +147,12 @@ def causal_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array) ->
     nb = query_blocks(t)
     q_bkqmh = heads_to_rows(q_btnh * jnp.asarray(h ** -0.5, q_btnh.dtype), kv, nb)
     out_bkqmh, _ = causal_blocks(q_bkqmh, k_btkh.transpose(0, 2, 1, 3),
-                                  v_btkh.transpose(0, 2, 1, 3))
+                                  v_btkh.transpose(0, 2, 1, 3), segments_bt)
     return rows_to_heads(out_bkqmh, t)
 
 
-def causal_part(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array
-                ) -> tuple[jax.Array, jax.Array]:
+def causal_part(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
+                segments_bt: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Causal attention of already scaled queries over their own tokens, with
     each row's log-sum-exp: ``(out [B, T, N, H], lse [B, T, N])``, the part
     :func:`~depthbench.model.past_attention.merge_parts` joins with others
@@ -157,7 +161,7 @@ def causal_part(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array
     t, kv = q_btnh.shape[1], k_btkh.shape[2]
     q_bkqmh = heads_to_rows(q_btnh, kv, query_blocks(t))
     out_bkqmh, lse_bkqm = causal_blocks(q_bkqmh, k_btkh.transpose(0, 2, 1, 3),
-                                        v_btkh.transpose(0, 2, 1, 3))
+                                        v_btkh.transpose(0, 2, 1, 3), segments_bt)
     return rows_to_heads(out_bkqmh, t), rows_to_heads(lse_bkqm[..., None], t)[..., 0]
 
 
@@ -191,9 +195,9 @@ def rows_to_heads(x_bkqmh: jax.Array, t: int) -> jax.Array:
     return x.reshape(b, t, kv * g, h)
 
 
-def _block_logits(q_bkmh, k_bksh, i, blk):
+def _block_logits(q_bkmh, k_bksh, i, blk, segments_bt=None):
     """Masked fp32 logits of query block ``i`` (``blk`` tokens) against the
-    keys it may see, ``[0, (i + 1) blk)``.
+    keys it may see, ``[0, (i + 1) blk)`` (with ``segments_bt``: of its segment).
 
     Row ``m`` of the block is query token ``i * blk + m % blk`` (the ``G``
     heads of a key head are stacked along the rows); masked logits are the
@@ -203,12 +207,16 @@ def _block_logits(q_bkmh, k_bksh, i, blk):
                              preferred_element_type=jnp.float32)
     rows_m = i * blk + jnp.arange(q_bkmh.shape[2]) % blk
     causal_ms = jnp.arange(keys)[None, :] <= rows_m[:, None]
+    if segments_bt is not None:  # a packed row: no key of another document
+        same_bms = segments_bt[:, rows_m, None] == segments_bt[:, None, :keys]
+        causal_ms = causal_ms & same_bms[:, None]
     return jnp.where(causal_ms, logits_bkms, jnp.finfo(jnp.float32).min), keys
 
 
 @jax.custom_vjp
-def causal_blocks(q_bkqmh, k_bksh, v_bksh):
-    """Causal softmax attention per query block; ``q_bkqmh`` is ``[B, K, nb, M, H]``.
+def causal_blocks(q_bkqmh, k_bksh, v_bksh, segments_bt=None):
+    """Causal softmax attention per query block; ``q_bkqmh`` is ``[B, K, nb, M, H]``;
+    ``segments_bt``: document ids of a packed row (None: one document).
     Returns the output and each row's log-sum-exp ``[B, K, nb, M]`` (fp32;
     moda's joint softmax, ``residual/parts/moda_attention.py``, merges more keys into
     it with that).
@@ -223,14 +231,15 @@ def causal_blocks(q_bkqmh, k_bksh, v_bksh):
 
     (``d lse / d l = p``), so the layer scan stacks no ``[.., T, T]`` tensor
     for the backward."""
-    return _causal_blocks_fwd(q_bkqmh, k_bksh, v_bksh)[0]
+    return _causal_blocks_fwd(q_bkqmh, k_bksh, v_bksh, segments_bt)[0]
 
 
-def _causal_blocks_fwd(q_bkqmh, k_bksh, v_bksh):
+def _causal_blocks_fwd(q_bkqmh, k_bksh, v_bksh, segments_bt=None):
     nb = q_bkqmh.shape[2]
     outs, lses = [], []
     for i in range(nb):
-        logits_bkms, keys = _block_logits(q_bkqmh[:, :, i], k_bksh, i, k_bksh.shape[2] // nb)
+        logits_bkms, keys = _block_logits(q_bkqmh[:, :, i], k_bksh, i, k_bksh.shape[2] // nb,
+                                          segments_bt)
         mu_bkm = jnp.max(logits_bkms, axis=-1, keepdims=True)
         e_bkms = jnp.exp(logits_bkms - mu_bkm)
         sum_bkm = jnp.sum(e_bkms, axis=-1, keepdims=True)
@@ -241,11 +250,11 @@ def _causal_blocks_fwd(q_bkqmh, k_bksh, v_bksh):
     # batched products; the backward needs only these and q, k, v.
     out_bkqmh = keep_for_backward(jnp.stack(outs, axis=2))
     lse_bkqm = keep_for_backward(jnp.stack(lses, axis=2))
-    return (out_bkqmh, lse_bkqm), (q_bkqmh, k_bksh, v_bksh, out_bkqmh, lse_bkqm)
+    return (out_bkqmh, lse_bkqm), (q_bkqmh, k_bksh, v_bksh, out_bkqmh, lse_bkqm, segments_bt)
 
 
 def _causal_blocks_bwd(saved, cts):
-    q_bkqmh, k_bksh, v_bksh, out_bkqmh, lse_bkqm = saved
+    q_bkqmh, k_bksh, v_bksh, out_bkqmh, lse_bkqm, segments_bt = saved
     dout_bkqmh, dlse_bkqm = cts
     dk_bksh = jnp.zeros(k_bksh.shape, jnp.float32)
     dv_bksh = jnp.zeros(v_bksh.shape, jnp.float32)
@@ -253,7 +262,7 @@ def _causal_blocks_bwd(saved, cts):
     dqs = []
     for i in range(nb):
         q_bkmh, dout_bkmh = q_bkqmh[:, :, i], dout_bkqmh[:, :, i]
-        logits_bkms, keys = _block_logits(q_bkmh, k_bksh, i, k_bksh.shape[2] // nb)
+        logits_bkms, keys = _block_logits(q_bkmh, k_bksh, i, k_bksh.shape[2] // nb, segments_bt)
         probs_bkms = jnp.exp(logits_bkms - lse_bkqm[:, :, i, :, None])
         dv_bksh = dv_bksh.at[:, :, :keys].add(jnp.einsum(
             "bkms,bkmh->bksh", probs_bkms.astype(v_bksh.dtype), dout_bkmh,
@@ -267,7 +276,7 @@ def _causal_blocks_bwd(saved, cts):
         dk_bksh = dk_bksh.at[:, :, :keys].add(jnp.einsum(
             "bkms,bkmh->bksh", ds_bkms, q_bkmh, preferred_element_type=jnp.float32))
     return (jnp.stack(dqs, axis=2).astype(q_bkqmh.dtype), dk_bksh.astype(k_bksh.dtype),
-            dv_bksh.astype(v_bksh.dtype))
+            dv_bksh.astype(v_bksh.dtype), None)  # document ids: no cotangent
 
 
 causal_blocks.defvjp(_causal_blocks_fwd, _causal_blocks_bwd)
@@ -287,18 +296,21 @@ class Attention(nn.Module):
     """Causal multi-head attention with RoPE and optional GQA.
 
     Returns the output and the tokens' :class:`AttentionKeys`.  ``positions`` is
-    ``[T]`` or, in a decode step, ``[B, T]``; ``past`` (:class:`PastKeys`) the
-    keys of earlier positions the tokens also see (a decoder's cache).
-    ``attend(q, q_rot, k_rot, v, past)``, when given, replaces the softmax (a
-    family's ``capabilities.DepthAttention``: moda's joint softmax over
-    sequence and depth keys).
+    ``[T]`` or, in a decode step or a packed row, ``[B, T]``; ``past``
+    (:class:`PastKeys`) the keys of earlier positions the tokens also see (a
+    decoder's cache); ``segments`` ``[B, T]`` the document of each token of a
+    packed row (a token sees only its own document's keys).
+    ``attend(q, q_rot, k_rot, v, past, segments)``, when given, replaces the
+    softmax (a family's ``capabilities.DepthAttention``: moda's joint softmax
+    over sequence and depth keys).
     """
 
     spec: ModelSpec
     scales: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)  # q, k, v, o
 
     @nn.compact
-    def __call__(self, x_btd, positions, attend=None, past: PastKeys | None = None):
+    def __call__(self, x_btd, positions, attend=None, past: PastKeys | None = None,
+                 segments=None):
         s = self.spec
         d, n, kv, h = s.d_model, s.n_heads, s.n_kv_heads, s.head_dim
         sq, sk, sv, so = self.scales
@@ -314,11 +326,14 @@ class Attention(nn.Module):
         k = with_axes(k, ("activation_batch", "activation_length", "activation_kv_heads", None))
         qr, kr = rope(q, positions, s.rope_theta), rope(k, positions, s.rope_theta)
         if attend is not None:
-            out = attend(q, qr, kr, v, past)
+            out = attend(q, qr, kr, v, past, segments)
         elif past is not None:
             out = attention_with_past(qr, kr, v, past)
         elif s.attention_impl == "xla":
-            out = causal_attention(qr, kr, v)
+            out = causal_attention(qr, kr, v, segments)
+        elif segments is not None:
+            raise ValueError(f"attention_impl={s.attention_impl!r} takes no document ids "
+                             "(packed rows): use 'xla'")
         else:  # a fused kernel jax provides ("cudnn")
             out = jax.nn.dot_product_attention(
                 qr, kr, v, is_causal=True, implementation=s.attention_impl)

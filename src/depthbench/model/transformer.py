@@ -84,7 +84,7 @@ class Block(nn.Module):
     keep_kv: bool = False  # return the attention's rotated keys and values (a decoder's cache)
 
     @nn.compact
-    def __call__(self, state, xs, g, positions, valid_bs=None):
+    def __call__(self, state, xs, g, positions, valid_bs=None, segments=None):
         fam, s = self.fam, self.spec
         pos, ident, active = xs["pos"], xs["ident"], xs["active"]
         # A decode step: this layer's cached keys of the positions each row holds.
@@ -115,7 +115,7 @@ class Block(nn.Module):
                 x_in = fam.input_scale(p, x_in, site)
             if sub == 0:
                 attend = fam.attention(p, state, site) if isinstance(fam, DepthAttention) else None
-                y, keys = attn(x_in, positions, attend, past)
+                y, keys = attn(x_in, positions, attend, past, segments)
                 aux = {"x_in": x_in, "kv": (keys.k, keys.v), "ctx": ctx}
                 if self.keep_kv:
                     captured["kv"] = {"k": keys.k_rot, "v": keys.v}
@@ -197,13 +197,18 @@ class Transformer(nn.Module):
     ``capabilities.PositionState``); ``"carry"`` captures what the family
     carries to later positions.  ``logits_at`` [B]: the logits (and the
     carry) at that position of each row only, ``[B, V]``.
+
+    Packed rows (fine-tuning, several documents per row): ``segments`` [B, T]
+    names each token's document (attention never crosses documents) and
+    ``positions`` [B, T] its position within it (RoPE's), so each document
+    computes as it would alone in a row of its own.
     """
 
     spec: ModelSpec
 
     @nn.compact
     def __call__(self, tokens_bt, *, capture: Sequence[str] = (), active=None, ident=None,
-                 cache: KVCache | None = None, logits_at=None):
+                 cache: KVCache | None = None, logits_at=None, segments=None, positions=None):
         s = self.spec
         asked = tuple(capture)
         if not set(asked) <= set(CAPTURES + DECODE_CAPTURES):
@@ -242,12 +247,16 @@ class Transformer(nn.Module):
             block,
             variable_axes={"params": 0},
             split_rngs={"params": True},
-            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
             length=L,
             unroll=s.scan_unroll,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
-        positions = jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)
+        if segments is not None and (cache is not None or carries):
+            raise ValueError("segments: packed rows need a family that carries nothing "
+                             "across positions, and no cache")
+        if positions is None:
+            positions = jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)
         valid_bs = None
         if cache is not None:  # each row continues where it stands
             positions = cache.lengths_b[:, None] + positions
@@ -258,10 +267,11 @@ class Transformer(nn.Module):
         # The depth-linear stack is for the backward's memory; decoding takes none.
         if (self._depth_linear(fam, state) and not self.is_initializing()
                 and cache is None and not keep_kv):
-            state, captured = self._depth_linear_stack(fam, level, state, xs, g, positions)
+            state, captured = self._depth_linear_stack(fam, level, state, xs, g, positions,
+                                                       segments)
         else:
             state, captured = stack(s, fam, level, keep_kv, name="blocks")(
-                state, xs, g, positions, valid_bs)
+                state, xs, g, positions, valid_bs, segments)
         final_norm = RMSNorm(s, name="final_norm")
         head = self.param(
             "head",
@@ -311,14 +321,14 @@ class Transformer(nn.Module):
         return (self.spec.layer_scan == "depth_linear" and isinstance(fam, DepthBanks)
                 and bool(fam.bank_slots(state, jnp.zeros((), jnp.int32))))
 
-    def _depth_linear_stack(self, fam, capture, state, xs, g, positions):
+    def _depth_linear_stack(self, fam, capture, state, xs, g, positions, segments=None):
         """The blocks' stacked parameters (made by the ``nn.scan`` at init) run
         by the depth-linear custom VJP, each block applied as a pure function."""
         params_l = nn.meta.unbox(self.variables["params"]["blocks"])
 
         def step(p, state, x, g):
             block = Block(self.spec, fam, capture)
-            return block.apply({"params": p}, state, x, g, positions)
+            return block.apply({"params": p}, state, x, g, positions, None, segments)
 
         return layer_stack(step, fam.bank_slots, params_l, state, xs, g,
                            unroll=self.spec.scan_unroll, extent=fam.bank_extent)

@@ -89,12 +89,15 @@ def depth_states_and_grads(s: TrainSetup, params: Any, batch: dict
     gradient is of no model)."""
     bw, probe = Blockwise(s), probes(s.family)
     inputs, positions_t = batch["inputs"], jnp.arange(batch["inputs"].shape[1], dtype=jnp.int32)
+    segments = batch.get("segments")  # a packed fine-tuning row: its documents apart
+    if segments is not None:
+        positions_t = batch["positions"]
     depth = s.spec.depth
 
     def forward(eps_l):
         def body(state, xs):
             pos, eps = xs
-            state = bw.run_block(params, state, pos, positions_t)
+            state = bw.run_block(params, state, pos, positions_t, segments)
             z = bw.next_boundary(params, state, pos)
             # the injection as a function of eps alone: its derivative is eps's path only
             held = jax.lax.stop_gradient(state)

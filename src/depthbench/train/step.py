@@ -8,7 +8,8 @@ parameters, so one compiled body serves any number of micro-batches.
 The model runs in its compute dtype (``model.compute_dtype``) on fp32 master
 parameters; the loss and every reduction are fp32.
 
-A batch with a ``mask`` (fine-tuning: the label mask, aligned with
+A packed batch (fine-tuning) carries ``segments`` and ``positions``: the
+model keeps its documents apart.  A batch with a ``mask`` (the label mask, aligned with
 ``targets``) is scored only where the mask is set: the loss is the mean over
 the supervised tokens of the whole batch, whatever the micro-batches (each
 micro-batch's masked mean weighted by its share of those tokens).  Without a
@@ -46,7 +47,11 @@ def _in_context(s: TrainSetup, fn: Callable) -> Callable:
 
 
 def loss_fn(s: TrainSetup, params: Any, batch: Batch, key: jax.Array) -> jax.Array:
-    logits, _ = s.model.apply({"params": params}, batch["inputs"], rngs={"dropout": key})
+    if "segments" in batch:  # packed rows: each document on its own
+        logits, _ = s.model.apply({"params": params}, batch["inputs"], rngs={"dropout": key},
+                                  segments=batch["segments"], positions=batch["positions"])
+    else:
+        logits, _ = s.model.apply({"params": params}, batch["inputs"], rngs={"dropout": key})
     if "mask" not in batch:
         return transformer.cross_entropy(logits, batch["targets"])
     return transformer.cross_entropy(logits, batch["targets"], batch["mask"])

@@ -243,8 +243,9 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
         groups = ((state["ka"], state["va"], valid), (state["kf"], state["vf"], valid))
         rotated = self.rotated_query
 
-        def attend(q, qr, kr, v, past):
-            return attention_with_depth(qr, kr, v, qr if rotated else q, groups, past)
+        def attend(q, qr, kr, v, past, segments=None):
+            return attention_with_depth(qr, kr, v, qr if rotated else q, groups, past,
+                                        segments)
 
         return attend
 

@@ -20,7 +20,7 @@ from depthbench.model.residual.protocol.base import keep_for_backward
 
 
 def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups,
-                         past: PastKeys | None = None):
+                         past: PastKeys | None = None, segments_bt=None):
     """Causal attention whose softmax also covers depth keys at the same token.
 
     Sequence logits use the rotated ``q_btnh`` against rotated ``k``; depth
@@ -29,8 +29,10 @@ def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups,
     of ``(k_btgmh, v_btgmh, valid_m)``, each with its own number of key heads
     ``g`` dividing ``n`` (query head ``i`` uses key head ``i // (n / g)``, as
     in GQA); invalid slots are masked.  ``past``: the sequence keys of earlier
-    positions (a decode step's cache), seen by every token.  One softmax over
-    all of it, in fp32, scale ``1/sqrt(d_h)``::
+    positions (a decode step's cache), seen by every token; ``segments_bt``:
+    the documents of a packed row (sequence keys of another document are
+    masked; depth keys are the token's own, so they never cross).  One
+    softmax over all of it, in fp32, scale ``1/sqrt(d_h)``::
 
         out = (sum_s e^(l_s) v_s + sum_m e^(l_m) v_m) / (sum of the e^)
 
@@ -47,7 +49,8 @@ def attention_with_depth(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups,
     b, t, n, h = q_btnh.shape
     scale = 1.0 / jnp.sqrt(jnp.float32(h))
     q = q_btnh.astype(jnp.float32) * scale
-    parts = [causal_part(q, k_btkh.astype(jnp.float32), v_btkh.astype(jnp.float32))]
+    parts = [causal_part(q, k_btkh.astype(jnp.float32), v_btkh.astype(jnp.float32),
+                         segments_bt)]
     if past is not None:
         parts.append(past_part(q, past))
     qd_btnh = q_depth_btnh.astype(jnp.float32) * scale

@@ -87,10 +87,11 @@ class DepthBanks(abc.ABC):
 
 # ------------------------------------------------------- sublayer extensions
 
-# (pre-RoPE query, rotated query, rotated keys, values, past) -> attention output
-# [B, T, n, h]; past: None, or a decode step's cached keys of earlier positions
-# (model/past_attention.PastKeys), which every token also sees.
-Attend = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, Any], jax.Array]
+# (pre-RoPE query, rotated query, rotated keys, values, past, segments) -> attention
+# output [B, T, n, h]; past: None, or a decode step's cached keys of earlier positions
+# (model/past_attention.PastKeys), which every token also sees; segments: None, or the
+# document of each token of a packed row [B, T] (no token sees another's keys).
+Attend = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, Any, Any], jax.Array]
 
 
 class DepthAttention(abc.ABC):
@@ -101,7 +102,9 @@ class DepthAttention(abc.ABC):
         """The attention sublayer ``site`` runs, from the state it reads: a function
         of the sublayer's query, keys and values (``Attend``), or None for the
         backbone's own causal attention.  In a decode step it also receives the
-        cached sequence keys (``past``) and must include them in its softmax."""
+        cached sequence keys (``past``) and must include them in its softmax; in a
+        packed row the tokens' documents (``segments``), which its sequence keys
+        must respect."""
 
 
 # ------------------------------------------------------------ decoding

@@ -1,7 +1,8 @@
 """``depthbench finetune`` end to end, in-process: a tiny model memorises two
 records, a resumed fine-tuning is bitwise the uninterrupted one, every reader
-opens the result, a damaged latest parent checkpoint falls back, and an
-import-hf run fine-tunes as a trained one does.
+opens the result, a damaged latest parent checkpoint falls back, an import-hf
+run fine-tunes as a trained one does, and packed rows start where padded ones
+do (the loss and gradient of packed and padded rows: tests/unit/test_finetune.py).
 
 (The pieces' known answers, the masked loss's among them: tests/unit/test_finetune.py;
 bad input: tests/helpers/bad_input_commands.py.)
@@ -145,3 +146,16 @@ def test_an_import_hf_run_fine_tunes(disk, tmp_path):
     assert (out / "tokenizer.json").read_bytes() == (tmp_path / "run" / "tokenizer.json"
                                                      ).read_bytes()
     assert load_run(out).step == 3
+
+
+def test_packed_rows_start_where_padded_ones_do(disk, finetuned, tmp_path):
+    out = tmp_path / "packed"
+    assert _finetune(disk, disk / "parent", out, "--config.finetune.layout=packed",
+                     "--config.train.seq_len=256", "--config.finetune.epochs=4") == 0
+    result = json.loads((out / "result.json").read_text())
+    padded = json.loads((finetuned / "result.json").read_text())
+    assert result["steps"] == 2  # 4 epochs of two records, two records a row, two rows a batch
+    # the held-out record scored alone in a row of 128 or in a packed row of 256
+    assert result["finetune"]["initial_val_loss"] == pytest.approx(
+        padded["finetune"]["initial_val_loss"], rel=1e-5)
+    assert np.isfinite(result["final_train_loss"]) and np.isfinite(result["final_val_loss"])

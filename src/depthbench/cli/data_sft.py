@@ -21,6 +21,8 @@ longer than --max-seq-len keeps its first max_seq_len - 1 tokens and EOS (the
 original's rule; one cut before its response is refused).  The records are
 shuffled with --seed and --val-fraction of them held out.  The result is cached
 (DEPTHBENCH_CACHE) under a digest of the inputs; the command prints its folder.
+`depthbench finetune RUN_DIR --records RECORDS --workdir DIR` trains on the same
+entry (it prepares it when absent; docs/FINETUNE.md).
 """
 
 

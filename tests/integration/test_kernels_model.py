@@ -1,6 +1,7 @@
 """``model.impl = pallas`` trains to the same losses as ``xla`` (kernels interpreted on CPU).
 
-For attnres_full, attnres_block, hc and mhc: the same tiny model (depth 2,
+For attnres_full, attnres_block, hc and mhc (its default, Liger's form, and
+mhc+pytorch): the same tiny model (depth 2,
 width 32, 2 x 8 tokens, random routing parameters so no mix is trivial) is
 trained a few SGD steps with each implementation from the same initial
 parameters; the losses agree step by step and so do the final parameters.
@@ -15,7 +16,7 @@ import pytest
 from flax import linen as nn
 
 from depthbench.config import ConfigError, apply_overrides, base_config, validate
-from depthbench.model.residual.mhc import PYTORCH
+from depthbench.model.residual.mhc import PYTORCH, PYTORCH_EARLY
 from depthbench.model.residual.parts import fused
 from depthbench.model.spec import ModelSpec
 from depthbench.model.transformer import Transformer
@@ -30,13 +31,14 @@ FAMILIES = {
     "attnres_full": {},
     "attnres_block": {"attnres_blocks": 2},
     "hc": {"hc_n": 2},
-    # The form the kernels compute (mhc+pytorch); the Liger form runs in XLA.
-    "mhc": {**PYTORCH, "hc_n": 2, "sinkhorn_iters": 4},
+    # the default mhc: Liger's form (linear Sinkhorn, R[out, in], bf16 phi)
+    "mhc": {"hc_n": 2, "sinkhorn_iters": 4},
+    "mhc+pytorch": {**PYTORCH, "hc_n": 2, "sinkhorn_iters": 4},
 }
 
 
 def make_spec(family: str, impl: str) -> ModelSpec:
-    spec = ModelSpec.from_shape(SHAPE, family=family)
+    spec = ModelSpec.from_shape(SHAPE, family=family.split("+")[0])
     residual = dict(spec.residual)
     residual.update(FAMILIES[family])
     return spec.replace(residual=tuple(sorted(residual.items())), impl=impl)
@@ -100,23 +102,22 @@ def test_auto_is_xla_on_cpu_and_pallas_is_pallas():
     assert not fused.use_pallas(make_spec("hc", "xla"))
 
 
-def test_pallas_refuses_the_liger_mhc_and_auto_runs_it_in_xla():
-    """The kernels compute mhc's PyTorch form only: ``impl=pallas`` refuses the
-    Liger form (the default) in one line, and under ``auto`` it runs in XLA."""
-    liger = apply_overrides(base_config(), ["--config.model.family=mhc"])
-    with pytest.raises(ConfigError) as e:
-        validate(apply_overrides(liger, ["--config.model.impl=pallas"]))
-    assert "\n" not in str(e.value) and "mhc+pytorch" in str(e.value)
-    assert "linear/out_in" in str(e.value)
-    validate(apply_overrides(liger, ["--config.model.impl=auto"]))
-    pytorch = apply_overrides(liger, [f"--config.model.residual.{k}={v}" for k, v in
-                                      PYTORCH.items()] + ["--config.model.impl=pallas"])
-    validate(pytorch)
+def test_pallas_runs_every_mhc_form_and_auto_is_xla_on_cpu():
+    """The kernels compute every mhc form: ``impl=pallas`` accepts the default
+    (Liger's), the PyTorch forms and tanh, and routes them through the kernels;
+    ``auto`` validates and stays XLA on a CPU."""
     from depthbench.model.transformer import family_of
 
-    spec = ModelSpec.from_shape(SHAPE, family="mhc").replace(impl="pallas")
-    assert not family_of(spec)._pallas()  # a spec made without validate: XLA, not a wrong kernel
-    assert family_of(spec.with_fields(**PYTORCH))._pallas()
+    liger = apply_overrides(base_config(), ["--config.model.family=mhc"])
+    validate(apply_overrides(liger, ["--config.model.impl=pallas"]))
+    validate(apply_overrides(liger, ["--config.model.impl=auto"]))
+    for form in (PYTORCH, PYTORCH_EARLY, {"mhc_tanh": True}):
+        validate(apply_overrides(liger, [f"--config.model.residual.{k}={v}" for k, v in
+                                         form.items()] + ["--config.model.impl=pallas"]))
+    spec = ModelSpec.from_shape(SHAPE, family="mhc")
+    assert family_of(spec.replace(impl="pallas"))._pallas()
+    assert family_of(spec.replace(impl="pallas").with_fields(**PYTORCH_EARLY))._pallas()
+    assert not family_of(spec.replace(impl="auto"))._pallas()
 
 
 def test_config_accepts_the_three_impls_and_refuses_others():

@@ -30,6 +30,7 @@ KERNEL_NAME = {
     "stream_post": "stream_post",
     "hc_pre": "hc_pre",
     "mhc_pre": "mhc_pre",
+    "mhc_pre_liger": "mhc_pre",
 }
 N, T, D, N_SRC, STREAMS = 2, 100, 256, 9, 4  # 200 tokens: not a tile multiple
 
@@ -67,6 +68,14 @@ def kernels(backend, dtype):
             (h, spec((STREAMS, D, m)), spec((m,)), spec((m,))),
             (0, 1, 2, 3),
         ),
+        # Liger's form (the default mhc: linear Sinkhorn, R[out, in], bf16 phi), with tanh.
+        "mhc_pre_liger": (
+            lambda *a: mhc_pre(*a, iters=20, temperature=1.0, eps=1e-6, sinkhorn="linear",
+                               sinkhorn_eps=1e-6, layout="out_in", use_tanh=True,
+                               backend=backend),
+            (h, spec((STREAMS, D, m), jnp.bfloat16), spec((m,)), spec((m,))),
+            (0, 1, 2, 3),
+        ),
     }
 
 
@@ -76,7 +85,7 @@ def lower(fn, args, platform):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("name", ["depth_attention", "stream_post", "hc_pre", "mhc_pre"])
+@pytest.mark.parametrize("name", list(KERNEL_NAME))
 @pytest.mark.parametrize("backend, platform, call", PLATFORMS, ids=["tpu", "cuda"])
 def test_kernel_lowers_forward_and_backward(backend, platform, call, name, dtype):
     fn, args, argnums = kernels(backend, dtype)[name]

@@ -23,9 +23,11 @@ stream so its ``d`` axis shards like the streams' feature axis); the
 init biases ``+-mhc_bias`` (8) and the gates' ``hc_scale_init`` (0.01) are fields.
 Two connectors per block, stacked on a leading axis of size 2; all
 coefficient maths in fp32.  As in hc, ``write`` recomputes ``read``'s
-coefficients (one copy after XLA's CSE).  The Pallas kernels compute the
-PyTorch form (``log``, ``in_out``, no tanh); the model runs the others in
-XLA, and ``model.impl = "pallas"`` refuses them.
+coefficients (one copy after XLA's CSE).  The Pallas kernels
+(``model.impl = pallas``, or ``auto`` on one TPU/GPU) compute every form:
+the Sinkhorn kind, ``R``'s layout and ``tanh`` are static options of
+``pallas_kernels.mhc_pre``, ``phi`` is cast to fp32 before the product as
+here; the readout is the head's (``streams.py``), not the kernel's.
 """
 
 from __future__ import annotations
@@ -122,17 +124,6 @@ class MHCConfig(StreamConfig):
                      meaning="eps of the streams' RMS")
         check_choice("mhc_res_layout", self.mhc_res_layout, LAYOUTS)
         check_choice("mhc_phi_dtype", self.mhc_phi_dtype, PHI_DTYPES)
-        if config.model.impl == "pallas" and not self.kernel_form:
-            raise ConfigError(
-                "config.model.impl: 'pallas' computes mhc's PyTorch form only "
-                "(mhc_sinkhorn=log, mhc_res_layout=in_out, mhc_tanh=false; the variant "
-                f"mhc+pytorch); this mhc is {self.mhc_sinkhorn}/{self.mhc_res_layout}"
-                f"{'/tanh' if self.mhc_tanh else ''}: use impl 'xla' or 'auto'")
-
-    @property
-    def kernel_form(self) -> bool:
-        """Whether the Pallas kernels compute this form (log, in_out, no tanh)."""
-        return self.mhc_sinkhorn == "log" and self.mhc_res_layout == "in_out" and not self.mhc_tanh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +156,7 @@ class MHC(StreamFamily):
         return self.cfg.mhc_sinkhorn == "linear"
 
     def _pallas(self) -> bool:
-        return fused.use_pallas(self.spec) and self.cfg.kernel_form
+        return fused.use_pallas(self.spec)
 
     # ------------------------------------------------------------ parameters
     def create_block_params(self, mod, ident):
@@ -225,8 +216,11 @@ class MHC(StreamFamily):
         return (jnp.moveaxis(pre, -1, 0), jnp.moveaxis(post, -1, 0), jnp.moveaxis(p_btst, -2, 0))
 
     def _fused_pre(self, p, state, sub: int):
-        iters, temp = int(self.cfg.sinkhorn_iters), float(self.cfg.sinkhorn_temperature)
-        return fused.mhc_pre(p, sub, state, iters, temp, float(self.cfg.mhc_rms_eps))
+        cfg = self.cfg
+        iters, temp = int(cfg.sinkhorn_iters), float(cfg.sinkhorn_temperature)
+        return fused.mhc_pre(p, sub, state, iters, temp, float(cfg.mhc_rms_eps),
+                             sinkhorn=cfg.mhc_sinkhorn, sinkhorn_eps=float(cfg.mhc_sinkhorn_eps),
+                             layout=cfg.mhc_res_layout, use_tanh=bool(cfg.mhc_tanh))
 
     def read(self, p, state, site):
         if self._pallas():

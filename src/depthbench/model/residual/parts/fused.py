@@ -78,16 +78,21 @@ def hc_pre(p, sub: int, h_nbtd, use_tanh: bool):
     return _per_shard(kernel, (h_nbtd, *ops), (1, None, None, None), (0, 1, 1))
 
 
-def mhc_pre(p, sub: int, h_nbtd, iters: int, temperature: float, eps: float):
-    """``(x, P[s, B, T, t], post[t, B, T])`` of connector ``sub`` (see ``mhc_pre``)."""
+def mhc_pre(p, sub: int, h_nbtd, iters: int, temperature: float, eps: float, *,
+            sinkhorn: str, sinkhorn_eps: float, layout: str, use_tanh: bool):
+    """``(x, P[s, B, T, t], post[t, B, T])`` of connector ``sub`` (see ``mhc_pre``;
+    ``sinkhorn``, ``sinkhorn_eps``, ``layout``, ``use_tanh``: the mhc form)."""
     from pallas_kernels import mhc_operands
     from pallas_kernels import mhc_pre as fused_pre
 
     names = ("phi", "a_pre", "a_post", "a_res", "b_pre", "b_post", "B_res")
     ops = mhc_operands(*(p[k][sub] for k in names))
+    form = {"sinkhorn": sinkhorn, "sinkhorn_eps": sinkhorn_eps, "layout": layout,
+            "use_tanh": use_tanh}
 
     def kernel(h, phi, scale, bias):
-        return fused_pre(h, phi, scale, bias, iters=iters, temperature=temperature, eps=eps)
+        return fused_pre(h, phi, scale, bias, iters=iters, temperature=temperature, eps=eps,
+                         **form)
 
     return _per_shard(kernel, (h_nbtd, *ops), (1, None, None, None), (0, 1, 1))
 

@@ -8,6 +8,9 @@
 * :func:`hc_pre`, :func:`mhc_pre`: HC / mHC coefficients (mHC's Sinkhorn in
   fp32, recomputed on chip in the backward) and the sublayer input;
   :func:`stream_post`: ``H'[t] = sum_s P[s, t] H[s] + b[t] y``.
+* :func:`moda_attention`: MoDA's joint softmax over the causal sequence keys
+  and the token's own depth keys (flash-style forward saving the
+  log-sum-exp; backward kernels for every operand).
 
 Under a mesh, :func:`over_batch` runs a kernel on each device's batch shard
 (``shard_map``; :mod:`pallas_kernels.partition`), so XLA never gathers a
@@ -24,6 +27,7 @@ from pallas_kernels.depth_attention import depth_attention, depth_attention_refe
 from pallas_kernels.depth_attention_prefill import completed_sources_attention, merge_partial
 from pallas_kernels.hc_pre import hc_operands, hc_pre, hc_pre_reference
 from pallas_kernels.mhc_pre import mhc_operands, mhc_pre, mhc_pre_reference
+from pallas_kernels.moda_attention import moda_attention, moda_attention_reference
 from pallas_kernels.partition import over_batch
 from pallas_kernels.stream_post import stream_post, stream_post_reference
 
@@ -40,6 +44,8 @@ __all__ = [
     "mhc_operands",
     "mhc_pre",
     "mhc_pre_reference",
+    "moda_attention",
+    "moda_attention_reference",
     "over_batch",
     "resolve",
     "stream_post",

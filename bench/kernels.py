@@ -155,6 +155,18 @@ def cases(tokens: int, d: int, sources: list[int], n: int, dtype, backend: str, 
             (0, 1, 2, 3),
         )
     )
+    # the default mhc: Liger's form (linear Sinkhorn with eps, R[out, in], bf16 phi)
+    liger = {"sinkhorn": "linear", "sinkhorn_eps": 1e-6, "layout": "out_in"}
+    liger_args = (h, mhc_args[1].astype(jnp.bfloat16), *mhc_args[2:])
+    out.append(
+        (
+            f"mhc_pre n={n} liger",
+            lambda *a: pk.mhc_pre(*a, backend=backend, **sk, **liger),
+            lambda *a: pk.mhc_pre_reference(*a, n, **sk, **liger),
+            liger_args,
+            (0, 1, 2, 3),
+        )
+    )
     return out
 
 

@@ -19,7 +19,7 @@ import pytest
 from paths import REPO
 
 ROUTING = ("hc", "mhc", "attnres_block", "attnres_full", "moda")
-KERNEL_FAMILIES = ("hc", "mhc+pytorch", "attnres_block", "attnres_full")  # mhc's kernel form
+KERNEL_FAMILIES = ("hc", "mhc", "attnres_block", "attnres_full")
 
 
 def run(tmp_path: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:

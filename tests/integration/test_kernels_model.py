@@ -34,6 +34,8 @@ FAMILIES = {
     # the default mhc: Liger's form (linear Sinkhorn, R[out, in], bf16 phi)
     "mhc": {"hc_n": 2, "sinkhorn_iters": 4},
     "mhc+pytorch": {**PYTORCH, "hc_n": 2, "sinkhorn_iters": 4},
+    # GQA in both depth groups: attention slots on 2 key heads, MLP slots on 1
+    "moda": {"moda_kv_heads": 1},
 }
 
 

@@ -16,7 +16,10 @@ or post-norm) and the variants: docs/spec/residuals.md, family 10.  Here:
 * the attention of block ``b`` sees the slots ``0 .. b - 1`` of both kinds,
   so block 0 is ordinary causal attention.  The joint softmax is
   ``moda_attention.attention_with_depth``; the family hands it to the
-  backbone's attention sublayer (``DepthAttention``).
+  backbone's attention sublayer (``DepthAttention``).  With ``model.impl``
+  pallas it runs in one fused kernel (``parts/fused.moda_attention``;
+  ``pallas_kernels.moda_attention``), a decode step's cached keys and
+  packed rows' segments aside (XLA, the same maths).
 
 Only slots a later attention reads are kept: ``L - 1`` of each kind, so the
 last block writes nothing (its MLP does not even compute its extra linear:
@@ -42,6 +45,7 @@ import jax.numpy as jnp
 from depthbench.errors import ConfigError
 from depthbench.model.depth_scan import read_extents
 from depthbench.model.layers import weight
+from depthbench.model.residual.parts import fused
 from depthbench.model.residual.parts.moda_attention import attention_with_depth
 from depthbench.model.residual.protocol.base import (
     BTD,
@@ -236,16 +240,23 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
 
     def attention(self, p, state, site):
         """The joint softmax over the sequence keys and the depth caches (the
-        rotated or the pre-RoPE query meets the depth keys: ``moda_depth_query``)."""
+        rotated or the pre-RoPE query meets the depth keys: ``moda_depth_query``).
+        With ``model.impl`` pallas (or auto choosing it) in one fused kernel
+        (``pallas_kernels.moda_attention``), except where the sublayer also sees
+        a decoder's cached keys or packed rows' segments: those run in XLA."""
         if self.n_slots == 0:
             return None
         valid = state["valid"][: state["ka"].shape[3]]  # the caches may be cut (bank_extent)
         groups = ((state["ka"], state["va"], valid), (state["kf"], state["vf"], valid))
         rotated = self.rotated_query
+        pallas = fused.use_pallas(self.spec)
 
         def attend(q, qr, kr, v, past, segments=None):
-            return attention_with_depth(qr, kr, v, qr if rotated else q, groups, past,
-                                        segments)
+            depth_query = qr if rotated else q
+            if pallas and past is None and segments is None:
+                return fused.moda_attention(qr, kr, v, depth_query, groups)
+            # A decode step's cached keys and packed rows' segments: XLA's parts.
+            return attention_with_depth(qr, kr, v, depth_query, groups, past, segments)
 
         return attend
 

@@ -1,4 +1,4 @@
-"""``model.impl``: route attnres / hc / mhc through the Pallas kernels or XLA.
+"""``model.impl``: route attnres / hc / mhc / moda through the Pallas kernels or XLA.
 
 * ``xla``: the families' own ``jnp`` maths (the reference);
 * ``pallas``: the fused kernels of ``pallas_kernels`` (compiled on TPU/GPU,
@@ -102,3 +102,20 @@ def stream_post(h_nbtd, p_sbtt, b_tbt, y_btd):
     from pallas_kernels import stream_post as fused_post
 
     return _per_shard(fused_post, (h_nbtd, p_sbtt, b_tbt, y_btd), (1, 1, 1, 0), 1)
+
+
+def moda_attention(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
+    """moda's joint softmax (``parts/moda_attention.attention_with_depth`` without
+    a decoder's past keys or packed rows' segments, which stay in XLA): the
+    causal sequence keys and each group ``(k, v [B, T, g, m, d_h], valid [m])``
+    of the token's own depth keys, in ``q``'s dtype."""
+    from pallas_kernels import moda_attention as fused_attention
+
+    n_groups = len(groups)
+
+    def kernel(q, k, v, qd, *depth):
+        return fused_attention(q, k, v, qd, [depth[i::n_groups] for i in range(n_groups)])
+
+    depth = [x for i in range(3) for x in (g[i] for g in groups)]  # keys, values, valid
+    in_dims = (0, 0, 0, 0, *([0] * 2 * n_groups), *([None] * n_groups))
+    return _per_shard(kernel, (q_btnh, k_btkh, v_btkh, q_depth_btnh, *depth), in_dims, 0)

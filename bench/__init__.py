@@ -12,6 +12,7 @@ any other way (the tests), the package leaves the process alone.
 import sys
 
 if sys.argv[:1] == ["-m"]:  # Python's placeholder while `-m` imports the package
-    from depthbench import hostmem
+    from depthbench import cpu_dots, hostmem
 
     hostmem.apply_or_exit("bench")
+    cpu_dots.apply_or_exit("bench")

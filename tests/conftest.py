@@ -39,6 +39,10 @@ from paths import REPO
 pytest_plugins = ["bad_input_commands", "data_synthetic", "lm_eval_tiny", "sweep_spec"]
 
 os.environ["XLA_FLAGS"] = with_fast_flags(os.environ.get("XLA_FLAGS", ""))
+# The commands the tests start keep XLA's own dot library whatever the CPU, so a
+# command's numbers and this process's come from the same GEMM code
+# (depthbench.cpu_dots; its own tests set the variable as they need).
+os.environ["DEPTHBENCH_CPU_DOTS"] = "ynnpack"
 
 _CACHE_OWNER = "JAX_COMPILATION_CACHE_DIR" not in os.environ
 if _CACHE_OWNER:

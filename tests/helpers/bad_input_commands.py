@@ -556,6 +556,9 @@ ENV_CASES = [
     ("DEPTHBENCH_MALLOC: not a choice", lambda d: {"DEPTHBENCH_MALLOC": "fast"},
      lambda d: ["families"],
      r"\$DEPTHBENCH_MALLOC: 'fast' is not one of system, mimalloc, keep$"),
+    ("DEPTHBENCH_CPU_DOTS: not a choice", lambda d: {"DEPTHBENCH_CPU_DOTS": "mkl"},
+     lambda d: ["families"],
+     r"\$DEPTHBENCH_CPU_DOTS: 'mkl' is not one of auto, eigen, ynnpack$"),
     ("SLURM_NTASKS: not a count (dry run)",
      lambda d: {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "two"}, _dry_train,
      r"SLURM_NTASKS: expected a non-negative integer, got 'two'$"),
@@ -573,7 +576,8 @@ IMPORT_TIME = {c[0] for c in ENV_CASES if c[0].startswith("DEPTHBENCH_FAMILIES")
 
 
 # Environment cases run as real processes too.
-ENV_PROCESS_CASES = IMPORT_TIME | {"DEPTHBENCH_OVERRIDES: an unclosed quote"}
+ENV_PROCESS_CASES = IMPORT_TIME | {"DEPTHBENCH_OVERRIDES: an unclosed quote",
+                                   "DEPTHBENCH_CPU_DOTS: not a choice"}
 
 
 # Cases whose stderr is checked in a real process (logging configured as a user's is).

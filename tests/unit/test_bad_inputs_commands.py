@@ -80,7 +80,7 @@ def test_the_environment_table_covers_every_variable():
     assert len(names) == len(set(names)) and ENV_PROCESS_CASES <= set(names)
     read = {name.split(":")[0] for name in names}
     assert {"DEPTHBENCH_FAMILIES", "DEPTHBENCH_OVERRIDES", "DEPTHBENCH_MAX_RUNS",
-            "DEPTHBENCH_CACHE", "DEPTHBENCH_MALLOC"} <= read
+            "DEPTHBENCH_CACHE", "DEPTHBENCH_MALLOC", "DEPTHBENCH_CPU_DOTS"} <= read
 
 
 @pytest.mark.parametrize("case", [c for c in ENV_CASES if c[0] not in IMPORT_TIME],

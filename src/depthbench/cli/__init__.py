@@ -14,7 +14,7 @@ import os
 import shlex
 import sys
 
-from depthbench import faults, hostmem
+from depthbench import cpu_dots, faults, hostmem
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError
 
 # Sub-command modules, in the order `depthbench --help` lists them.
@@ -43,6 +43,9 @@ environment:
       preloaded and keeping freed memory (no page faults every step; faster CPU
       steps: bench/results/hostmem.md). keep: glibc keeps freed memory (one arena;
       deep narrow models slower).
+  DEPTHBENCH_CPU_DOTS=auto|eigen|ynnpack  which library runs XLA:CPU's dots
+      (depthbench.cpu_dots). auto (default): the faster one for this CPU's vendor as
+      measured (bench/results/cpu_dots.md); a ynn_fusion_type in XLA_FLAGS wins.
 
 Exit status: 0 ok, 2 bad input (one line on stderr), 3 training diverged,
 4 disk full or read-only (one line on stderr; free space and re-run)."""
@@ -130,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(argv: list[str]) -> int:
     """Parse ``argv`` and run its command; bad input anywhere is a ConfigError."""
     hostmem.apply()  # as the command does (entry), short of re-executing: main() runs alike
+    cpu_dots.setting()  # checked alike; applied by entry only, before jax starts
     if argv[:1] == ["lm-eval"]:  # lm-eval's own flags pass through untouched
         from depthbench.cli import lm_eval_cmd
 
@@ -167,6 +171,8 @@ def entry() -> None:
     """Console-script entry point (and ``python -m depthbench``): host-memory
     settings first, before jax starts any thread (:mod:`depthbench.hostmem`; by
     default none; ``DEPTHBENCH_MALLOC=mimalloc`` re-executes the command once, in
-    place, with mimalloc preloaded), then :func:`main`."""
+    place, with mimalloc preloaded) and the CPU's dot library
+    (:mod:`depthbench.cpu_dots`), then :func:`main`."""
     hostmem.apply_or_exit("depthbench")
+    cpu_dots.apply_or_exit("depthbench")
     sys.exit(main())

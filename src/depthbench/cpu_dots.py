@@ -1,0 +1,100 @@
+"""Which library runs XLA:CPU's dots: chosen per CPU vendor by measurement, overridable.
+
+jaxlib 0.10.2 sends a CPU program's dots to YNNPACK by default; with
+``--xla_cpu_experimental_ynn_fusion_type=reduce`` they go to Eigen (and only
+reductions to YNNPACK).  Neither is faster everywhere:
+``python -m bench.cpu_dots`` times the trainer's step under each, side by side,
+and ``bench/results/cpu_dots.md`` records what it found per machine.
+``$DEPTHBENCH_CPU_DOTS`` chooses:
+
+* ``auto`` (the default): the faster one for this CPU's vendor where it was
+  measured (:data:`FASTER`), XLA's default elsewhere;
+* ``eigen``: dots on Eigen;
+* ``ynnpack``: XLA's default, nothing added.
+
+Applied by the command entry points (the ``depthbench`` command, ``python -m
+bench``) before jax starts, as an ``XLA_FLAGS`` entry the processes they start
+inherit; never when ``XLA_FLAGS`` already sets
+``xla_cpu_experimental_ynn_fusion_type`` (your flag wins).  Imported as a
+library (a notebook), nothing is applied: call :func:`apply` before jax's first
+computation, or set ``XLA_FLAGS`` yourself.  The flag changes which GEMM code
+runs, so a run's losses can differ in the last bits between the two.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+from depthbench.errors import EXIT_BAD_INPUT, ConfigError
+
+ENV = "DEPTHBENCH_CPU_DOTS"
+CHOICES = ("auto", "eigen", "ynnpack")
+FLAG = "xla_cpu_experimental_ynn_fusion_type"
+EIGEN_FLAGS = f"--{FLAG}=reduce"
+# The faster library per vendor, each from python -m bench.cpu_dots on such a machine
+# (bench/results/cpu_dots.md); a vendor not listed keeps XLA's default.
+FASTER = {"AuthenticAMD": "eigen", "GenuineIntel": "ynnpack"}
+
+
+def cpu_vendor() -> str:
+    """``vendor_id`` of ``/proc/cpuinfo`` (``unknown`` where there is none)."""
+    return _cpuinfo("vendor_id") or "unknown"
+
+
+def cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or "unknown"
+
+
+def _cpuinfo(key: str) -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() == key:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def setting() -> str:
+    """``$DEPTHBENCH_CPU_DOTS`` (``auto`` when unset); a bad value is a ConfigError."""
+    value = os.environ.get(ENV, "auto").strip() or "auto"
+    if value not in CHOICES:
+        raise ConfigError(f"${ENV}: {value!r} is not one of {', '.join(CHOICES)}")
+    return value
+
+
+def choice() -> str:
+    """``eigen`` or ``ynnpack``: what :func:`setting` means on this CPU."""
+    value = setting()
+    return FASTER.get(cpu_vendor(), "ynnpack") if value == "auto" else value
+
+
+def describe(library: str) -> str:
+    return {"eigen": f"dots on Eigen ({EIGEN_FLAGS})",
+            "ynnpack": "dots on YNNPACK (XLA's default)"}[library]
+
+
+def apply() -> str:
+    """Add the chosen flag to ``XLA_FLAGS`` (unless they set it already); returns
+    what the processes' dots now run on, in words."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if FLAG in flags:
+        return f"as XLA_FLAGS sets ({FLAG})"
+    library = choice()
+    if library == "eigen":
+        os.environ["XLA_FLAGS"] = f"{flags} {EIGEN_FLAGS}".strip()
+    return describe(library)
+
+
+def apply_or_exit(prog: str) -> str:
+    """:func:`apply` for a command's first lines: a bad ``$DEPTHBENCH_CPU_DOTS``
+    is one line on stderr and exit status 2, like every bad input."""
+    try:
+        return apply()
+    except ConfigError as e:
+        sys.stderr.write(f"{prog}: error: {e}\n")
+        raise SystemExit(EXIT_BAD_INPUT) from None

@@ -170,7 +170,8 @@ def test_kernels_compose_to_the_models_hc_routing(sub):
 
 @pytest.mark.parametrize("sub", [0, 1])
 def test_kernels_compose_to_the_models_mhc_routing(sub):
-    # The form the kernels compute: mhc+pytorch (log-domain Sinkhorn, R[in, out]).
+    # mhc+pytorch's form (log-domain Sinkhorn, R[in, out]); Liger's, the default, and
+    # tanh: test_kernels_mhc_liger.py.
     fam, n, d = family(MHC, "mhc", 4, sinkhorn_iters=5, sinkhorn_temperature=1.0,
                        mhc_sinkhorn="log", mhc_res_layout="in_out"), 4, 32
     p = randomised(

@@ -15,8 +15,8 @@ finite number of rounds:
   row softmax, then divisions by the column and row sums each plus ``eps``.
 
 Both normalise the last axis first and end on the second-to-last.  Pure
-``jnp`` in fp32, so a fused kernel can replace them (``pallas_kernels``:
-the log form).
+``jnp`` in fp32, so a fused kernel can replace them (both forms:
+``pallas_kernels.sinkhorn_tile``).
 """
 
 from __future__ import annotations

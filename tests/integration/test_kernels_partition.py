@@ -2,7 +2,7 @@
 
 One subprocess with a fake 8-device CPU mesh
 (``XLA_FLAGS=--xla_force_host_platform_device_count=8``) trains, for hc,
-mhc, attnres_full and attnres_block, the same tiny model two steps with
+mhc, attnres_full, attnres_block and moda, the same tiny model two steps with
 ``model.impl=xla`` and ``model.impl=pallas`` from one initialisation, on
 the meshes data=8 and data=2 x fsdp=2 x tensor=2, and reports:
 
@@ -44,6 +44,7 @@ FAMILIES = {
     "mhc": ["model.residual.hc_n=2", "model.residual.sinkhorn_iters=4"],
     "attnres_full": [],
     "attnres_block": ["model.residual.attnres_blocks=2"],
+    "moda": [],
 }
 MESHES = [(8, 1, 1), (2, 2, 2)]
 BATCH, SEQ = 16, 12  # 192 tokens; no parameter has a dimension of 12 or >= 192
@@ -83,7 +84,24 @@ def kernel_call_dims(mlir: str, call: str) -> list[int]:
     return dims
 
 
-def _lowered_kernel_dims(setup, state, batch, platform: str) -> list[int]:
+def kernel_call_batches(mlir: str, call: str) -> list[int]:
+    """The leading dimension of every operand and result of rank >= 4 of the kernel
+    calls.  moda's kernel keeps batch, heads and tokens apart (``[B, N, T, d_h]``,
+    depth caches ``[B, T, g, m, d_h]``), so no dimension is the token count: its
+    share is the batch's (and the heads', split over ``tensor``)."""
+    batches = []
+    for line in mlir.splitlines():
+        if f"@{call}" in line or f'"{call}"' in line:
+            signature = line.rsplit(" : ", 1)[-1]
+            for tensor in re.findall(r"tensor<([0-9x]+)x[a-z]", signature):
+                dims = tensor.split("x")
+                if len(dims) >= 4:
+                    batches.append(int(dims[0]))
+    return batches
+
+
+def _lowered_kernel_dims(setup, state, batch, platform: str, parse=kernel_call_dims
+                         ) -> list[int]:
     """The kernel calls' dimensions of the train step lowered for ``platform``
     (``model.impl=pallas`` resolves its backend from the default backend, which
     is told to be that platform while tracing; a new step, so no trace is reused)."""
@@ -97,17 +115,22 @@ def _lowered_kernel_dims(setup, state, batch, platform: str) -> list[int]:
     kind = {"cuda": "gpu"}.get(platform, platform)
     with setup.context(), mock.patch.object(jax, "default_backend", lambda: kind):
         text = train.jitted.trace(state, batch).lower(lowering_platforms=(platform,)).as_text()
-    return kernel_call_dims(text, KERNEL_CALLS[platform])
+    return parse(text, KERNEL_CALLS[platform])
 
 
-def _unpartitioned(setup, state, batch) -> dict:
+def _unpartitioned(setup, state, batch, family: str) -> dict:
     """The kernels as they were before they partitioned (``fused.batch_axes``
-    giving no axes): Triton's calls get the global batch, Mosaic refuses."""
+    and ``fused.head_axes`` giving no axes): Triton's calls get the global
+    batch, Mosaic refuses."""
     from depthbench.model.residual.parts import fused
 
     real, fused.batch_axes = fused.batch_axes, lambda: ()
+    real_heads, fused.head_axes = fused.head_axes, lambda: ()
     try:
         out = {"unpartitioned_cuda_dims": _lowered_kernel_dims(setup, state, batch, "cuda")}
+        if family == "moda":
+            out["unpartitioned_cuda_batches"] = _lowered_kernel_dims(
+                setup, state, batch, "cuda", kernel_call_batches)
         try:
             _lowered_kernel_dims(setup, state, batch, "tpu")
             out["unpartitioned_tpu_error"] = ""
@@ -115,7 +138,7 @@ def _unpartitioned(setup, state, batch) -> dict:
             out["unpartitioned_tpu_error"] = str(err)
         return out
     finally:
-        fused.batch_axes = real
+        fused.batch_axes, fused.head_axes = real, real_heads
 
 
 def _main() -> None:
@@ -149,8 +172,11 @@ def _main() -> None:
                     for platform in KERNEL_CALLS:
                         row[f"{platform}_dims"] = _lowered_kernel_dims(
                             s, state, batches[0], platform)
+                        if family == "moda":
+                            row[f"{platform}_batches"] = _lowered_kernel_dims(
+                                s, state, batches[0], platform, kernel_call_batches)
                     if shape == MESHES[-1]:
-                        row.update(_unpartitioned(s, state, batches[0]))
+                        row.update(_unpartitioned(s, state, batches[0], family))
                 losses = []
                 for b in batches:
                     state, metrics = train(state, b)
@@ -201,6 +227,13 @@ def test_kernels_add_no_activation_gather(rows):
 def test_real_kernels_receive_one_shard_of_tokens(rows):
     tokens = BATCH * SEQ
     for r in rows:
+        if r["family"] == "moda":  # kernel_call_batches: a batch shard (4 or 8 of them)
+            for platform in KERNEL_CALLS:
+                assert max(r[f"{platform}_batches"]) <= BATCH // 4, (r["mesh"], platform)
+            if "unpartitioned_cuda_batches" in r:
+                assert max(r["unpartitioned_cuda_batches"]) == BATCH
+                assert "cannot be automatically partitioned" in r["unpartitioned_tpu_error"]
+            continue
         for platform in KERNEL_CALLS:
             dims = r[f"{platform}_dims"]
             assert dims, f"{r['family']}: no {platform} kernel call found"

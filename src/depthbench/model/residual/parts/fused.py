@@ -104,12 +104,34 @@ def stream_post(h_nbtd, p_sbtt, b_tbt, y_btd):
     return _per_shard(fused_post, (h_nbtd, p_sbtt, b_tbt, y_btd), (1, 1, 1, 0), 1)
 
 
+def _mesh_axes(logical: str) -> tuple[str, ...]:
+    axes = nn.logical_to_mesh_axes((logical,))[0]
+    if axes is None:
+        return ()
+    return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def head_axes() -> tuple[str, ...]:
+    """The mesh axes attention heads are split over under the active rules, where
+    query and key heads are split alike (``activation_heads``,
+    ``activation_kv_heads``); none otherwise."""
+    heads = _mesh_axes("activation_heads")
+    return heads if heads == _mesh_axes("activation_kv_heads") else ()
+
+
 def moda_attention(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
     """moda's joint softmax (``parts/moda_attention.attention_with_depth`` without
     a decoder's past keys or packed rows' segments, which stay in XLA): the
     causal sequence keys and each group ``(k, v [B, T, g, m, d_h], valid [m])``
-    of the token's own depth keys, in ``q``'s dtype."""
+    of the token's own depth keys, in ``q``'s dtype.
+
+    Per batch shard, and per head shard too where the rules split heads
+    (:func:`head_axes`: ``tensor``) and the shards divide every head count:
+    heads are independent, and contiguous shards keep query head ``i`` with
+    its key head ``i // (N / K)``, so the kernel's operands stay split as
+    XLA's attention keeps them (no gather around the kernel)."""
     from pallas_kernels import moda_attention as fused_attention
+    from pallas_kernels.partition import batch_shards
 
     n_groups = len(groups)
 
@@ -117,5 +139,16 @@ def moda_attention(q_btnh, k_btkh, v_btkh, q_depth_btnh, groups):
         return fused_attention(q, k, v, qd, [depth[i::n_groups] for i in range(n_groups)])
 
     depth = [x for i in range(3) for x in (g[i] for g in groups)]  # keys, values, valid
-    in_dims = (0, 0, 0, 0, *([0] * 2 * n_groups), *([None] * n_groups))
-    return _per_shard(kernel, (q_btnh, k_btkh, v_btkh, q_depth_btnh, *depth), in_dims, 0)
+    args = (q_btnh, k_btkh, v_btkh, q_depth_btnh, *depth)
+    batch, heads = batch_axes(), head_axes()
+    head_counts = [q_btnh.shape[2], k_btkh.shape[2], *(g[0].shape[2] for g in groups)]
+    n_heads = batch_shards(heads)
+    if n_heads == 1 or set(heads) & set(batch) or any(c % n_heads for c in head_counts):
+        in_dims = (0, 0, 0, 0, *([0] * 2 * n_groups), *([None] * n_groups))
+        return _per_shard(kernel, args, in_dims, 0)
+    rows = batch if batch and q_btnh.shape[0] % batch_shards(batch) == 0 else None
+    split = jax.sharding.PartitionSpec(rows, None, heads)  # dims 0 and 2: batch, heads
+    specs = (split,) * (4 + 2 * n_groups) + (jax.sharding.PartitionSpec(),) * n_groups
+    # check_vma=False: a pallas_call declares no varying axes (partition.py).
+    return jax.shard_map(kernel, mesh=jax.sharding.get_abstract_mesh(), in_specs=specs,
+                         out_specs=split, check_vma=False)(*args)

@@ -28,7 +28,7 @@ GIB = 2.0**30
 ROUTING = ("hc", "mhc", "attnres_block", "attnres_full", "moda")
 # fused.py routes these; mhc's kernels compute every mhc form, so its rows time the
 # default (Liger's).
-KERNEL_FAMILIES = ("hc", "mhc", "attnres_block", "attnres_full")
+KERNEL_FAMILIES = ("hc", "mhc", "attnres_block", "attnres_full", "moda")
 BANKED_FIRST = ("pre_ln", "attnres_full", "attnres_block", "moda", "mhc", "hc")
 PACKAGES = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin",
             "jax-cuda13-pjrt", "libtpu", "flax", "optax")

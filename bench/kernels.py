@@ -14,12 +14,14 @@ cotangent), and prints per case:
 
 Kernels: AttnRes depth attention (``S`` = 9 and 17 sources), the HC/mHC
 post-mix, HC pre-mix and mHC pre-mix (``n`` = 4 streams, 20 Sinkhorn
-iterations).  On CPU the kernels run in the Pallas *interpreter*, so their
-times measure the interpreter, not the kernel; the run says so, and its
+iterations), MoDA's joint softmax (sequence and depth keys, ``m`` = the
+largest ``S`` slots in each of two depth groups).  On CPU the kernels run in
+the Pallas *interpreter*, so their times measure the interpreter, not the
+kernel; the run says so, and its
 default shapes are small (a smoke test of the benchmark that finishes in
 about a minute).  ``--realistic`` uses 16k tokens, d 1024 (the issue's
 shapes; minutes on CPU).  ``--model`` adds the train-step time of hc, mhc,
-attnres_block and attnres_full relative to pre_ln, with ``model.impl`` xla
+attnres_block, attnres_full and moda relative to pre_ln, with ``model.impl`` xla
 and pallas (goals on an accelerator: mhc within 6%, attnres_block within 3%);
 on CPU that takes minutes per family (the interpreter's compile), so it is
 opt-in.
@@ -167,7 +169,36 @@ def cases(tokens: int, d: int, sources: list[int], n: int, dtype, backend: str, 
             (0, 1, 2, 3),
         )
     )
+    out.append(moda_case(tokens, d, max(sources), dtype, backend, normal))
     return out
+
+
+def moda_case(tokens: int, d: int, slots: int, dtype, backend, normal):
+    """MoDA's joint softmax: rows of up to 2048 tokens, heads of 128 (or ``d``),
+    key heads a quarter of them (GQA), two depth groups (the attention and MLP
+    slots) of ``slots`` slots, the last third masked (a block midway down the
+    stack), against the model's XLA path (``attention_with_depth``)."""
+    from depthbench.model.residual.parts.moda_attention import attention_with_depth
+
+    seq = min(tokens, 2048)
+    b, h = max(1, tokens // seq), min(d, 128)
+    n = max(1, d // h)
+    kv = max(1, n // 4)
+    valid = jnp.arange(slots) < slots - slots // 3
+
+    def groups(depth):
+        return [(depth[0], depth[1], valid), (depth[2], depth[3], valid)]
+
+    args = (normal((b, seq, n, h), dtype), normal((b, seq, kv, h), dtype),
+            normal((b, seq, kv, h), dtype), normal((b, seq, n, h), dtype),
+            *(normal((b, seq, kv, slots, h), dtype) for _ in range(4)))
+    return (
+        f"moda_attention m={slots}",
+        lambda q, k, v, qd, *dp: pk.moda_attention(q, k, v, qd, groups(dp), backend),
+        lambda q, k, v, qd, *dp: attention_with_depth(q, k, v, qd, groups(dp)),
+        args,
+        tuple(range(8)),
+    )
 
 
 def measure(todo, passes, repeats: int) -> list[dict]:
@@ -195,7 +226,7 @@ def measure(todo, passes, repeats: int) -> list[dict]:
     return rows
 
 
-MODEL_FAMILIES = ("hc", "mhc", "attnres_block", "attnres_full")
+MODEL_FAMILIES = ("hc", "mhc", "attnres_block", "attnres_full", "moda")
 
 
 def model_level(a, repeats: int, target) -> None:

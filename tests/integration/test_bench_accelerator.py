@@ -19,7 +19,7 @@ import pytest
 from paths import REPO
 
 ROUTING = ("hc", "mhc", "attnres_block", "attnres_full", "moda")
-KERNEL_FAMILIES = ("hc", "mhc", "attnres_block", "attnres_full")
+KERNEL_FAMILIES = ("hc", "mhc", "attnres_block", "attnres_full", "moda")
 
 
 def run(tmp_path: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -112,7 +112,7 @@ def test_families_xla_and_pallas_against_pre_ln(dry):
 def test_kernels_forward_and_backward(dry):
     rows = tables(dry["kernels"])[0]
     assert {(r["kernel"].split()[0], r["pass"]) for r in rows} == {
-        (k, p) for k in ("depth_attention", "stream_post", "hc_pre", "mhc_pre")
+        (k, p) for k in ("depth_attention", "stream_post", "hc_pre", "mhc_pre", "moda_attention")
         for p in ("fwd", "fwd+bwd")}
     for r in rows:
         assert number(r["pallas_ms"]) > 0 and number(r["xla_ms"]) > 0

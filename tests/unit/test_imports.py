@@ -131,7 +131,7 @@ FLOORS = (
     ("model.residual.parts",),  # pieces families share
     ("model", "model.residual.protocol.registry"),  # the families, their table, the model
     ("variants", "config", "configs", "reference"),
-    ("costs", "parallel", "hostmem", "data", "rundir.identity"),
+    ("costs", "parallel", "hostmem", "cpu_dots", "data", "rundir.identity"),
     ("train",),
     ("run", "importers", "exporters", "finetune"),  # a model of a run; runs in and out
     ("generation",),  # a run's prefill and decode programs, sampling, the decode loop

@@ -111,9 +111,10 @@ def model_specs(shape: Shape = SHAPE) -> list[tuple[list[str], ModelSpec]]:
 
 # Where a family has Pallas kernels (model.impl = "pallas"), in the forms they
 # compute: the depth-attention kernel (attnres_full runs the same one, on blocks
-# of one), hc's and mhc's routing kernels and the stream post-mix they share.
+# of one), hc's and mhc's routing kernels and the stream post-mix they share, and
+# moda's joint-softmax kernel (its prefill; a decode step's cached keys stay in XLA).
 PALLAS = {"attnres_block": {"attnres_blocks": 2}, "hc": {"hc_n": 2},
-          "mhc+pytorch": {"hc_n": 2, "sinkhorn_iters": 4}}
+          "mhc": {"hc_n": 2, "sinkhorn_iters": 4}, "moda": {}}
 
 
 def pallas_specs(shape: Shape = SHAPE) -> list[tuple[list[str], ModelSpec]]:

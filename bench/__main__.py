@@ -6,8 +6,9 @@ Sections: the PyTorch peer comparison (skipped with a message without torch),
 compile time against depth per family, step time and memory per family
 relative to pre_ln, throughput and MFU, data-pipeline headroom, inference
 (decode latency and KV cache per family and depth, ``bench/inference.py``), and any of
-``bench/kernels.py``, ``bench/bench_tokenize.py``, ``bench/depth_memory.py``
-present (run as they are, their output included).
+``bench/kernels.py``, ``bench/bench_tokenize.py``, ``bench/depth_memory.py``,
+``bench/cpu_dots.py`` (XLA:CPU's dot libraries side by side) present (run as
+they are, their output included).
 
     python -m bench                       # everything
     python -m bench --quick               # fewer steps, fewer families
@@ -25,7 +26,7 @@ import traceback
 from bench import common
 
 QUICK_FAMILIES = ("pre_ln", "hc", "mhc", "attnres_full", "moda")
-DISCOVERED = ("kernels.py", "bench_tokenize.py", "depth_memory.py")
+DISCOVERED = ("kernels.py", "bench_tokenize.py", "depth_memory.py", "cpu_dots.py")
 
 
 def _data(quick: bool) -> str:

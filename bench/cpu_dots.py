@@ -38,7 +38,7 @@ import sys
 from bench import common
 
 # name -> XLA_FLAGS added for it (the product's own choice is switched off in the
-# child: DEPTHBENCH_CPU_DOTS=xla leaves XLA's defaults alone).
+# child: DEPTHBENCH_CPU_DOTS=ynnpack adds nothing to XLA_FLAGS).
 SETTINGS = {
     "default (dots on YNNPACK)": "",
     "dots on Eigen (ynn reduce)": "--xla_cpu_experimental_ynn_fusion_type=reduce",
@@ -75,7 +75,7 @@ def measure(shapes: list[str], steps: int) -> dict:
 def run_one(flags: str, shapes: list[str], steps: int) -> dict | str:
     """One fresh process under ``flags``: its measurements, or why it has none."""
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip(),
-           "JAX_PLATFORMS": "cpu", "DEPTHBENCH_CPU_DOTS": "xla"}
+           "JAX_PLATFORMS": "cpu", "DEPTHBENCH_CPU_DOTS": "ynnpack"}
     proc = subprocess.run([sys.executable, "-m", "bench.cpu_dots", "--child", "--steps",
                            str(steps), "--shapes", *shapes], capture_output=True, text=True,
                           env=env, cwd=common.ROOT, check=False)

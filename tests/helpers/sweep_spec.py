@@ -35,6 +35,22 @@ def spec_file(tmp_path_factory) -> Path:
     return path
 
 
+def tiny_config(checkpoint_every: int, layer_stats_every: int) -> str:
+    """The body of a spec's ``get_config`` (up to its ``return c``) for real sweeps
+    that train in seconds: d 32, 2 heads, 4 steps of 2 x 16 tokens, 2 validation
+    windows (tests/integration/test_sweep_end_to_end.py, test_finetune_sweep.py)."""
+    return f"""    c = base_config()
+    c.model.suite = ""
+    c.model.d_model = 32
+    c.model.n_heads = 2
+    t = c.train
+    t.steps, t.batch_size, t.seq_len = 4, 2, 16
+    t.log_every, t.eval_every = 2, 4
+    t.checkpoint_every, t.layer_stats_every = {checkpoint_every}, {layer_stats_every}
+    c.data.val_windows = 2
+"""
+
+
 def read_csv(path: Path) -> dict[str, dict]:
     with open(path) as f:
         return {row["name"]: row for row in csv.DictReader(f)}

@@ -10,6 +10,7 @@ import json
 
 import pytest
 from eval_tiny import write_records
+from sweep_spec import tiny_config
 
 from depthbench.cli import main as cli_main
 
@@ -17,14 +18,7 @@ SPEC = """
 from depthbench.config import base_config
 
 def get_config():
-    c = base_config()
-    c.model.suite = ""
-    c.model.d_model = 32
-    c.model.n_heads = 2
-    t = c.train
-    t.steps, t.batch_size, t.seq_len = 4, 2, 16
-    t.log_every, t.eval_every, t.checkpoint_every, t.layer_stats_every = 2, 4, 4, 0
-    c.data.val_windows = 2
+""" + tiny_config(checkpoint_every=4, layer_stats_every=0) + """\
     c.eval.suites = "nll-code-stem-math"
     c.eval.data_dir = {eval_dir!r}
     f = c.finetune

@@ -7,26 +7,18 @@ from __future__ import annotations
 import json
 
 import pytest
-from sweep_spec import read_csv
+from sweep_spec import read_csv, tiny_config
 
 from depthbench.cli import main as cli_main
 
-TINY = """
+TINY = f"""
 from depthbench.config import base_config
 
 def get_config():
-    c = base_config()
-    c.model.suite = ""
-    c.model.d_model = 32
-    c.model.n_heads = 2
-    t = c.train
-    t.steps, t.batch_size, t.seq_len = 4, 2, 16
-    t.log_every, t.eval_every, t.checkpoint_every, t.layer_stats_every = 2, 4, 2, 4
-    c.data.val_windows = 2
-    return c
+{tiny_config(checkpoint_every=2, layer_stats_every=4)}    return c
 
 def get_sweep():
-    return [{"model.family": f, "model.depth": 2} for f in ("pre_ln", "hc")]
+    return [{{"model.family": f, "model.depth": 2}} for f in ("pre_ln", "hc")]
 """
 
 

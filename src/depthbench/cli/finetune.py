@@ -8,11 +8,8 @@ Exit status as ``train``'s: 0 finished, preempted (resumable) or already done;
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 from depthbench.cli.validators import directory
-from depthbench.errors import EXIT_DIVERGED, EXIT_OK
 
 _EPILOG = """\
 examples:
@@ -65,30 +62,20 @@ def register(subparsers) -> None:
 
 
 def _finetune(args) -> int:
-    from depthbench import parallel
+    from depthbench.cli.train import report
     from depthbench.exporters.source_run import open_run
     from depthbench.finetune import configure, trainer  # late: keeps --help fast
-    from depthbench.train import summary
 
     parent = open_run(args.parent, configure.WHAT)
     trainer.check_workdir(args.workdir, parent.run_dir)  # before the records are prepared
     plan = configure.from_command(args.parent, args.records, args.config, args.overrides,
                                   progress=not args.no_progress)
     result = trainer.finetune(plan, args.workdir, progress=not args.no_progress)
-    if not parallel.is_main_process():
-        return EXIT_DIVERGED if result.get("diverged") else EXIT_OK
-    if args.json:
-        print(json.dumps(result, indent=1))
-    elif result.get("status") == "preempted":
-        print(result["message"])
-    else:
-        if result.get("already_done"):
-            print(f"{args.workdir} already holds this fine-tuning, finished; not retraining")
-        print(summary.summary(result, args.workdir))
-        f = result.get("finetune") or {}
-        before, after = f.get("initial_val_loss"), result.get("final_val_loss")
-        if before is not None and after is not None:
-            print(f"held-out instruction loss: {before:.4f} (parent, step "
-                  f"{f.get('parent_step')}) -> {after:.4f}")
-    sys.stdout.flush()
-    return EXIT_DIVERGED if result.get("diverged") else EXIT_OK
+    f = result.get("finetune") or {}
+    before, after = f.get("initial_val_loss"), result.get("final_val_loss")
+    losses = () if before is None or after is None else (
+        f"held-out instruction loss: {before:.4f} (parent, step {f.get('parent_step')}) -> "
+        f"{after:.4f}",)
+    return report(result, args.workdir, args.json,
+                  f"{args.workdir} already holds this fine-tuning, finished; not retraining",
+                  losses)

@@ -71,21 +71,32 @@ def _train(args) -> int:
     config = config_lib.load(args.config, args.overrides)
     if args.dry_run:
         return _dry_run(config, args)
-    from depthbench.train import loop, summary  # late: keeps `depthbench --help` fast
+    from depthbench.train import loop  # late: keeps `depthbench --help` fast
 
     result = loop.run(config, args.workdir, progress=not args.no_progress)
-    from depthbench import parallel
+    return report(result, args.workdir, args.json,
+                  f"{args.workdir} already holds a finished run; not retraining (delete "
+                  f"{args.workdir}/result.json to evaluate again, or use a new --workdir)")
 
-    if not parallel.is_main_process():  # process 0 reports for all of a multi-process run
-        return EXIT_DIVERGED if result.get("diverged") else EXIT_OK
-    if args.json:
-        print(json.dumps(result, indent=1))
-    elif result.get("status") == "preempted":
-        print(result["message"])
-    else:
-        if result.get("already_done"):
-            print(f"{args.workdir} already holds a finished run; not retraining "
-                  f"(delete {args.workdir}/result.json to evaluate again, or use a new --workdir)")
-        print(summary.summary(result, args.workdir))
-    sys.stdout.flush()
+
+def report(result: dict, workdir: str, as_json: bool, already_done: str,
+           after: tuple[str, ...] = ()) -> int:
+    """What a training command prints when its run ends (``train``, ``finetune``):
+    result.json with ``--json``; the preemption message; else ``already_done`` if
+    the run was finished before, the summary and the lines ``after``.  Process 0
+    reports for all of a multi-process run.  Returns the exit status."""
+    from depthbench import parallel
+    from depthbench.train import summary
+
+    if parallel.is_main_process():
+        if as_json:
+            print(json.dumps(result, indent=1))
+        elif result.get("status") == "preempted":
+            print(result["message"])
+        else:
+            if result.get("already_done"):
+                print(already_done)
+            print(summary.summary(result, workdir))
+            print("\n".join(after), end="\n" if after else "")
+        sys.stdout.flush()
     return EXIT_DIVERGED if result.get("diverged") else EXIT_OK

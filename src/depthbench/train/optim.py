@@ -40,18 +40,9 @@ def warmup_cosine(peak: float, steps: int, warmup_fraction: float = 0.1,
     steps), then ``final + (peak - final) * (1 + cos(pi * (s - W) / (steps - W))) / 2``
     with ``final = final_fraction * peak``, reaching ``final`` at s = steps.
     """
-    warmup = int(round(warmup_fraction * steps))
     final = final_fraction * peak
-    decay = max(steps - warmup, 1)
-
-    def schedule(step):
-        s = jnp.asarray(step, jnp.float32)
-        warm = peak * s / max(warmup, 1)
-        frac = jnp.clip((s - warmup) / decay, 0.0, 1.0)
-        cos = final + (peak - final) * 0.5 * (1.0 + jnp.cos(jnp.pi * frac))
-        return jnp.where(s < warmup, warm, cos)
-
-    return schedule
+    return _warmup_then(peak, steps, warmup_fraction,
+                        lambda frac: final + (peak - final) * 0.5 * (1.0 + jnp.cos(jnp.pi * frac)))
 
 
 def warmup_linear(peak: float, steps: int, warmup_fraction: float = 0.03,
@@ -60,15 +51,22 @@ def warmup_linear(peak: float, steps: int, warmup_fraction: float = 0.03,
     round(warmup_fraction * steps) updates (as :func:`warmup_cosine` rounds it),
     then linear from ``peak`` to ``final = final_fraction * peak`` at s = steps
     (transformers' ``get_linear_schedule_with_warmup`` when ``final`` is 0)."""
-    warmup = int(round(warmup_fraction * steps))
     final = final_fraction * peak
-    decay = max(steps - warmup, 1)
+    return _warmup_then(peak, steps, warmup_fraction, lambda frac: peak + (final - peak) * frac)
+
+
+def _warmup_then(peak: float, steps: int, warmup_fraction: float,
+                 decay: Callable[[jax.Array], jax.Array]) -> Callable[[jax.Array], jax.Array]:
+    """Linear warm-up from 0 to ``peak`` over W = round(warmup_fraction * steps)
+    updates, then ``decay(frac)`` with ``frac`` going 0 -> 1 from s = W to s = steps."""
+    warmup = int(round(warmup_fraction * steps))
+    span = max(steps - warmup, 1)
 
     def schedule(step):
         s = jnp.asarray(step, jnp.float32)
         warm = peak * s / max(warmup, 1)
-        frac = jnp.clip((s - warmup) / decay, 0.0, 1.0)
-        return jnp.where(s < warmup, warm, peak + (final - peak) * frac)
+        frac = jnp.clip((s - warmup) / span, 0.0, 1.0)
+        return jnp.where(s < warmup, warm, decay(frac))
 
     return schedule
 

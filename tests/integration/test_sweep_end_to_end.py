@@ -5,6 +5,7 @@ sweep's logic with fake trainers: tests/unit/test_sweep.py)."""
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 from sweep_spec import read_csv, tiny_config
@@ -28,7 +29,11 @@ def test_real_sweep_end_to_end(tmp_path, capsys):
     spec.write_text(TINY)
     workdir = tmp_path / "w"
     args = ["sweep", "--config", str(spec), "--workdir", str(workdir), "--no-progress"]
+    handler = signal.getsignal(signal.SIGTERM)
     assert cli_main(args) == 0
+    # The sweep's SIGTERM handler is the sweep's only: a process that called main()
+    # (and the pool workers it forks later, data tokenize's) gets its own back.
+    assert signal.getsignal(signal.SIGTERM) is handler
     rows = read_csv(workdir / "results.csv")
     assert list(rows) == ["pre_ln-L2", "hc-L2"]
     for name, row in rows.items():

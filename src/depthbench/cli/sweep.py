@@ -8,6 +8,7 @@ run's failure.txt; the next sweep retries it), 2 bad input.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -122,6 +123,17 @@ def _terminate(signum, frame) -> None:  # noqa: ARG001
     raise SystemExit(128 + signum)
 
 
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """:func:`_terminate` as the SIGTERM handler while the sweep runs, the previous
+    one restored after (``main()`` called from Python leaves the process as it was)."""
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _run(args: argparse.Namespace) -> int:
     shard = sweeplib.parse_shard(args.shard)
     sweep = sweeplib.expand(args.config, args.overrides)
@@ -161,9 +173,9 @@ def _run(args: argparse.Namespace) -> int:
     limit = _max_runs(args.max_runs)
     dryrun.check_startup([r.config for r in runs])  # before the sweep writes anything
     runs = _at_most(runs, workdir, limit)
-    signal.signal(signal.SIGTERM, _terminate)
-    outcome = sweeplib.run_sweep(sweep, workdir, runs=runs, lock=not args.no_lock,
-                                 progress=not args.no_progress)
+    with _sigterm_unwinds():
+        outcome = sweeplib.run_sweep(sweep, workdir, runs=runs, lock=not args.no_lock,
+                                     progress=not args.no_progress)
     return _report(args, outcome, runs, workdir)
 
 
@@ -211,9 +223,9 @@ def _run_transfer(args: argparse.Namespace, plan, runs, workdir) -> int:
                                           not in sweeplib.FINISHED for r in chosen), 0)
         return chosen
 
-    signal.signal(signal.SIGTERM, _terminate)
-    outcome = transfer.run_transfer(plan.sweep, workdir, plan.from_depth, select,
-                                    lock=not args.no_lock, progress=not args.no_progress)
+    with _sigterm_unwinds():
+        outcome = transfer.run_transfer(plan.sweep, workdir, plan.from_depth, select,
+                                        lock=not args.no_lock, progress=not args.no_progress)
     return _report(args, outcome, runs, workdir)
 
 

@@ -36,6 +36,7 @@ import json
 import multiprocessing
 import os
 import queue as queue_lib
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -99,6 +100,11 @@ _WORKER: dict = {}
 
 
 def _init_worker(tokenizer: Tokenizer, settings: dict, progress_queue) -> None:
+    # A forked worker inherits the parent's Python signal handlers (a sweep's
+    # SIGTERM -> SystemExit, the trainer's preemption flag); the pool's terminate()
+    # must end it, and Ctrl-C is the parent's to handle.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker: scaling is by workers
     os.environ["RAYON_NUM_THREADS"] = "1"
     _WORKER.update(tokenizer=tokenizer, progress=progress_queue, **settings)

@@ -9,7 +9,9 @@ its deadline and reported as timed out, and the parts after it still run.
 
 from __future__ import annotations
 
+import fcntl
 import math
+import os
 import re
 import subprocess
 import sys
@@ -57,17 +59,26 @@ def number(cell: str) -> float:
 
 @pytest.fixture(scope="module")
 def dry(tmp_path_factory):
-    out = tmp_path_factory.mktemp("accelerator")
-    results = REPO / "bench" / "results"
-    before = sorted(results.iterdir())
-    proc = run(out)
-    assert sorted(results.iterdir()) == before, "the dry run wrote into the checkout"
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    files = list(out.glob("accelerator-cpu-dry-*.md"))
-    assert len(files) == 1, list(out.iterdir())
-    text = files[0].read_text()
-    assert text.strip() in proc.stdout  # printed as written
-    return sections(text)
+    # pytest-xdist sets a module fixture up once in every worker that runs one of
+    # the module's tests: the dry run (minutes) runs in the first, under a lock in
+    # the session's shared temp folder, and the others read its report.
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    with open(shared / "accelerator-dry.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out = shared / "accelerator-dry"
+        files = list(out.glob("accelerator-cpu-dry-*.md"))
+        if not files:
+            out.mkdir(exist_ok=True)
+            results = REPO / "bench" / "results"
+            before = sorted(results.iterdir())
+            proc = run(out)
+            assert sorted(results.iterdir()) == before, "the dry run wrote into the checkout"
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            files = list(out.glob("accelerator-cpu-dry-*.md"))
+            assert len(files) == 1, list(out.iterdir())
+            assert files[0].read_text().strip() in proc.stdout  # printed as written
+    return sections(files[0].read_text())
 
 
 @pytest.mark.slow  # the dry run: minutes on a 2-core CPU

@@ -43,10 +43,7 @@ def use_pallas(spec) -> bool:
 def batch_axes() -> tuple[str, ...]:
     """The mesh axes the batch dimension is split over under the active logical
     rules (none outside a rules context)."""
-    axes = nn.logical_to_mesh_axes(("activation_batch",))[0]
-    if axes is None:
-        return ()
-    return (axes,) if isinstance(axes, str) else tuple(axes)
+    return _mesh_axes("activation_batch")
 
 
 def _per_shard(kernel, args, in_dims, out_dims):
@@ -105,6 +102,7 @@ def stream_post(h_nbtd, p_sbtt, b_tbt, y_btd):
 
 
 def _mesh_axes(logical: str) -> tuple[str, ...]:
+    """The mesh axes the logical axis ``logical`` maps to under the active rules."""
     axes = nn.logical_to_mesh_axes((logical,))[0]
     if axes is None:
         return ()

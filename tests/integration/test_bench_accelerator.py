@@ -9,9 +9,7 @@ its deadline and reported as timed out, and the parts after it still run.
 
 from __future__ import annotations
 
-import fcntl
 import math
-import os
 import re
 import subprocess
 import sys
@@ -57,32 +55,27 @@ def number(cell: str) -> float:
     return float(re.match(r"-?[\d,.]+(e-?\d+)?", cell).group(0).replace(",", ""))
 
 
-@pytest.fixture(scope="module")
-def dry(tmp_path_factory):
-    # pytest-xdist sets a module fixture up once in every worker that runs one of
-    # the module's tests: the dry run (minutes) runs in the first, under a lock in
-    # the session's shared temp folder, and the others read its report.
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    with open(shared / "accelerator-dry.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        out = shared / "accelerator-dry"
-        files = list(out.glob("accelerator-cpu-dry-*.md"))
-        if not files:
-            out.mkdir(exist_ok=True)
-            results = REPO / "bench" / "results"
-            before = sorted(results.iterdir())
-            proc = run(out)
-            assert sorted(results.iterdir()) == before, "the dry run wrote into the checkout"
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            files = list(out.glob("accelerator-cpu-dry-*.md"))
-            assert len(files) == 1, list(out.iterdir())
-            assert files[0].read_text().strip() in proc.stdout  # printed as written
+def dry_report(tmp_path: Path) -> dict[str, str]:
+    """The dry run's report, by section; the run writes nothing into the checkout."""
+    results = REPO / "bench" / "results"
+    before = sorted(results.iterdir())
+    proc = run(tmp_path)
+    assert sorted(results.iterdir()) == before, "the dry run wrote into the checkout"
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = list(tmp_path.glob("accelerator-cpu-dry-*.md"))
+    assert len(files) == 1, list(tmp_path.iterdir())
+    assert files[0].read_text().strip() in proc.stdout  # printed as written
     return sections(files[0].read_text())
 
 
-@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
-def test_every_part_has_a_section_that_finished(dry):
+# What each part of the dry run's report must hold, one function per part.  One
+# test runs the dry run (minutes) and every check: as separate tests sharing a
+# module fixture, pytest-xdist gave both workers some of them and the second
+# waited out the first's dry run (51 s of the suite's 2-core time; its
+# ``--dist loadgroup`` does not group under pytest 9).
+
+
+def check_every_part_has_a_section_that_finished(dry):
     assert list(dry) == ["versions", "mfu", "families", "kernels", "precision", "memory",
                          "inference"]
     for name, text in dry.items():
@@ -90,16 +83,14 @@ def test_every_part_has_a_section_that_finished(dry):
         assert tables(text), name
 
 
-@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
-def test_versions_and_device(dry):
+def check_versions_and_device(dry):
     packages, device = tables(dry["versions"])
     assert {r["package"] for r in packages} >= {"jax", "jaxlib", "flax", "optax"}
     assert device[0]["device"] == "cpu" and device[0]["peak bf16 TFLOP/s"] == "-"
     assert "jax 0." in dry["versions"]  # the machine header
 
 
-@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
-def test_mfu_row_has_measured_numbers(dry):
+def check_mfu_row_has_measured_numbers(dry):
     (row,) = tables(dry["mfu"])[0]
     assert number(row["step (ms)"]) > 0 and number(row["tokens/s"]) > 0
     assert number(row["model TFLOP/s"]) > 0 and number(row["memory (GiB)"]) > 0
@@ -107,8 +98,7 @@ def test_mfu_row_has_measured_numbers(dry):
     assert math.isfinite(number(row["loss"]))
 
 
-@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
-def test_families_xla_and_pallas_against_pre_ln(dry):
+def check_families_xla_and_pallas_against_pre_ln(dry):
     rows = tables(dry["families"])[0]
     got = {(r["family"], r["impl"]) for r in rows}
     want = {("pre_ln", "xla"), *((f, "xla") for f in ROUTING + KERNEL_FAMILIES),
@@ -119,8 +109,7 @@ def test_families_xla_and_pallas_against_pre_ln(dry):
         assert number(r["memory / pre_ln"]) > 0.5
 
 
-@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
-def test_kernels_forward_and_backward(dry):
+def check_kernels_forward_and_backward(dry):
     rows = tables(dry["kernels"])[0]
     assert {(r["kernel"].split()[0], r["pass"]) for r in rows} == {
         (k, p) for k in ("depth_attention", "stream_post", "hc_pre", "mhc_pre", "moda_attention")
@@ -131,8 +120,7 @@ def test_kernels_forward_and_backward(dry):
     assert "interpreted" in dry["kernels"]
 
 
-@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
-def test_precision_every_routing_family_trained_in_both_dtypes(dry):
+def check_precision_every_routing_family_trained_in_both_dtypes(dry):
     rows = tables(dry["precision"])[0]
     assert [r["family"] for r in rows] == ["pre_ln", *ROUTING]
     for r in rows:
@@ -141,8 +129,7 @@ def test_precision_every_routing_family_trained_in_both_dtypes(dry):
         assert number(r["max abs(bf16 - fp32)"]) > 0, r  # bf16 really ran in bf16
 
 
-@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
-def test_memory_of_every_family(dry):
+def check_memory_of_every_family(dry):
     rows = tables(dry["memory"])[0]
     assert [r["family"] for r in rows] == ["pre_ln", "attnres_full", "attnres_block", "moda",
                                           "mhc", "hc"]
@@ -150,8 +137,7 @@ def test_memory_of_every_family(dry):
     assert all(number(r["memory (GiB)"]) > 0 for r in rows)
 
 
-@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
-def test_inference_against_depth(dry):
+def check_inference_against_depth(dry):
     """Decode latency and cache per token at the shallowest and deepest micro shapes:
     the cache grows with depth at a fixed parameter count (L x d: 2.63x from L2 to L10)."""
     rows = tables(dry["inference"])[0]
@@ -162,6 +148,26 @@ def test_inference_against_depth(dry):
         assert number(r["decode tok/s"]) > 0 and number(r["peak MiB"]) > 0
     assert rows[2]["cache vs shallowest"] == "2.63x"
     assert rows[1]["ms/token vs shallowest"] == "1.00x"
+
+
+CHECKS = (check_every_part_has_a_section_that_finished, check_versions_and_device,
+          check_mfu_row_has_measured_numbers, check_families_xla_and_pallas_against_pre_ln,
+          check_kernels_forward_and_backward,
+          check_precision_every_routing_family_trained_in_both_dtypes,
+          check_memory_of_every_family, check_inference_against_depth)
+
+
+@pytest.mark.slow  # the dry run: minutes on a 2-core CPU
+def test_dry_run_report(tmp_path):
+    """Every check runs, and the test names each one that failed."""
+    report = dry_report(tmp_path)
+    failed = []
+    for check in CHECKS:
+        try:
+            check(report)
+        except AssertionError as e:
+            failed.append(f"{check.__name__}: {e}"[:1500])
+    assert not failed, "\n".join(failed)
 
 
 def test_a_hanging_part_times_out_and_the_next_still_runs(tmp_path):

@@ -36,16 +36,15 @@ import subprocess
 import sys
 
 from bench import common
+from depthbench.cpu_dots import EIGEN_FLAGS
 
 # name -> XLA_FLAGS added for it (the product's own choice is switched off in the
 # child: DEPTHBENCH_CPU_DOTS=ynnpack adds nothing to XLA_FLAGS).
 SETTINGS = {
     "default (dots on YNNPACK)": "",
-    "dots on Eigen (ynn reduce)": "--xla_cpu_experimental_ynn_fusion_type=reduce",
-    "XNNPACK dot fusions": "--xla_cpu_experimental_ynn_fusion_type=reduce "
-                           "--xla_cpu_experimental_xnn_fusion_type=dot",
-    "oneDNN dot fusions": "--xla_cpu_experimental_ynn_fusion_type=reduce "
-                          "--xla_cpu_experimental_onednn_fusion_type=dot",
+    "dots on Eigen (ynn reduce)": EIGEN_FLAGS,
+    "XNNPACK dot fusions": f"{EIGEN_FLAGS} --xla_cpu_experimental_xnn_fusion_type=dot",
+    "oneDNN dot fusions": f"{EIGEN_FLAGS} --xla_cpu_experimental_onednn_fusion_type=dot",
 }
 SHAPES = ("128x4", "256x4", "768x2")  # d_model x layers; 8 x 128 tokens, vocabulary 2048
 

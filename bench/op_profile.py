@@ -95,9 +95,9 @@ def profile(family: str, d_model: int, depth: int, seq_len: int, batch: int, voc
             steps: int, top: int) -> str:
     step = common.DepthbenchStep(common.config_at(d_model, depth, seq_len, batch, vocab,
                                                   family=family))
-    step(), step()  # compile, then one warm step
-    with step.setup.context():
-        names = op_names(step.step.jitted.lower(step.state, step.batch).compile().as_text())
+    step.compile()
+    step()  # one warm step
+    names = op_names(step.compiled.as_text())
     spent, wall = _trace_ops(step, steps)
     by_source: dict[str, float] = collections.Counter()
     by_kind: dict[str, float] = collections.Counter()

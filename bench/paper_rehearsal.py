@@ -28,7 +28,6 @@ of them held out), as
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -110,28 +109,22 @@ def _children(pid: int) -> list[int]:
     return [int(c) for c in text.split()]
 
 
-def _logged(metrics: Path) -> int:
-    try:
-        lines = metrics.read_text().splitlines()
-    except OSError:
-        return 0
-    return max((json.loads(x)["step"] for x in lines if x.strip()), default=0)
+def _metrics(workdir: Path) -> list[dict]:
+    """The run's logged rows (none before its first step)."""
+    from depthbench.rundir.io import read_jsonl
+    from depthbench.rundir.names import METRICS_FILE
+
+    return read_jsonl(workdir / METRICS_FILE)
 
 
 def losses(workdir: Path) -> dict[int, float]:
-    if not (workdir / "metrics.jsonl").exists():  # the run failed before its first step
-        return {}
-    rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines() if x]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+    return {r["step"]: r["loss"] for r in _metrics(workdir) if "loss" in r}
 
 
 def seconds_per_step(workdir: Path) -> float:
     """Median seconds per step from the logged throughput (the first step, with
     its compile, left out)."""
-    if not (workdir / "metrics.jsonl").exists():
-        return float("nan")
-    rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines() if x]
-    times = [r["tokens"] / r["step"] / r["tokens_per_sec"] for r in rows[1:]
+    times = [r["tokens"] / r["step"] / r["tokens_per_sec"] for r in _metrics(workdir)[1:]
              if r.get("tokens_per_sec")]
     return float(np.median(times)) if times else float("nan")
 
@@ -146,7 +139,7 @@ def rehearse(root: Path, family: str, depth: int, shards: str, steps: int, seq_l
     first = run(command(whole, family, depth, shards, steps, seq_len), root / f"{name}-whole.log")
     stopped = run(command(parted, family, depth, shards, steps, seq_len),
                   root / f"{name}-stopped.log", stop_at_step=steps // 2)
-    stop_step = _logged(parted / "metrics.jsonl")
+    stop_step = max((r["step"] for r in _metrics(parted)), default=0)
     resumed = run(command(parted, family, depth, shards, steps, seq_len),
                   root / f"{name}-resumed.log")
     log = root / f"{name}-*.log"

@@ -31,10 +31,9 @@ The original benchmark trained two forms of hc, and each is a set of fields
   ``config.json`` (``importers/olmo_config.py``).
 
 Each block has two connectors (attention, MLP), stacked on a leading axis
-of size 2.  All coefficient maths is fp32.  ``read`` and ``write`` both
-derive the coefficients from the same state with the same parameters; the
-protocol gives ``write`` no channel from ``read``, and under ``jit`` XLA's
-common-subexpression elimination computes them once.
+of size 2.  All coefficient maths is fp32.  ``read`` computes the
+coefficients and hands them to ``write`` in its ``ctx``
+(``streams.coefficients``; a write called without them computes its own).
 """
 
 from __future__ import annotations
@@ -53,6 +52,7 @@ from depthbench.model.residual.parts.streams import (
     StreamConfig,
     StreamFamily,
     add_weighted,
+    coefficients,
     hyper_block,
     mix_streams,
     read_hyper_connections,
@@ -178,8 +178,8 @@ class HC(StreamFamily):
     def read(self, p, state, site):
         if fused.use_pallas(self.spec):
             return fused.hc_pre(p, site.sub, state, bool(self.cfg.hc_tanh))[0], {}
-        a, _ = self.coefficients(p, state, site.sub)
-        return mix_streams(a[..., :1], state)[0].astype(state.dtype), {}
+        a, beta = self.coefficients(p, state, site.sub)
+        return mix_streams(a[..., :1], state)[0].astype(state.dtype), {"coefficients": (a, beta)}
 
     @property
     def mixes_state(self) -> bool:
@@ -194,7 +194,7 @@ class HC(StreamFamily):
             else:
                 new = add_weighted(state, beta, y).astype(state.dtype)
             return gate(active, with_axes(new, NBTD), state)
-        a, beta = self.coefficients(p, state, site.sub)
+        a, beta = coefficients(aux) or self.coefficients(p, state, site.sub)
         base = mix_streams(a[..., 1:], state) if self.mixes_state else state
         new = add_weighted(base, beta, y)
         return gate(active, with_axes(new.astype(state.dtype), NBTD), state)

@@ -22,8 +22,8 @@ it (``saved_before``).
 stream so its ``d`` axis shards like the streams' feature axis); the
 init biases ``+-mhc_bias`` (8) and the gates' ``hc_scale_init`` (0.01) are fields.
 Two connectors per block, stacked on a leading axis of size 2; all
-coefficient maths in fp32.  As in hc, ``write`` recomputes ``read``'s
-coefficients (one copy after XLA's CSE).  The Pallas kernels
+coefficient maths in fp32.  As in hc, ``read`` hands its coefficients to
+``write``.  The Pallas kernels
 (``model.impl = pallas``, or ``auto`` on one TPU/GPU) compute every form:
 the Sinkhorn kind, ``R``'s layout and ``tanh`` are static options of
 ``pallas_kernels.mhc_pre``, ``phi`` is cast to fp32 before the product as
@@ -48,6 +48,7 @@ from depthbench.model.residual.parts.streams import (
     StreamConfig,
     StreamFamily,
     add_weighted,
+    coefficients,
     hyper_block,
     mix_streams,
     read_hyper_connections,
@@ -225,14 +226,15 @@ class MHC(StreamFamily):
     def read(self, p, state, site):
         if self._pallas():
             return self._fused_pre(p, state, site.sub)[0], {}
-        pre, _, _ = self.coefficients(p, state, site.sub)
-        return mix_streams(pre[..., None], state)[0].astype(state.dtype), {}
+        pre, post, p_sbtt = self.coefficients(p, state, site.sub)
+        return (mix_streams(pre[..., None], state)[0].astype(state.dtype),
+                {"coefficients": (post, p_sbtt)})
 
     def write(self, p, state, y, site, aux, active):
         if self._pallas():
             _, mix, post = self._fused_pre(p, state, site.sub)
             return gate(active, with_axes(fused.stream_post(state, mix, post, y), NBTD), state)
-        _, post, p_sbtt = self.coefficients(p, state, site.sub)
+        post, p_sbtt = coefficients(aux) or self.coefficients(p, state, site.sub)[1:]
         new = add_weighted(mix_streams(p_sbtt, state), post, y)
         return gate(active, with_axes(new.astype(state.dtype), NBTD), state)
 

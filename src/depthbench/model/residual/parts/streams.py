@@ -146,6 +146,16 @@ def add_weighted(base_ubtd: jax.Array, w_ubt: jax.Array, y_btd: jax.Array) -> ja
     return _add_weighted(base_ubtd.astype(f32), w_ubt.astype(f32), y_btd.astype(f32))
 
 
+def coefficients(aux: dict) -> tuple | None:
+    """The routing coefficients a stream family's read computed and passed to its
+    write in ``ctx`` (None where the write is called without them: it computes
+    its own).  Passed rather than recomputed: XLA computes them once either way,
+    but autodiff ran the backward of their projection once per use, the step's
+    largest routing cost after the mixes (bench/results/depth_memory.md, "the
+    deep-narrow step")."""
+    return aux.get("ctx", {}).get("coefficients")
+
+
 @dataclasses.dataclass(frozen=True)
 class StreamConfig(FamilyConfig, Variants):
     """The fields hc and mhc share."""

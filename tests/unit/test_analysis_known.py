@@ -120,7 +120,9 @@ def test_attnres_skip_follows_the_next_output_rule():
     z = run.states(X[:2], active=skip)
     with run.context():
         states = jax.jit(Blockwise(run).entry_states)(run.params, jnp.asarray(X[:2]))
-    newest = np.asarray(states["bank"][1, 2])  # block 1's entry: slots x0, y_attn0, y_mlp0
+    # Block 1's entry: slots x0, y_attn0, y_mlp0 (the bank's slot axis after the block axis).
+    bank_lmbtd = np.moveaxis(np.asarray(states["bank"]), 1 + family_of(run.spec).slot_axis, 1)
+    newest = bank_lmbtd[1, 2]
     # The model's grouped stack mixes over a cut bank, Blockwise over the whole
     # one: the same sums in another order (values up to ~20, fp32).
     np.testing.assert_allclose(z[2], newest, rtol=1e-5, atol=1e-4)

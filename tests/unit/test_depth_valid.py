@@ -122,17 +122,17 @@ def test_depth_mixes_vjp_equals_autodiff_of_the_formula():
     given per slot (its cotangent returned, not pushed into the bank): values
     and gradients of every input equal autodiff of the spec's formula."""
     k = jax.random.split(jax.random.key(5), 6)
-    bank = 3 * jax.random.normal(k[0], (6, 2, 5, 16))
+    bank = 3 * jax.random.normal(k[0], (2, 5, 6, 16))  # [B, T, M, d]
     inv_rms = depth_mix.slot_inv_rms(bank, 1e-6)
     valid_mk = jnp.array([[1, 1], [1, 1], [0, 1], [1, 0], [1, 1], [0, 0]], bool)
     q, w = jax.random.normal(k[1], (2, 16)), 1 + 0.2 * jax.random.normal(k[2], (2, 16))
     ct_h, ct_lse = jax.random.normal(k[3], (2, 5, 2, 16)), jax.random.normal(k[4], (2, 5, 2))
 
     def plain(bank, r, valid_mk, q, w):
-        logits = jnp.einsum("mbtd,kd->mbtk", bank, q * w) * r[..., None]
-        logits = jnp.where(valid_mk[:, None, None, :], logits, -jnp.inf)
-        p = jax.nn.softmax(logits, axis=0)
-        return jnp.einsum("mbtk,mbtd->btkd", p, bank), jax.nn.logsumexp(logits, axis=0)
+        logits = jnp.einsum("btmd,kd->btmk", bank, q * w) * r[..., None]
+        logits = jnp.where(valid_mk, logits, -jnp.inf)
+        p = jax.nn.softmax(logits, axis=2)
+        return jnp.einsum("btmk,btmd->btkd", p, bank), jax.nn.logsumexp(logits, axis=2)
 
     def loss(mixes):
         def f(bank, r, q, w):
@@ -144,21 +144,22 @@ def test_depth_mixes_vjp_equals_autodiff_of_the_formula():
     np.testing.assert_allclose(float(v_new), float(v_old), rtol=1e-5)
     for a, b in zip(g_new, g_old, strict=True):
         np.testing.assert_allclose(a / np.abs(b).max(), b / np.abs(b).max(), atol=2e-5)
-    assert not np.any(np.asarray(g_new[0])[5]) and not np.any(np.asarray(g_new[1])[5])
+    assert not np.any(np.asarray(g_new[0])[:, :, 5]) and not np.any(np.asarray(g_new[1])[:, :, 5])
 
 
 def test_partial_mix_merged_with_the_next_source_equals_the_mix_over_all():
     """attnres's two-phase block: a mix over slots ``0 .. 3`` merged with slot 4
     is the mix over ``0 .. 4`` (forward and gradients)."""
     k = jax.random.split(jax.random.key(6), 4)
-    bank = 2 * jax.random.normal(k[0], (5, 2, 3, 8))
+    bank = 2 * jax.random.normal(k[0], (5, 2, 3, 8))  # [M, B, T, d], as depth_mix takes it
     q, w = jax.random.normal(k[1], (8,)), 1 + 0.2 * jax.random.normal(k[2], (8,))
     ct = jax.random.normal(k[3], (2, 3, 8))
     upto = jnp.arange(5) <= 3
 
     def two_phase(bank, q, w):
-        h, lse = depth_mix.depth_mixes(bank, depth_mix.slot_inv_rms(bank, 1e-6), upto[:, None],
-                                       q[None], w[None])
+        bank_btmd = jnp.moveaxis(bank, 0, 2)
+        h, lse = depth_mix.depth_mixes(bank_btmd, depth_mix.slot_inv_rms(bank_btmd, 1e-6),
+                                       upto[:, None], q[None], w[None])
         return jnp.sum(ct * merge_partial(h[:, :, 0], lse[:, :, 0], bank[4], q, w, 1e-6))
 
     def direct(bank, q, w):

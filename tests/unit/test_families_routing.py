@@ -546,9 +546,10 @@ def test_skipped_writes_leave_attnres_and_moda_state_unchanged():
     chex.assert_trees_all_equal(off, state)
     _, on = attnres_writes(jnp.bool_(True))
     assert int(on["count"]) == 3 and int(on["skipped"]) == 0
-    np.testing.assert_allclose(on["bank"][1], 3 * y, rtol=1e-6)  # block 0: y + 2y
-    np.testing.assert_allclose(on["bank"][2], 3 * y, rtol=1e-6)  # block 1's partial: 3y
-    assert not np.any(on["bank"][3])
+    bank_mbtd = np.moveaxis(np.asarray(on["bank"]), afam.slot_axis, 0)
+    np.testing.assert_allclose(bank_mbtd[1], 3 * y, rtol=1e-6)  # block 0: y + 2y
+    np.testing.assert_allclose(bank_mbtd[2], 3 * y, rtol=1e-6)  # block 1's partial: 3y
+    assert not np.any(bank_mbtd[3])
 
 
 # ---------------------------------------------------------------------- moda

@@ -11,18 +11,20 @@ docs/spec/analysis.md.
 
 How the code holds it:
 
-* one fixed-size bank ``[M, B, T, d]`` (logical axis 'activation_sources'),
-  ``M = 1 +`` the number of blocks (:func:`block_sizes`; ``2L + 1`` for
-  attnres_full), and a count ``c`` of the sublayers executed so far.  Slot 0
-  holds ``x0``; sublayer output ``y_c`` is *added* into slot ``1 +
-  block_of[c]`` (a scatter-add into one slot, never the whole bank), the
-  block's running partial until it is complete, so the embedding is never
-  summed into a partial.  The mix before sublayer ``c`` sees slots ``0 ..
-  started[c]``, ``started[c]`` the number of blocks holding one of the
-  sublayers ``0 .. c-1``: the spec's commit-then-mix rule.  The first
-  sublayer reads ``x0`` exactly (one source) and keeps the backbone's
-  pre-norm eps; every other pre-norm, the key norms and the final norm use
-  ``attnres_eps`` (``PreNormEps``);
+* one fixed-size bank of ``M`` slots (logical axis 'activation_sources'),
+  ``[B, T, M, d]`` on the XLA path (each token's sources side by side: the
+  mixes read it in place, ``parts/depth_mix.py``), ``[M, B, T, d]`` for the
+  fused kernels (``slot_axis``); ``M = 1 +`` the number of blocks
+  (:func:`block_sizes`; ``2L + 1`` for attnres_full), and a count ``c`` of
+  the sublayers executed so far.  Slot 0 holds ``x0``; sublayer output
+  ``y_c`` is *added* into slot ``1 + block_of[c]`` (a scatter-add into one
+  slot, never the whole bank), the block's running partial until it is
+  complete, so the embedding is never summed into a partial.  The mix
+  before sublayer ``c`` sees slots ``0 .. started[c]``, ``started[c]`` the
+  number of blocks holding one of the sublayers ``0 .. c-1``: the spec's
+  commit-then-mix rule.  The first sublayer reads ``x0`` exactly (one
+  source) and keeps the backbone's pre-norm eps; every other pre-norm, the
+  key norms and the final norm use ``attnres_eps`` (``PreNormEps``);
 * a skipped block (``active`` false) adds nothing and does not advance ``c``:
   the following blocks fill the bank in *execution* order, as if it were
   removed (the analyses' "next-output" rule is the state's ``skipped``
@@ -35,7 +37,7 @@ How the code holds it:
   log-sum-exp); after the write, that partial merged with the slot written
   (``merge_source``, an online softmax), or the partial alone after a
   skipped attention side.  Each slot's inverse RMS is kept in the state
-  (``inv_rms``, ``[M, B, T]``, set when the slot is written).  Both make the
+  (``inv_rms``, ``[B, T, M]``, set when the slot is written).  Both make the
   CPU step faster (bench/results/code_notes.md).  With ``model.impl=pallas``
   each mix is one fused kernel call and ``inv_rms`` is not kept.
 """
@@ -87,8 +89,8 @@ from depthbench.model.residual.protocol.original_format import (
     vector,
 )
 
-MBTD = ("activation_sources", *BTD)
-MBT = MBTD[:-1]
+MBTD = ("activation_sources", *BTD)  # the kernels' bank
+BTMD = (*BTD[:2], "activation_sources", BTD[2])  # the XLA path's bank
 
 
 PARTITIONS = ("size", "count")
@@ -189,11 +191,23 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
         """``started[c]``, ``c = 0 .. 2L``: blocks holding one of sublayers ``0 .. c-1``."""
         return (0, *(b + 1 for b in self.block_of))
 
+    @property
+    def slot_axis(self) -> int:
+        """The bank's slot axis: 2 (``[B, T, M, d]``) on the XLA path, 0 (``[M, B,
+        T, d]``) for the fused kernels; ``inv_rms`` (XLA only) is ``[B, T, M]``."""
+        return 0 if fused.use_pallas(self.spec) else 2
+
+    def _bank_axes(self) -> tuple:
+        return MBTD if self.slot_axis == 0 else BTMD
+
+    def _slot_count(self, bank) -> int:
+        """The slots ``bank`` has (the layer stack may cut it: ``bank_extent``)."""
+        return bank.shape[self.slot_axis]
+
     def _valid(self, count, bank) -> jax.Array:
-        """Slots a mix sees after ``count`` executed sublayers: ``0 .. started[count]``
-        (over the slots ``bank`` has: the layer stack may cut it, ``bank_extent``)."""
+        """Slots a mix sees after ``count`` executed sublayers: ``0 .. started[count]``."""
         started = jnp.asarray(self.started, jnp.int32)
-        return jnp.arange(bank.shape[0]) <= started[count]
+        return jnp.arange(self._slot_count(bank)) <= started[count]
 
     # ------------------------------------------------------------ parameters
     def create_block_params(self, mod, ident):
@@ -212,16 +226,19 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
 
     # ------------------------------------------------------------ protocol
     def init_state(self, g, x0):
-        empty = jnp.zeros((self.n_slots - 1, *x0.shape), x0.dtype)
-        bank = with_axes(jnp.concatenate([x0[None], empty], axis=0), MBTD)
+        ax = self.slot_axis
+        x0_slot = jnp.expand_dims(x0, ax)
+        empty = jnp.zeros(x0_slot.shape[:ax] + (self.n_slots - 1,) + x0_slot.shape[ax + 1:],
+                          x0.dtype)
+        bank = with_axes(jnp.concatenate([x0_slot, empty], axis=ax), self._bank_axes())
         # ``skipped`` (analyses only; 0 in training): 1 the last block was
         # skipped, 2 the newest source was injected (``with_boundary_state``).
         zero = jnp.zeros((), jnp.int32)
         state = {"bank": bank, "count": zero, "skipped": zero}
         if not fused.use_pallas(self.spec):  # the kernels compute r in their one pass
-            r0_bt = slot_inv_rms(x0, self.eps)
-            empty_r = jnp.zeros((self.n_slots - 1, *r0_bt.shape), jnp.float32)
-            state["inv_rms"] = with_axes(jnp.concatenate([r0_bt[None], empty_r], axis=0), MBT)
+            r0_btm = slot_inv_rms(x0, self.eps)[..., None]
+            empty_r = jnp.zeros((*r0_btm.shape[:2], self.n_slots - 1), jnp.float32)
+            state["inv_rms"] = with_axes(jnp.concatenate([r0_btm, empty_r], axis=2), BTMD[:3])
         return state
 
     def _newest(self, count) -> jax.Array:
@@ -238,7 +255,7 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
         bank-sized cotangent."""
         bank, count = state["bank"], state["count"]
         rule = self.option("skip_rule") == "next_output"
-        only_newest = jnp.arange(bank.shape[0]) == self._newest(count)
+        only_newest = jnp.arange(self._slot_count(bank)) == self._newest(count)
         return jnp.where(state["skipped"] >= (1 if rule else 2), only_newest,
                          self._valid(count, bank))
 
@@ -274,8 +291,8 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
         side's write leaves alone), to be merged with the slot it writes."""
         bank, count = state["bank"], state["count"]
         covered = jnp.asarray(self.block_of, jnp.int32)[jnp.minimum(count, len(self.block_of) - 1)]
-        valid_mk = jnp.stack([self._consumer_valid(state), jnp.arange(bank.shape[0]) <= covered],
-                             axis=-1)
+        valid_mk = jnp.stack([self._consumer_valid(state),
+                              jnp.arange(self._slot_count(bank)) <= covered], axis=-1)
         h_btkd, lse_btk = depth_mixes(bank, state["inv_rms"], valid_mk, p["query"], p["key_norm"])
         partial = (h_btkd[:, :, 1], lse_btk[:, :, 1], covered)
         return h_btkd[:, :, 0].astype(bank.dtype), {"next_mix": partial}
@@ -286,30 +303,31 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
         # An add into one slot (the slot is in range: ``bank_extent``; clamped as
         # a dynamic_update_slice would): its cotangent passes the bank's through
         # unchanged, where read-add-write makes a bank-sized select and add.
-        slot = jnp.minimum(slot, bank.shape[0] - 1)
+        ax = self.slot_axis
+        slot = jnp.minimum(slot, self._slot_count(bank) - 1)
         add_btd = jnp.where(active, y.astype(bank.dtype), jnp.zeros(y.shape, bank.dtype))
-        bank = bank.at[slot].add(add_btd, mode="promise_in_bounds")
+        bank = bank.at[(slice(None),) * ax + (slot,)].add(add_btd, mode="promise_in_bounds")
         skipped = jnp.where(active, 0, 1) if site.sub == 1 else state["skipped"]
-        out = {"bank": with_axes(bank, MBTD), "count": count + active.astype(jnp.int32),
-               "skipped": skipped}
+        out = {"bank": with_axes(bank, self._bank_axes()),
+               "count": count + active.astype(jnp.int32), "skipped": skipped}
         if "inv_rms" in state:
             # The slot's new value: the output itself where slots are written
             # once (full), the block's partial otherwise.  Read back from the
             # bank only then: the read's cotangent is a bank-sized pass.
             value_btd = add_btd if max(self.blocks) == 1 else jax.lax.dynamic_index_in_dim(
-                bank, slot, axis=0, keepdims=False)
+                bank, slot, axis=ax, keepdims=False)
             out["inv_rms"], r_bt = self._with_inv_rms(state["inv_rms"], slot, value_btd, active)
             if "next_mix" in aux.get("ctx", {}):
                 out["next_mix"] = (*aux["ctx"]["next_mix"], value_btd, r_bt)
         return out
 
-    def _with_inv_rms(self, inv_rms_mbt, slot, value_btd, changed):
-        """``inv_rms_mbt`` with ``slot`` holding ``value_btd``'s inverse RMS where
+    def _with_inv_rms(self, inv_rms_btm, slot, value_btd, changed):
+        """``inv_rms_btm`` with ``slot`` holding ``value_btd``'s inverse RMS where
         ``changed``, and that slot's entry."""
-        old_bt = jax.lax.dynamic_index_in_dim(inv_rms_mbt, slot, axis=0, keepdims=False)
+        old_bt = jax.lax.dynamic_index_in_dim(inv_rms_btm, slot, axis=2, keepdims=False)
         new_bt = jnp.where(changed, slot_inv_rms(value_btd, self.eps), old_bt)
-        inv_rms_mbt = jax.lax.dynamic_update_index_in_dim(inv_rms_mbt, new_bt, slot, axis=0)
-        return with_axes(inv_rms_mbt, MBT), new_bt
+        inv_rms_btm = jax.lax.dynamic_update_index_in_dim(inv_rms_btm, new_bt, slot, axis=2)
+        return with_axes(inv_rms_btm, BTMD[:3]), new_bt
 
     def bank_slots(self, state, pos):
         """The block adds into the slots of sublayers ``count`` and ``count + 1``."""
@@ -319,7 +337,8 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
         slots = 1 + block_of[jnp.minimum(jnp.stack([count, count + 1]), last)]
         # Blocks of one sublayer (full): both slots are still empty before the block.
         fresh = max(self.blocks) == 1
-        return {k: BankSlots(0, slots, fresh) for k in ("bank", "inv_rms") if k in state}
+        return {k: BankSlots(self.slot_axis, slots, fresh) for k in ("bank", "inv_rms")
+                if k in state}
 
     def bank_extent(self, positions: int) -> dict[str, int]:
         """Blocks ``[0, p)`` run sublayers ``c < 2p``: they mix slots up to
@@ -345,8 +364,10 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
         follows reads exactly ``z``, and later mixes see ``z`` in that slot."""
         newest = self._newest(state["count"])
         z_btd = z.astype(state["bank"].dtype)
-        bank = jax.lax.dynamic_update_index_in_dim(state["bank"], z_btd, newest, axis=0)
-        out = {**state, "bank": with_axes(bank, MBTD), "skipped": jnp.full((), 2, jnp.int32)}
+        bank = jax.lax.dynamic_update_index_in_dim(state["bank"], z_btd, newest,
+                                                   axis=self.slot_axis)
+        out = {**state, "bank": with_axes(bank, self._bank_axes()),
+               "skipped": jnp.full((), 2, jnp.int32)}
         if "inv_rms" in state:
             out["inv_rms"], _ = self._with_inv_rms(state["inv_rms"], newest, z_btd, True)
         return out
@@ -360,7 +381,8 @@ class AttnResFull(ResidualFamily, DepthBanks, CostTerms, AnalysisProbes, Analysi
     def probe(self, p, state, site):
         """``depth_weights`` ``[M]``: the token-averaged softmax weight sublayer
         ``site`` puts on each bank slot (0: the embedding; unfilled slots 0)."""
-        w = depth_weights(state["bank"], self._valid(state["count"], state["bank"]),
+        w = depth_weights(jnp.moveaxis(state["bank"], self.slot_axis, 0),
+                          self._valid(state["count"], state["bank"]),
                           p["query"][site.sub], p["key_norm"][site.sub], self.eps)
         w_m = jnp.mean(w, axis=(1, 2))  # a cut bank (``bank_extent``): the rest are unfilled
         return {"depth_weights": jnp.pad(w_m, (0, self.n_slots - w_m.shape[0]))}

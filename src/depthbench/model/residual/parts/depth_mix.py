@@ -1,5 +1,6 @@
 """The depth mix of Attention Residuals, on the XLA path (spec/residuals.md,
-families 8 and 9).  Over a bank ``v[M, B, T, d]`` of sources, per token::
+families 8 and 9).  Over a bank ``v[B, T, M, d]`` of sources (each token's
+``M`` sources side by side), per token::
 
     r_m     = rsqrt(mean(v_m^2) + eps)           (the key norm's scale)
     logit_m = (v_m . (q w)) r_m                   (no 1/sqrt(d))
@@ -14,14 +15,17 @@ source by :func:`merge_source`).  It takes each
 slot's ``r`` as an input: the model keeps ``r`` beside the bank, computed
 once when the slot is written, so no mix reads the bank for it, and its
 gradient (``dl s``) goes back to the slot once, not through every mix.
-:func:`depth_mix` is the single mix from the bank alone (tests, the
-kernels' reference).
+:func:`depth_mix` is the single mix from a bank ``[M, B, T, d]`` alone (the
+fused kernels' layout: their reference, tests).
 
-The forms are chosen for XLA:CPU, where these products are memory-bound:
-the logits and ``d(q w)`` are 2-D dots (one pass over the bank each), the
-weighted sums and ``dp`` are ``einsum`` contractions over the slot and
-feature axes (a broadcast of ``p`` or ``dh`` to the bank's shape, which a
-sum over it would materialise, is never formed).
+The forms are chosen for XLA:CPU, where these products are memory-bound and
+the bank is read in place, never transposed: the logits and ``d(q w)`` are
+2-D dots (one pass over the bank each), the weighted sums a multiply-and-sum
+over each token's ``M`` slots, ``dp`` a product batched over tokens.  (The
+bank used to be ``[M, B, T, d]``: every weighted sum and ``dp`` then copied
+it to ``[B, T, M, d]`` first, and attnres_full's train step at d 64, L 32
+took 1.2-1.35x as long: bench/results/depth_memory.md, "the deep-narrow
+step".)
 """
 
 from __future__ import annotations
@@ -48,35 +52,39 @@ def depth_weights(
 
 
 @jax.custom_vjp
-def depth_mixes(bank_mbtd, inv_rms_mbt, valid_mk, query_kd, key_norm_kd):
-    """``K`` depth mixes of one bank: mix ``k`` over the slots where
-    ``valid_mk[:, k]`` (at least one per mix), with ``query_kd[k]`` and
-    ``key_norm_kd[k]``, given each slot's ``inv_rms_mbt`` (:func:`slot_inv_rms`).
+def depth_mixes(bank_btmd, inv_rms_btm, valid_mk, query_kd, key_norm_kd):
+    """``K`` depth mixes of one bank ``[B, T, M, d]``: mix ``k`` over the slots
+    where ``valid_mk[:, k]`` (at least one per mix), with ``query_kd[k]`` and
+    ``key_norm_kd[k]``, given each slot's ``inv_rms_btm`` (:func:`slot_inv_rms`).
     Returns ``(h_btkd, lse_btk)`` in fp32: the mixes and the log-sum-exp of
     their logits (what an online-softmax merge with one more source needs).
 
     Differentiated by hand (:func:`_depth_mixes_bwd`): two passes over the
     bank forward (the logits' dot, the weighted sums), three backward (``dp``,
     the bank's cotangent, ``d(q w)``)."""
-    return _depth_mixes_fwd(bank_mbtd, inv_rms_mbt, valid_mk, query_kd, key_norm_kd)[0]
+    return _depth_mixes_fwd(bank_btmd, inv_rms_btm, valid_mk, query_kd, key_norm_kd)[0]
 
 
-def _depth_mixes_fwd(bank_mbtd, inv_rms_mbt, valid_mk, query_kd, key_norm_kd):
-    v32 = bank_mbtd.astype(jnp.float32)
-    m, b, t, d = v32.shape
+def _depth_mixes_fwd(bank_btmd, inv_rms_btm, valid_mk, query_kd, key_norm_kd):
+    v32 = bank_btmd.astype(jnp.float32)
+    b, t, m, d = v32.shape
     qw_kd = query_kd.astype(jnp.float32) * key_norm_kd.astype(jnp.float32)
-    r_mbt1 = inv_rms_mbt.astype(jnp.float32)[..., None]
-    dot_mbtk = jnp.dot(v32.reshape(-1, d), qw_kd.T).reshape(m, b, t, -1)
-    logits_mbtk = jnp.where(valid_mk[:, None, None, :], dot_mbtk * r_mbt1, -jnp.inf)
-    top_btk = jnp.max(logits_mbtk, axis=0)
-    e_mbtk = jnp.exp(logits_mbtk - top_btk)
-    z_btk = jnp.sum(e_mbtk, axis=0)
+    r_btm1 = inv_rms_btm.astype(jnp.float32)[..., None]
+    dot_btmk = jnp.dot(v32.reshape(-1, d), qw_kd.T).reshape(b, t, m, -1)
+    logits_btmk = jnp.where(valid_mk, dot_btmk * r_btm1, -jnp.inf)
+    top_bt1k = jnp.max(logits_btmk, axis=2, keepdims=True)
+    e_btmk = jnp.exp(logits_btmk - top_bt1k)
+    z_bt1k = jnp.sum(e_btmk, axis=2, keepdims=True)
     # The barrier keeps XLA from fusing the softmax into the weighted sums
     # (recomputing it for each of the d features).
-    p_mbtk = jax.lax.optimization_barrier(e_mbtk / z_btk)
-    h_btkd = jnp.einsum("mbtk,mbtd->btkd", p_mbtk, v32)
-    lse_btk = top_btk + jnp.log(z_btk)
-    return (h_btkd, lse_btk), (bank_mbtd, inv_rms_mbt, query_kd, key_norm_kd, dot_mbtk, p_mbtk)
+    p_btmk = jax.lax.optimization_barrier(e_btmk / z_bt1k)
+    # A sum over the slots of each token (contiguous), one per mix: faster on
+    # CPU than the product batched over tokens, which XLA:CPU runs one token
+    # at a time.
+    h_btkd = jnp.stack([jnp.sum(p_btmk[..., k, None] * v32, axis=2)
+                        for k in range(qw_kd.shape[0])], axis=2)
+    lse_btk = (top_bt1k + jnp.log(z_bt1k))[:, :, 0]
+    return (h_btkd, lse_btk), (bank_btmd, inv_rms_btm, query_kd, key_norm_kd, dot_btmk, p_btmk)
 
 
 def _depth_mixes_bwd(res, cts):
@@ -84,26 +92,23 @@ def _depth_mixes_bwd(res, cts):
     p (dp - sum_m p dp + dlse)`` (0 on invalid slots, where ``p`` is),
     ``dv_m = sum_k p_mk dh_k + dl_mk r_m (q w)_k``, ``dr_m = sum_k dl_mk s_mk``
     and ``d(q w)_k = sum_m dl_mk r_m v_m``."""
-    bank_mbtd, inv_rms_mbt, query_kd, key_norm_kd, dot_mbtk, p_mbtk = res
+    bank_btmd, inv_rms_btm, query_kd, key_norm_kd, dot_btmk, p_btmk = res
     dh_btkd, dlse_btk = cts
-    v32 = bank_mbtd.astype(jnp.float32)
+    v32 = bank_btmd.astype(jnp.float32)
     d = v32.shape[-1]
     qw_kd = query_kd.astype(jnp.float32) * key_norm_kd.astype(jnp.float32)
-    # Output [B, T, M, K], then transposed (a small array): the bank operand
-    # then takes the [B, T, M, d] layout the forward's weighted sums use, one
-    # transposed copy of the bank per block instead of two (asked for as
-    # "mbtk", XLA also copied the bank to [B, T, d, M]; the step it saved:
-    # bench/results/depth_memory.md, "attnres's mix backward shares the
-    # forward's transposed bank").
-    dp_mbtk = jnp.einsum("mbtd,btkd->btmk", v32, dh_btkd).transpose(2, 0, 1, 3)
-    dl_mbtk = p_mbtk * (dp_mbtk - jnp.sum(p_mbtk * dp_mbtk, axis=0) + dlse_btk)
-    a_mbtk = dl_mbtk * inv_rms_mbt.astype(jnp.float32)[..., None]
-    p_mbtk, a_mbtk = jax.lax.optimization_barrier((p_mbtk, a_mbtk))  # as in forward
-    dv_mbtd = sum(p_mbtk[..., k, None] * dh_btkd[:, :, k] + a_mbtk[..., k, None] * qw_kd[k]
-                  for k in range(qw_kd.shape[0]))
-    dqw_kd = jnp.dot(a_mbtk.reshape(-1, qw_kd.shape[0]).T, v32.reshape(-1, d))
-    return (dv_mbtd.astype(bank_mbtd.dtype),
-            jnp.sum(dl_mbtk * dot_mbtk, axis=-1).astype(inv_rms_mbt.dtype), None,
+    # Batched over tokens, reading the bank in place (as sums over d, one per
+    # mix, it was slower: each reads the bank again).
+    dp_btmk = jnp.einsum("btmd,btkd->btmk", v32, dh_btkd)
+    dl_btmk = p_btmk * (dp_btmk - jnp.sum(p_btmk * dp_btmk, axis=2, keepdims=True)
+                        + dlse_btk[:, :, None])
+    a_btmk = dl_btmk * inv_rms_btm.astype(jnp.float32)[..., None]
+    p_btmk, a_btmk = jax.lax.optimization_barrier((p_btmk, a_btmk))  # as in forward
+    dv_btmd = sum(p_btmk[..., k, None] * dh_btkd[:, :, None, k]
+                  + a_btmk[..., k, None] * qw_kd[k] for k in range(qw_kd.shape[0]))
+    dqw_kd = jnp.dot(a_btmk.reshape(-1, qw_kd.shape[0]).T, v32.reshape(-1, d))
+    return (dv_btmd.astype(bank_btmd.dtype),
+            jnp.sum(dl_btmk * dot_btmk, axis=-1).astype(inv_rms_btm.dtype), None,
             (dqw_kd * key_norm_kd.astype(jnp.float32)).astype(query_kd.dtype),
             (dqw_kd * query_kd.astype(jnp.float32)).astype(key_norm_kd.dtype))
 
@@ -114,9 +119,11 @@ depth_mixes.defvjp(_depth_mixes_fwd, _depth_mixes_bwd)
 def depth_mix(
     bank_mbtd: jax.Array, valid_m: jax.Array, query_d: jax.Array, key_norm_d: jax.Array, eps: float
 ) -> jax.Array:
-    """One softmax-over-depth mix of the valid sources, in fp32; ``[B, T, d]``
-    in the bank's dtype.  Invalid slots get zero weight; slot 0 must be valid."""
-    h_btkd, _ = depth_mixes(bank_mbtd, slot_inv_rms(bank_mbtd, eps), valid_m[:, None],
+    """One softmax-over-depth mix of the valid sources of a bank ``[M, B, T, d]``
+    (the kernels' layout), in fp32; ``[B, T, d]`` in the bank's dtype.  Invalid
+    slots get zero weight; slot 0 must be valid."""
+    bank_btmd = jnp.moveaxis(bank_mbtd, 0, 2)
+    h_btkd, _ = depth_mixes(bank_btmd, slot_inv_rms(bank_btmd, eps), valid_m[:, None],
                             query_d[None], key_norm_d[None])
     return h_btkd[:, :, 0].astype(bank_mbtd.dtype)
 

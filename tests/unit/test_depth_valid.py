@@ -37,6 +37,18 @@ def test_default_groups_keep_min_span_positions_each(depth, expected, monkeypatc
     assert len(depth_scan.position_groups(depth)) == expected
 
 
+@pytest.mark.parametrize("family,spans", [("attnres_full", 8), ("moda", 1)])
+def test_groups_that_cut_alike_run_as_one_scan(family, spans):
+    """attnres_full's extent grows with depth: 8 groups at L 32; moda gives none
+    (its caches are never cut): one scan over all 32 positions."""
+    spec = ModelSpec.from_shape(Shape(32, 16, 32, 2, 2, 32), family=family)
+    fam = family_of(spec)
+    state0 = fam.init_state({}, jnp.zeros((1, 2, 16)))
+    plan = depth_scan._plan(fam.bank_slots, state0, jnp.arange(32), fam.bank_extent)
+    assert len(plan.spans) == spans and plan.spans[0][0] == 0 and plan.spans[-1][1] == 32
+    assert all(a[1] == b[0] for a, b in zip(plan.spans, plan.spans[1:], strict=False))
+
+
 GROUPED = Shape(depth=5, d_model=16, d_ff=32, n_heads=2, n_kv_heads=2, vocab_size=32)
 
 

@@ -139,12 +139,16 @@ def _plan(bank_slots: Slots, state0: dict, pos_l, extent: Extent | None) -> _Pla
     depth = int(pos_l.shape[0])
     entries = bank_slots(state0, pos_l[0])
     full = {k: state0[k].shape[e.axis] for k, e in entries.items()}
-    spans = position_groups(depth) if extent is not None else ((0, depth),)
-    sizes = []
-    for _, end in spans:
+    spans, sizes = [], []
+    for start, end in position_groups(depth) if extent is not None else ((0, depth),):
         bound = extent(end) if extent is not None else {}
-        sizes.append({k: min(int(bound.get(k, full[k])), full[k]) for k in entries})
-    return _Plan(entries, full, spans, tuple(sizes))
+        size = {k: min(int(bound.get(k, full[k])), full[k]) for k in entries}
+        if sizes and sizes[-1] == size:  # a group cut like the one before: one scan
+            spans[-1] = (spans[-1][0], end)
+        else:
+            spans.append((start, end))
+            sizes.append(size)
+    return _Plan(entries, full, tuple(spans), tuple(sizes))
 
 
 def _resize(plan: _Plan, state: dict, state0: dict, size: dict[str, int]) -> dict:

@@ -43,7 +43,6 @@ import jax
 import jax.numpy as jnp
 
 from depthbench.errors import ConfigError
-from depthbench.model.depth_scan import read_extents
 from depthbench.model.layers import weight
 from depthbench.model.residual.parts import fused
 from depthbench.model.residual.parts.moda_attention import attention_with_depth
@@ -246,7 +245,7 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
         a decoder's cached keys or packed rows' segments: those run in XLA."""
         if self.n_slots == 0:
             return None
-        valid = state["valid"][: state["ka"].shape[3]]  # the caches may be cut (bank_extent)
+        valid = state["valid"]
         groups = ((state["ka"], state["va"], valid), (state["kf"], state["vf"], valid))
         rotated = self.rotated_query
         pallas = fused.use_pallas(self.spec)
@@ -302,10 +301,13 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
         # masks the slots not yet written (``valid``): overwrite.
         return {k: BankSlots(3, slots, True, True) for k in ("ka", "va", "kf", "vf")}
 
-    def bank_extent(self, positions: int) -> dict[str, int]:
-        """Blocks ``[0, p)`` read slots ``< p - 1`` and write slots ``< p``."""
-        n = min(int(positions), self.n_slots)
-        return {k: n for k in ("ka", "va", "kf", "vf")}
+    # No ``bank_extent``: the depth-linear stack runs moda's blocks on the whole
+    # caches, in one scan.  Cut to each position group's extent (blocks [0, p)
+    # read slots < p - 1), the depth attention visited fewer masked slots, but
+    # the cuts' copies (the backward cut the four final caches per block) cost
+    # as much time as that saved, and temp memory at d 64, L 32 (T 256, B 2,
+    # AdamW) was 3.54x pre_ln's against 2.68x (bench/results/depth_memory.md,
+    # "the deep-narrow step").
 
     def readout(self, g, state, final_norm):
         return final_norm(state["x"])
@@ -344,16 +346,12 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
         return float(attn + proj)
 
     def masked_flops_per_token(self, seq_len: int) -> float:
-        """The attention at position ``b`` scores ``2 n_b`` slots and masks the
-        ``2 (n_b - b)`` not yet written, ``4 d`` FLOPs each: ``n_b = L - 1``
-        under ``layer_scan = "carries"`` (``4 d L (L - 1)`` in all), the depth-
-        linear stack's group extent (``bank_extent``) otherwise.  Not model FLOPs."""
-        s = self.spec
-        if s.layer_scan != "depth_linear" or self.n_slots == 0:
-            seen = [self.n_slots] * s.depth
-        else:
-            seen = [e["ka"] for e in read_extents(s.depth, self.bank_extent)]
-        return float(4 * s.d_model * sum(2 * (n - b) for b, n in enumerate(seen) if n > b))
+        """The attention at position ``b`` scores all ``2 (L - 1)`` slots and masks
+        the ``2 (L - 1 - b)`` not yet written, ``4 d`` FLOPs each: ``4 d L (L -
+        1)`` in all (under either layer stack: the caches are never cut).  Not
+        model FLOPs."""
+        s, m = self.spec, self.n_slots
+        return float(4 * s.d_model * sum(2 * (m - b) for b in range(s.depth) if m > b))
 
     def state_floats_per_token(self) -> int:
         """The stream ``d`` plus the depth caches ``2 (L-1) (n_kv + H) d_h``."""

@@ -13,7 +13,11 @@ Prints, in one run, side by side:
    d 64, T 256, B 2 for L 8, 16, 32, 64: step time and XLA temp memory
    (``jit(step).lower(...).compile().memory_analysis().temp_size_in_bytes``),
    each relative to pre_ln at the same shape, for both layer stacks;
-2. **paper scale** (compile only, nothing runs): the paper-400m suite's
+2. **the trainer's step** (compile only): the same shapes through the
+   trainer's own AdamW step (``bench.common.DepthbenchStep``) with
+   ``remat_policy=nothing_saveable``, its XLA temp memory relative to pre_ln's
+   (the goal at L32: moda <= 3x);
+3. **paper scale** (compile only, nothing runs): the paper-400m suite's
    shapes, 4 x 2048 tokens, bf16 compute, temp memory in GiB and relative to
    pre_ln.
 
@@ -27,13 +31,16 @@ memory.
     python bench/depth_memory.py                       # both tables
     python bench/depth_memory.py --depths 8 16 --paper-depths 16 70 --steps 3
     python bench/depth_memory.py --no-paper --no-old
+    python -m bench.depth_memory --depths 32 --no-paper --no-old --steps 5
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -134,6 +141,29 @@ def cpu_curve(depths, steps: int, old: bool) -> None:
             print(f"| {depth} | {fam} | " + " | ".join(cells) + " |", flush=True)
 
 
+def trainer_memory(depths) -> None:
+    """Temp memory of the trainer's AdamW step (d 64, T 256, B 2, nothing saved),
+    relative to pre_ln's: compile only."""
+    if __package__ != "bench":  # run as a script: the repository root holds ``bench``
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import common
+
+    print("\n## The trainer's AdamW step, d 64, T 256, B 2, remat nothing_saveable: "
+          "XLA temp memory\n")
+    print("| L | family | temp (MiB) | x pre_ln |")
+    print("|---|---|---|---|")
+    for depth in depths:
+        base = None
+        for fam in ("pre_ln", *BANKED):
+            step = common.DepthbenchStep(common.config_at(
+                64, depth, 256, 2, 2048, family=fam,
+                overrides=["--config.model.remat_policy=nothing_saveable"]), allocate=False)
+            step.compile()
+            temp = temp_bytes(step.compiled)
+            base = base or temp
+            print(f"| {depth} | {fam} | {temp / 2**20:.1f} | {temp / base:.2f}x |", flush=True)
+
+
 def paper_table(depths, old: bool) -> None:
     scans = ("carries", "depth_linear") if old else ("depth_linear",)
     shapes = {s.depth: s for s in suite("paper-400m").shapes()}
@@ -161,12 +191,15 @@ def main() -> None:
                     help="timed steps per cell (median); 0: memory only, no timing")
     ap.add_argument("--no-old", action="store_true", help="skip the 'carries' layer stack")
     ap.add_argument("--no-cpu", action="store_true")
+    ap.add_argument("--no-trainer", action="store_true", help="skip the trainer-step memory")
     ap.add_argument("--no-paper", action="store_true")
     a = ap.parse_args()
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}, "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     if not a.no_cpu:
         cpu_curve(a.depths, a.steps, not a.no_old)
+    if not a.no_trainer:
+        trainer_memory(a.depths)
     if not a.no_paper:
         paper_table(a.paper_depths, not a.no_old)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")

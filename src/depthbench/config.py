@@ -38,8 +38,7 @@ from typing import Any
 
 import ml_collections
 
-from depthbench import configs, shapes
-from depthbench.configs import base as base_spec
+from depthbench import shapes
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError  # noqa: F401 (re-exported)
 from depthbench.formatting import parse_count
 from depthbench.model.residual.protocol import registry
@@ -47,6 +46,10 @@ from depthbench.model.residual.protocol.capabilities import LearningRateRule
 from depthbench.model.residual.protocol.family_config import coerce, unknown_field
 from depthbench.model.transformer import remat_policy_names
 
+# The bundled specs, found by name as a user's spec file is found by its path:
+# to this module they are specs to load, not code it builds on (they import
+# from here and from the registry, never the reverse).
+SPECS = "depthbench.configs"
 FAMILY = "model.family"
 RESIDUAL = "model.residual"
 # train.lr_rule: "none", or "family": the depth-transfer rule the family declares
@@ -61,23 +64,28 @@ def _old_lr_rule(value: Any) -> bool:
     return value in registry.with_capability(LearningRateRule)
 
 
+def _bundled() -> ModuleType:
+    """The package of the bundled specs (``names()``: them, by name)."""
+    return importlib.import_module(SPECS)
+
+
 def spec_path(spec: str | Path) -> Path:
     """The file of a spec given by name (bundled) or by path."""
     path = Path(spec)
     if path.is_file():
         return path
     name = str(spec).removesuffix(".py")
-    if name.isidentifier() and name in configs.names():
-        return Path(importlib.import_module(f"{configs.__name__}.{name}").__file__)
+    if name.isidentifier() and name in _bundled().names():
+        return Path(importlib.import_module(f"{SPECS}.{name}").__file__)
     raise ConfigError(f"config: spec file {str(spec)!r} does not exist, and it names none of "
-                      f"the bundled specs ({', '.join(configs.names())})")
+                      f"the bundled specs ({', '.join(_bundled().names())})")
 
 
 def import_spec(spec: str | Path) -> ModuleType:
     """The module of a spec: a bundled one by name, or a file imported from its path."""
     path = spec_path(spec)
-    if path.parent == Path(configs.__file__).parent:
-        return importlib.import_module(f"{configs.__name__}.{path.stem}")
+    if path.parent == Path(_bundled().__file__).parent:
+        return importlib.import_module(f"{SPECS}.{path.stem}")
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
     module_spec = importlib.util.spec_from_file_location(
         f"depthbench_spec_{path.stem}_{digest}", path)
@@ -99,24 +107,25 @@ def sibling(spec_file: str, name: str) -> ModuleType:
     anywhere can build on ``quickstart``, ``paper_400m``, ... (as
     ``from depthbench.configs import paper_400m`` does)."""
     beside = Path(spec_file).with_name(f"{name}.py")
-    if beside.is_file() or name not in configs.names():
+    if beside.is_file() or name not in _bundled().names():
         if not beside.is_file():
+            known = ", ".join(_bundled().names())
             raise ConfigError(f"config: sibling({name!r}): no spec {str(beside)!r}, and "
-                              f"{name!r} is none of the bundled specs ({', '.join(configs.names())}"
-                              "); give a file with depthbench.config.import_spec(PATH)")
+                              f"{name!r} is none of the bundled specs ({known}); give a file "
+                              "with depthbench.config.import_spec(PATH)")
         return import_spec(beside)
     return import_spec(name)
 
 
 def base_spec_path() -> Path:
     """The file of the bundled base spec (``--config base``)."""
-    return Path(base_spec.__file__)
+    return Path(importlib.import_module(f"{SPECS}.base").__file__)
 
 
 def base_config() -> ml_collections.ConfigDict:
     """The defaults of every field (a fresh ConfigDict; the schema validation,
     config comparison and spec files start from)."""
-    return base_spec.get_config()
+    return importlib.import_module(f"{SPECS}.base").get_config()
 
 
 # ---------------------------------------------------------------- overrides

@@ -118,7 +118,8 @@ def _data_line(config) -> str:
 
 
 def _workdir_line(config, workdir: Path) -> str:
-    from depthbench.rundir import identity, restore
+    from depthbench import run_identity as identity
+    from depthbench.rundir import restore
     from depthbench.rundir.names import CHECKPOINT_DIR
 
     done = identity.check_run_dir(config, workdir)  # raises if it holds another config

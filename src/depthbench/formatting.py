@@ -1,11 +1,17 @@
-"""How numbers and tables are read and written for people: parameter counts
-('400M'), learning rates ('3e-03') and aligned text tables.
+"""How numbers, names and tables are read and written for people: parameter
+counts ('400M'), learning rates ('3e-03'), run names from overrides
+('hc-L8-lr3e-03', a stable, filesystem-safe directory name) and aligned text
+tables.
 
 The library (reports, sweeps, the trainer) and the command line share these;
 nothing here knows about configs, models or runs.
 """
 
 from __future__ import annotations
+
+import math
+import re
+from typing import Any
 
 
 def parse_count(text: str) -> float:
@@ -55,3 +61,46 @@ def table(headers: list[str], rows: list[list[str]], align: str = "") -> str:
         return "  ".join(out).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+# ------------------------------------------------------------- run names
+
+_SAFE = re.compile(r"[^A-Za-z0-9._+-]+")
+
+
+def _fmt_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        if math.isfinite(value) and value == int(value) and abs(value) < 1e5:
+            return str(int(value))
+        return fmt_number(value) if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def run_name(overrides: dict[str, Any]) -> str:
+    """A stable, filesystem-safe directory name for a run's overrides.
+
+    Family first, then suite (``paper-`` dropped), ``L{depth}``, ``d{d_model}``,
+    ``lr{lr}``, then every other field as ``{leaf}{value}`` in key order:
+    ``{"model.family": "hc", "model.depth": 8, "train.lr": 0.003}`` ->
+    ``hc-L8-lr3e-03``.  A ``name`` override is used as given.
+    """
+    if "name" in overrides:
+        return _SAFE.sub("_", str(overrides["name"])).strip("._") or "run"
+    parts = []
+    lead = {
+        "model.family": lambda v: str(v),
+        "model.suite": lambda v: str(v).removeprefix("paper-") or "rule",
+        "model.depth": lambda v: f"L{v}",
+        "model.d_model": lambda v: f"d{v}",
+        "train.lr": lambda v: f"lr{fmt_number(float(v))}",
+    }
+    for key, fmt in lead.items():
+        if key in overrides:
+            parts.append(fmt(overrides[key]))
+    for key in sorted(k for k in overrides if k not in lead):
+        leaf, value = key.rsplit(".", 1)[-1], _fmt_value(overrides[key])
+        parts.append(f"{leaf}{value}" if value[:1].isdigit() else f"{leaf}-{value}")
+    name = _SAFE.sub("_", "-".join(parts)).strip("._")
+    return name or "run"

@@ -1,20 +1,35 @@
-"""``load_run(run_dir) -> Run``: a trained (or imported) model, ready to probe.
+"""Opening a run directory: the one way every reader does it.
 
-The one entry point the CLI, the notebook, the evaluation backend and the
-tests share.  A run directory is what ``depthbench train`` writes (see
-``train/loop.py``): ``config.json`` (the config plus what it resolved to) and
-Orbax checkpoints under ``checkpoints/``.  The latest checkpoint's parameters
-are restored straight into the shardings of a mesh built from the run's
-``config.parallel`` (or, when this host has a different number of devices,
-an FSDP mesh over all of them), so a model that needed a mesh to train is
-sharded here as well.
+:func:`open_run` reads a run directory (trained, imported or fine-tuned:
+``config.json``, Orbax checkpoints under ``checkpoints/``) into a
+:class:`RunDir`, with no array read yet:
 
-Parameters are restored through :func:`depthbench.rundir.restore.read_params`,
-the integrity-checked restore every reader uses: a damaged latest checkpoint
-is skipped with a warning naming it (the newest intact one is read), and a
-run whose every checkpoint is damaged is one ConfigError line.  A checkpoint
-may hold the full train state (only its parameters are read) or only the
-parameters (what a converted checkpoint holds).
+* ``config``: the run's config (an old run's read as :func:`saved_config`
+  reads it) with its model's shape complete: the shape the run recorded
+  when it started (``resolved.shape``; a run directory without one, the
+  shape its config resolves to), written into ``model.depth``, ``d_model``,
+  ``d_ff``, ``n_heads`` and ``n_kv_heads``, so no reader meets a field left at
+  "the suite's value" and resolves it again;
+* ``spec`` (the :class:`ModelSpec`) and ``family``, built once;
+* ``tokenizer`` and ``tokenizer_files()``: the tokenizer the run was
+  trained with and the files an export copies (only regular files inside
+  the directory, or the recorded tokenizer once it opens as one);
+* ``load(step)``: a :class:`Run`, the model with the newest intact (or the
+  given) checkpoint's parameters.
+
+Every reader goes through it: analyze, eval, lm-eval, generate, fine-tuning's
+parent, export-hf, export-olmo, the notebook and the benchmarks
+(:func:`load_run` is ``open_run(d).load()``).
+
+A :class:`Run`'s parameters are restored through
+:func:`depthbench.rundir.restore.read_params`, the integrity-checked restore
+every reader uses: a damaged latest checkpoint is skipped with a warning
+naming it (the newest intact one is read), and a run whose every checkpoint
+is damaged is one ConfigError line.  A checkpoint may hold the full train
+state (only its parameters are read) or only the parameters (what a
+converted checkpoint holds).  They are restored straight into the
+shardings of a mesh built from the run's ``config.parallel`` (or, when this
+host has a different number of devices, an FSDP mesh over all of them).
 
 Every model call is jitted once per (batch, length, capture) and takes the
 scan's ``active`` [L] (False skips a block: identity) and ``order`` [L]
@@ -26,6 +41,7 @@ mesh's batch shards and the padding is dropped from the outputs.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -36,28 +52,89 @@ import ml_collections
 import numpy as np
 from flax import linen as nn
 
-from depthbench import parallel
+from depthbench import confine, parallel
 from depthbench.config import ConfigError
 from depthbench.model.residual.protocol import registry
 from depthbench.model.residual.protocol.base import ResidualFamily
 from depthbench.model.residual.protocol.capabilities import AnalysisOptions
 from depthbench.model.spec import ModelSpec
-from depthbench.model.transformer import Transformer, family_of, permute_blocks
+from depthbench.model.transformer import Transformer, permute_blocks
+from depthbench.run_identity import saved_config
 from depthbench.rundir import restore
-from depthbench.rundir.identity import saved_config
 from depthbench.rundir.io import read_json
-from depthbench.rundir.names import CONFIG_FILE, TOKENIZER_FILE
+from depthbench.rundir.names import CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_FILES
+from depthbench.shapes import complete_shape, recorded_shape
 
 
-def _read_config(run_dir: Path) -> tuple[ml_collections.ConfigDict, dict]:
-    """The run's config (an old run's read as :func:`saved_config` reads it) and
-    its ``resolved`` block."""
-    saved = read_json(run_dir / CONFIG_FILE)  # DamagedFile: one line naming the file
-    if saved is None:
-        raise ConfigError(f"RUN_DIR: {str(run_dir)!r} has no {CONFIG_FILE}; give a directory "
-                          "written by `depthbench train` (or `depthbench import-hf`)")
-    resolved = saved.pop("resolved", {}) or {}
-    return saved_config(saved), resolved
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    """A run directory as a reader sees it before any array is read (see the
+    module docstring): ``path``, ``config`` (its shape complete),
+    ``resolved`` (config.json's "resolved" block), ``spec`` and ``family``."""
+
+    path: Path
+    config: ml_collections.ConfigDict
+    resolved: dict
+    spec: ModelSpec
+
+    @property
+    def family(self) -> ResidualFamily:
+        return registry.build(self.spec)  # one instance per spec (registry.build)
+
+    @cached_property
+    def tokenizer(self):
+        """``encode(str) -> list[int]``, ``decode(ids) -> str``, ``eos_id``, ``vocab_size``."""
+        return run_tokenizer(self.path, self.resolved)
+
+    def tokenizer_files(self) -> dict[str, Path]:
+        """Name in an exported folder -> file: the tokenizer files the directory
+        holds (an imported run's: regular files, no link), else the tokenizer
+        the run was trained with (``resolved.tokenizer.tokenizer_path``), once it
+        has opened as that tokenizer (so nothing else is ever copied out)."""
+        files = {}
+        for name in TOKENIZER_FILES:
+            path = confine.regular_file(self.path, name, f"{self.path}: {name}")
+            if path is not None:
+                files[name] = path
+        if files:
+            return files
+        path = str((self.resolved.get("tokenizer") or {}).get("tokenizer_path") or "")
+        if path and confine.is_regular(Path(path)):
+            _ = self.tokenizer  # ConfigError unless it opens as the run's tokenizer
+            return {"tokenizer.json" if path.endswith(".json") else "tokenizer.model": Path(path)}
+        return {}
+
+    def load(self, step: int | None = None, options: dict | None = None) -> Run:
+        """The model at the newest intact (or the given) checkpoint step
+        (``options``: analysis switches, see ``registry.analysis_options``)."""
+        return Run(self.config, run_dir=self.path, resolved=self.resolved, step=step,
+                   options=options)
+
+    def init(self, seed: int = 0, options: dict | None = None) -> Run:
+        """The model freshly initialised from ``seed`` (no checkpoint read)."""
+        return Run(self.config, run_dir=self.path, resolved=self.resolved, init_seed=seed,
+                   options=options)
+
+
+def open_run(run_dir: str | Path, command: str = "") -> RunDir:
+    """The run directory ``run_dir`` (:class:`RunDir`; nothing restored yet).
+    ``command``: whose error lines (``"export-hf: RUN_DIR ..."``)."""
+    where = f"{command}: RUN_DIR" if command else "RUN_DIR"
+    path = Path(run_dir).expanduser()
+    saved = read_json(path / CONFIG_FILE) if path.is_dir() else None  # DamagedFile: one line
+    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict) or (
+            "family" not in saved["model"]):
+        raise ConfigError(f"{where} {str(run_dir)!r} is not a run directory (no {CONFIG_FILE} "
+                          "naming model.family); give one written by train, finetune, "
+                          "import-olmo or import-hf")
+    path = path.resolve()
+    resolved = saved.pop("resolved", None) or {}
+    if not isinstance(resolved, dict):
+        raise ConfigError(f"{path / CONFIG_FILE}: resolved: expected a JSON object")
+    config = saved_config(saved)
+    config = complete_shape(config, recorded_shape(config, resolved.get("shape"),
+                                                   f"{path / CONFIG_FILE}: resolved.shape"))
+    return RunDir(path, config, resolved, ModelSpec.from_config(config))
 
 
 def _analysis_pairs(family: str, options: dict) -> tuple[tuple[str, str], ...]:
@@ -102,8 +179,8 @@ class Run:
         # (capabilities.AnalysisOptions); training never sets them.
         spec = spec.replace(analysis=_analysis_pairs(spec.family, self.options))
         self.spec: ModelSpec = spec
-        self.family: ResidualFamily = family_of(self.spec)
         self.model = Transformer(self.spec)
+        self.family: ResidualFamily = self.model.family
         self.mesh = _mesh(self.config)
         self.rules = tuple(parallel.axis_rules())
         tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
@@ -149,6 +226,10 @@ class Run:
 
     def _restore(self, step: int | None):
         return restore.read_params(self.run_dir, self.abstract_params, step)
+
+    def host_params(self) -> dict:
+        """The parameters as nested dicts of host (numpy) arrays, in their dtypes."""
+        return jax.tree.map(np.asarray, jax.device_get(self.params))
 
     # ------------------------------------------------------------ tokenizer
     @cached_property
@@ -260,8 +341,9 @@ def run_tokenizer(run_dir: Path | None, resolved: dict):
     info = resolved.get("tokenizer") or {}
     path = str(info.get("tokenizer_path") or "")
     # An imported run carries its tokenizer.json (relocatable with the directory).
-    local = None if run_dir is None else run_dir / TOKENIZER_FILE
-    if local is not None and local.is_file() and (not path or path.endswith(".json")):
+    local = None if run_dir is None else confine.regular_file(
+        run_dir, TOKENIZER_FILE, f"{run_dir}: {TOKENIZER_FILE}")
+    if local is not None and (not path or path.endswith(".json")):
         path = str(local)
     if not path:
         raise ConfigError(f"RUN_DIR: {run_dir} records no tokenizer in {CONFIG_FILE} "
@@ -275,16 +357,12 @@ def run_tokenizer(run_dir: Path | None, resolved: dict):
 def load_run(run_dir: str | Path, *, step: int | None = None, options: dict | None = None) -> Run:
     """The model of ``run_dir`` at its latest (or the given) checkpoint step
     (``options``: analysis switches, see ``registry.analysis_options``)."""
-    run_dir = Path(run_dir).expanduser().resolve()
-    config, resolved = _read_config(run_dir)
-    return Run(config, run_dir=run_dir, resolved=resolved, step=step, options=options)
+    return open_run(run_dir).load(step=step, options=options)
 
 
 def init_run(config_or_run_dir, seed: int = 0, options: dict | None = None) -> Run:
     """A freshly initialised model (no checkpoint read) of a ConfigDict or of
     a run directory's config."""
     if isinstance(config_or_run_dir, (str, Path)):
-        run_dir = Path(config_or_run_dir).expanduser().resolve()
-        config, resolved = _read_config(run_dir)
-        return Run(config, run_dir=run_dir, resolved=resolved, init_seed=seed, options=options)
+        return open_run(config_or_run_dir).init(seed, options)
     return Run(config_or_run_dir, init_seed=seed, options=options)

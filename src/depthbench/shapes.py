@@ -311,12 +311,65 @@ def resolve_shape(config) -> Shape:
     return shape
 
 
+
+_SHAPE_FIELDS = ("depth", "d_model", "d_ff", "n_heads", "n_kv_heads")
+
+
+def _check_heads(shape: Shape, field: str) -> Shape:
+    if shape.d_model % shape.n_heads:
+        raise ConfigError(f"{field}.n_heads: {shape.n_heads} heads do not divide d_model "
+                          f"{shape.d_model}")
+    if shape.n_heads % shape.n_kv_heads:
+        raise ConfigError(f"{field}.n_kv_heads: {shape.n_kv_heads} must divide n_heads "
+                          f"{shape.n_heads}")
+    if shape.head_dim % 2:
+        raise ConfigError(f"{field}.n_heads: head_dim {shape.head_dim} must be even (RoPE "
+                          "rotates pairs)")
+    return shape
+
+
+def recorded_shape(config, recorded, field: str) -> Shape:
+    """The shape a run recorded when it started (its config.json's
+    ``resolved.shape``, named ``field`` in errors), with the config's
+    vocabulary; a run without the record resolves its config
+    (:func:`resolve_shape`).  The record is what the run's checkpoints were
+    made with, whatever a suite's table says today."""
+    if recorded is None:
+        return resolve_shape(config)
+    if not isinstance(recorded, dict):
+        raise ConfigError(f"{field}: expected a JSON object")
+    values = {}
+    for key in _SHAPE_FIELDS:
+        value = recorded.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 1 << 31:
+            raise ConfigError(f"{field}.{key}: expected an integer in [1, 2**31), got "
+                              f"{str(value)[:40]!r}")
+        values[key] = value
+    vocab = config.model.vocab_size
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or not 1 <= vocab < 1 << 31:
+        raise ConfigError(f"config.model.vocab_size: expected an integer in [1, 2**31), got "
+                          f"{str(vocab)[:40]!r}")
+    return _check_heads(Shape(vocab_size=vocab, **values), field)
+
+
+def complete_shape(config, shape: Shape):
+    """A copy of ``config`` whose model states ``shape`` outright (``depth``,
+    ``d_model``, ``d_ff``, ``n_heads``, ``n_kv_heads``, ``vocab_size``): what
+    :func:`resolve_shape` reads back as ``shape`` without a suite or a rule."""
+    out = config.copy_and_resolve_references()
+    for key in (*_SHAPE_FIELDS, "vocab_size"):
+        out.model[key] = getattr(shape, key)
+    return out
+
+
 __all__ = [
     "Shape",
     "Suite",
     "SUITES",
+    "complete_shape",
     "from_rule",
     "parse_count",
+    "recorded_shape",
     "resolve_shape",
     "rule_d_ff",
     "suite",

@@ -65,7 +65,7 @@ def cross_entropy(logits_btv: np.ndarray, tok_bt: np.ndarray) -> float:
 
 
 def import_run(design: str, out: Path, **kwargs) -> Path:
-    from depthbench.importers.olmo import import_olmo
+    from depthbench.formats.olmo.step_dir import import_olmo
 
     import_olmo(step_dir(design), out, progress=False, **kwargs)
     return out
@@ -83,7 +83,7 @@ class OriginalStep:
 
 
 def original_step(design: str) -> OriginalStep:
-    from depthbench.importers.distcp import DistCheckpoint
+    from depthbench.formats.olmo.distcp import DistCheckpoint
 
     ckpt = DistCheckpoint(step_dir(design) / "model_and_optim")
     groups = {}
@@ -109,12 +109,11 @@ def original_step(design: str) -> OriginalStep:
 def _tree(design: str, run, values: dict[str, np.ndarray]):
     """Checkpoint-named tensors as depthbench's parameter tree (the import's mapping;
     its constants, such as keel's unused block-0 norm, at their values)."""
-    from depthbench.importers.olmo import _param_shapes, family_of
-    from depthbench.importers.olmo_weights import convert
+    from depthbench.formats.olmo.step_dir import param_shapes
+    from depthbench.formats.olmo.weights import convert
 
     present = {k: v.shape for k, v in values.items()}
-    return convert(values.get, present, family_of(run.config), _param_shapes(run.config),
-                   block=design)
+    return convert(values.get, present, run.family, param_shapes(run.model), block=design)
 
 
 def _constants_of(run, tree):
@@ -122,11 +121,10 @@ def _constants_of(run, tree):
     the original has no parameter, so no gradient)."""
     import jax
 
-    from depthbench.importers.olmo import family_of
-    from depthbench.importers.olmo_weights import tensors
+    from depthbench.formats.olmo.weights import tensors
 
     out = jax.tree.map(np.array, tree)
-    for c in tensors(family_of(run.config))[1]:
+    for c in tensors(run.family)[1]:
         leaf = out
         for name in c.leaf.split("/"):
             leaf = leaf[name]

@@ -102,11 +102,12 @@ def test_export_hf_loads_in_transformers_and_imports_back(tmp_path):
 
 def test_a_full_disk_under_either_export_is_one_line_and_leaves_nothing(tmp_path, monkeypatch,
                                                                          capsys):
-    """The imports' full-disk rule (importers/run_writer.built_aside): exit 4, one line
+    """The one output rule's full disk (output_paths.built_aside): exit 4, one line
     naming --out, and neither --out nor the hidden folder it was built in is left."""
     import errno
 
-    from depthbench.exporters import hf, olmo
+    from depthbench.formats import hf
+    from depthbench.formats.olmo import step_dir as olmo
 
     def full(path: Path):  # a file begun, then the disk is full
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -471,7 +471,7 @@ def test_full_disk_under_a_reader_is_one_line_and_changes_nothing(reference, tmp
 # ----------------------------------------------------------------- imports
 #
 # An import builds its run in a hidden `.NAME.importing-PID` folder beside --out and
-# renames it onto --out when complete (importers/run_writer.py): every failure leaves
+# renames it onto --out when complete (output_paths.built_aside): every failure leaves
 # --out as it was, a full or read-only disk is one line naming --out (exit 4), and
 # what a killed import left is removed by the next import into that --out.
 
@@ -566,7 +566,7 @@ def test_import_storage_errors_name_out(hf_source, tmp_path, monkeypatch, capsys
                                         hint):
     """However the writer says it (TensorStore's text alone, an OSError naming the
     hidden work folder), the line names --out and the folder is gone."""
-    from depthbench.importers import run_writer
+    from depthbench.formats import run_writer
 
     def fail(directory, *_):
         raise error(directory.parent)

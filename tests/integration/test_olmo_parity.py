@@ -29,7 +29,7 @@ from olmo_reference.training import depthbench_step, torch_step  # noqa: E402
 
 from depthbench import load_run  # noqa: E402
 from depthbench.cli import main as cli_main  # noqa: E402
-from depthbench.importers.olmo import import_olmo  # noqa: E402
+from depthbench.formats.olmo.step_dir import import_olmo  # noqa: E402
 
 VOCAB = 61
 # One training step in each framework (the upstream blocks have their own test).

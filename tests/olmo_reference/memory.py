@@ -68,7 +68,8 @@ def main(argv: list[str]) -> int:
             + _PEAK)[-1])
         seconds = time.perf_counter() - start
         base = int(_child("import torch, torch.distributed.checkpoint, jax, jax.numpy as jnp, "
-                          "orbax.checkpoint, depthbench.importers.olmo, depthbench.train.state; "
+                          "orbax.checkpoint, depthbench.formats.olmo.step_dir, "
+                          "depthbench.train.state; "
                           "from depthbench.cli import build_parser; build_parser(); "
                           "jnp.zeros(1).block_until_ready()" + _PEAK)[-1])
         mb = 1 / 2**20

@@ -387,7 +387,7 @@ def test_an_old_run_directory_loads_for_analysis(tmp_path):
 def test_an_old_completep_run_keeps_its_identity():
     """A completep run written with ``train.lr_rule = "completep"`` is the run
     today's config (``"family"``) describes: it resumes, its sweep skips it."""
-    from depthbench.rundir import identity
+    from depthbench import run_identity as identity
 
     saved = _legacy("completep")
     now = config.apply_overrides(config.load("micro"), {

@@ -20,8 +20,8 @@ import original_outputs as original
 import pytest
 
 from depthbench.cli import main as cli_main
-from depthbench.importers.distcp import DistCheckpoint, read_torch_save
-from depthbench.importers.safe_unpickle import Refused
+from depthbench.formats.olmo.distcp import DistCheckpoint, read_torch_save
+from depthbench.formats.olmo.unpickle import Refused
 
 
 def _runs_a_shell_command(marker) -> bytes:

@@ -21,12 +21,17 @@ import pytest
 pytest.importorskip("torch", reason="export-olmo writes with torch's own writer")
 
 from depthbench.errors import ConfigError  # noqa: E402
-from depthbench.exporters.olmo import step_config, step_tensors, write_step_dir  # noqa: E402
-from depthbench.importers.distcp import DistCheckpoint  # noqa: E402
-from depthbench.importers.olmo import _param_shapes, family_of  # noqa: E402
-from depthbench.importers.olmo_config import read_config, read_model  # noqa: E402
-from depthbench.importers.olmo_weights import convert, ignored  # noqa: E402
-from depthbench.importers.run_writer import run_config  # noqa: E402
+from depthbench.formats.olmo.config import read_config, read_model  # noqa: E402
+from depthbench.formats.olmo.distcp import DistCheckpoint  # noqa: E402
+from depthbench.formats.olmo.step_dir import (  # noqa: E402
+    model_of,
+    param_shapes,
+    step_config,
+    step_tensors,
+    write_step_dir,
+)
+from depthbench.formats.olmo.weights import convert, ignored  # noqa: E402
+from depthbench.formats.run_writer import run_config  # noqa: E402
 
 
 def _import(step_dir):
@@ -36,9 +41,10 @@ def _import(step_dir):
                         train=model.reading.train)
     ckpt = DistCheckpoint(step_dir / "model_and_optim")
     present = {k: shape for k, (shape, _) in ckpt.tensors.items()}
-    params = convert(ckpt.read, present, family_of(config), _param_shapes(config),
+    transformer = model_of(config)
+    params = convert(ckpt.read, present, transformer.family, param_shapes(transformer),
                      block=model.block, tied=model.tied)
-    return config, family_of(config), params, ckpt
+    return config, transformer.family, params, ckpt
 
 
 @pytest.mark.parametrize("design", [d for d in original.DESIGNS if d not in original.NOT_STEPPED])

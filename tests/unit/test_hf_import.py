@@ -14,7 +14,7 @@ import pytest
 
 from depthbench.cli import main as cli_main
 from depthbench.config import ConfigError
-from depthbench.importers import hf as hf_import
+from depthbench.formats import hf as hf_import
 
 torch = pytest.importorskip("torch", reason="torch not installed (pip install -e '.[test-hf]')")
 transformers = pytest.importorskip(

@@ -124,16 +124,16 @@ def test_src_has_no_import_cycles():
 # __init__ imports nothing is no edge (its modules are imported, not it).
 FLOORS = (
     ("errors", "formatting", "digest"),
-    ("faults", "output_paths", "rundir"),  # a run directory's files, names, lock, restore
+    ("faults", "output_paths", "rundir", "confine"),  # a run directory's files; what is read
     ("shapes", "model.spec", "pallas_kernels"),
     ("model.residual.protocol",),  # what a family implements and declares
     ("model.depth_scan", "model.layers", "model.past_attention"),
     ("model.residual.parts",),  # pieces families share
     ("model", "model.residual.protocol.registry"),  # the families, their table, the model
     ("variants", "config", "configs", "reference"),
-    ("costs", "parallel", "hostmem", "cpu_dots", "data", "rundir.identity"),
+    ("costs", "parallel", "hostmem", "cpu_dots", "data", "run_identity"),
     ("train",),
-    ("run", "importers", "exporters", "finetune"),  # a model of a run; runs in and out
+    ("run", "formats", "finetune"),  # a model of a run; runs in and out
     ("generation",),  # a run's prefill and decode programs, sampling, the decode loop
     ("analysis", "evaluation", "equal_compute", "plots", "dryrun"),
     ("sweep",),
@@ -165,9 +165,9 @@ def test_no_import_runs_up_the_floors():
 
 
 def test_the_floors_catch_an_upward_import():
-    assert floor("depthbench.rundir.naming") < floor("depthbench.configs.paper_400m")
+    assert floor("depthbench.formatting") < floor("depthbench.configs.paper_400m")
     assert floor("depthbench.configs.paper_400m") < floor("depthbench.sweep.expand")
-    assert floor("depthbench.rundir.identity") > floor("depthbench.config")
+    assert floor("depthbench.run_identity") > floor("depthbench.config")
     assert floor("depthbench.model.residual.protocol.base") < floor("depthbench.model.layers")
 
 
@@ -179,3 +179,58 @@ def test_errors_imports_nothing_and_the_library_not_its_cli():
         if not name.startswith(("depthbench.cli", "depthbench.__main__")):
             cli = sorted(t for t in targets if t.startswith("depthbench.cli"))
             assert not cli, f"{name} imports the command line: {cli}"
+
+
+# The house as a reader draws it: one node per package or top-level module of
+# src/ (pallas_kernels one node), an arrow where one imports the other.
+MAX_LEVELS = 11
+
+
+def house(g: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+    g = graph() if g is None else g
+
+    def node(module: str) -> str:
+        if module.split(".")[0] == "pallas_kernels":
+            return "pallas_kernels"
+        return module.removeprefix("depthbench").lstrip(".").split(".")[0] or "__init__"
+
+    out: dict[str, set[str]] = {}
+    for module, targets in g.items():
+        out.setdefault(node(module), set()).update(
+            node(t) for t in targets if t in g and node(t) != node(module))
+    return out
+
+
+def levels(h: dict[str, set[str]]) -> dict[str, int]:
+    """Each node's level: 1 + the longest chain of imports below it (a DAG)."""
+    found: dict[str, int] = {}
+
+    def level(n: str) -> int:
+        if n not in found:
+            found[n] = 1 + max((level(t) for t in h[n]), default=0)
+        return found[n]
+
+    for n in h:
+        level(n)
+    return found
+
+
+def test_the_house_has_no_upward_import_and_few_levels():
+    h = house()
+    assert {"cli", "run", "formats", "model", "rundir", "config", "configs"} <= set(h)
+    cycle = find_cycle(h)
+    assert cycle is None, "packages import each other (an upward import): " + " -> ".join(cycle)
+    by_level = levels(h)
+    top = max(by_level.values())
+    chain = [max(h, key=by_level.get)]
+    while h[chain[-1]]:
+        chain.append(max(h[chain[-1]], key=by_level.get))
+    assert top <= MAX_LEVELS, f"{top} levels: {' -> '.join(chain)}"
+
+
+def test_the_house_checker_counts_levels_and_finds_a_package_cycle():
+    g = {"depthbench.a.x": {"depthbench.b"}, "depthbench.b": {"depthbench.c.y"},
+         "depthbench.c.y": set(), "depthbench.a.z": set()}
+    assert levels(house(g)) == {"a": 3, "b": 2, "c": 1}
+    g["depthbench.c.y"] = {"depthbench.a.z"}  # c imports a's module: a package cycle
+    assert find_cycle(house(g)) is not None

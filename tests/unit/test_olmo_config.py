@@ -10,7 +10,7 @@ import copy
 import pytest
 
 from depthbench.errors import ConfigError
-from depthbench.importers.olmo_config import read_model
+from depthbench.formats.olmo.config import read_model
 
 NORM = {"name": "rms", "eps": 1e-06, "bias": False, "dtype": "bfloat16"}
 MODEL = {  # TransformerConfig.llama_like(...).as_config_dict() of a 400M-L24-like shape

@@ -20,11 +20,11 @@ import pytest
 from paths import SRC
 
 from depthbench.errors import ConfigError
-from depthbench.importers.distcp import DistCheckpoint
-from depthbench.importers.olmo import _param_shapes, family_of
-from depthbench.importers.olmo_config import read_config, read_model
-from depthbench.importers.olmo_weights import convert, export, ignored
-from depthbench.importers.run_writer import run_config
+from depthbench.formats.olmo.config import read_config, read_model
+from depthbench.formats.olmo.distcp import DistCheckpoint
+from depthbench.formats.olmo.step_dir import model_of, param_shapes
+from depthbench.formats.olmo.weights import convert, export, ignored
+from depthbench.formats.run_writer import run_config
 from depthbench.model.residual.protocol import registry
 from depthbench.model.residual.protocol.original_format import OriginalFormat
 
@@ -34,10 +34,10 @@ def _imported(design: str):
     model = read_model(saved)
     config = run_config("test", model.family, model.model_fields, model.reading.residual, 16,
                         train=model.reading.train)
-    family = family_of(config)
+    family = model_of(config).family
     ckpt = DistCheckpoint(original.step_dir(design) / "model_and_optim")
     present = {k: shape for k, (shape, _) in ckpt.tensors.items()}
-    params = convert(ckpt.read, present, family, _param_shapes(config), block=model.block,
+    params = convert(ckpt.read, present, family, param_shapes(model_of(config)), block=model.block,
                      tied=model.tied)
     return saved, model, family, ckpt, params
 
@@ -86,7 +86,7 @@ def test_a_config_the_original_never_trained_is_one_line(family, fields, needle)
                                         "model.vocab_size": 128,
                                         **{f"model.residual.{k}": v for k, v in fields.items()}})
     with pytest.raises(ConfigError, match=re.escape(needle)):
-        family_of(c).to_original()
+        model_of(c).family.to_original()
 
 
 def test_every_family_the_original_trained_declares_its_format_and_no_other():

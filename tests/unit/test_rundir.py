@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from analysis_tiny import tiny_config
 
-from depthbench.rundir import identity, io
+from depthbench import run_identity as identity
+from depthbench.rundir import io
 from depthbench.rundir.io import DamagedFile, JsonlLog, read_json, read_jsonl
 from depthbench.train import compiled
 

@@ -75,12 +75,11 @@ def test_every_format_gives_the_same_records_and_arrays(run_and_files, tmp_path)
 
 def test_a_record_decodes_to_the_template_and_its_mask_to_the_response(run_and_files, tmp_path):
     root, run = run_and_files
-    from depthbench.exporters.source_run import open_run
-    from depthbench.run import run_tokenizer
+    from depthbench.run import open_run
 
     data = prepare_sft(root / "r.json", run, max_seq_len=512, cache_dir=str(tmp_path),
                        progress=False)
-    tok = run_tokenizer(open_run(run, "test").run_dir, open_run(run, "test").resolved)
+    tok = open_run(run, "test").tokenizer
     order = np.random.default_rng(42).permutation(len(RECORDS))  # the original's shuffle
     records = data.records("train")
     assert len(records) + len(data.records("val")) == len(RECORDS)

@@ -19,15 +19,14 @@ import pytest
 from paths import FIXTURES
 from sweep_spec import NAMES, SPEC, read_csv
 
+from depthbench import run_identity as identity
 from depthbench import sweep as sweeplib
 from depthbench.cli import main as cli_main
 from depthbench.config import ConfigError, apply_overrides, base_config
-from depthbench.formatting import fmt_lr
+from depthbench.formatting import fmt_lr, run_name
 from depthbench.model.residual.protocol import registry
-from depthbench.rundir import identity
 from depthbench.rundir.lock import RunLock
 from depthbench.rundir.names import LOCK_FILE, RUN_RECORD
-from depthbench.rundir.naming import run_name
 
 
 def fake_loss(config) -> float:

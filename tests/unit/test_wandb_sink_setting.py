@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from depthbench import config as config_lib
+from depthbench import run_identity as identity
 from depthbench.cli import main as cli_main
-from depthbench.rundir import identity
 
 
 def test_wandb_is_a_runtime_field():

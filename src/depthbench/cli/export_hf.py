@@ -1,6 +1,6 @@
 """``depthbench export-hf RUN_DIR --out DIR``: a run of the baseline family (the
 plain LLaMA decoder) as a Hugging Face ``LlamaForCausalLM`` checkpoint (see
-:mod:`depthbench.exporters.hf`).
+:mod:`depthbench.formats.hf`).
 
 Exit status: 0 exported, 2 bad input (one line: another family, a directory that
 is not a run, a non-empty --out), 4 a full or read-only disk (one line naming
@@ -26,7 +26,7 @@ in the original DepthBench's format.
 
 
 def _run(args: argparse.Namespace) -> int:
-    from depthbench.exporters.hf import export_hf  # late: keeps `depthbench --help` fast
+    from depthbench.formats.hf import export_hf  # late: keeps `depthbench --help` fast
 
     done = export_hf(args.run_dir, args.out, progress=not args.no_progress)
     print(f"exported {args.run_dir} (step {done['step']}) -> {args.out}: {done['tensors']} "

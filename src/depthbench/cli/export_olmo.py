@@ -1,6 +1,6 @@
 """``depthbench export-olmo RUN_DIR --out STEP_DIR``: a run of a family the original
 DepthBench trained as a checkpoint in its release format (OLMo-core's
-config.json and distributed checkpoint; see :mod:`depthbench.exporters.olmo`).
+config.json and distributed checkpoint; see :mod:`depthbench.formats.olmo.step_dir`).
 
 Exit status: 0 exported, 2 bad input (one line: a family or configuration the
 original never trained, no torch, a directory that is not a run, a non-empty
@@ -30,7 +30,7 @@ of one it has no block for, is one line.
 
 
 def _run(args: argparse.Namespace) -> int:
-    from depthbench.exporters.olmo import export_olmo  # late: keeps `depthbench --help` fast
+    from depthbench.formats.olmo.step_dir import export_olmo  # late: keeps `depthbench --help` fast
 
     done = export_olmo(args.run_dir, args.out, progress=not args.no_progress)
     print(f"exported {args.run_dir} (step {done['step']}) -> {args.out}: {done['family']} as "

@@ -63,11 +63,11 @@ def register(subparsers) -> None:
 
 def _finetune(args) -> int:
     from depthbench.cli.train import report
-    from depthbench.exporters.source_run import open_run
     from depthbench.finetune import configure, trainer  # late: keeps --help fast
+    from depthbench.run import open_run
 
     parent = open_run(args.parent, configure.WHAT)
-    trainer.check_workdir(args.workdir, parent.run_dir)  # before the records are prepared
+    trainer.check_workdir(args.workdir, parent.path)  # before the records are prepared
     plan = configure.from_command(args.parent, args.records, args.config, args.overrides,
                                   progress=not args.no_progress)
     result = trainer.finetune(plan, args.workdir, progress=not args.no_progress)

@@ -1,5 +1,5 @@
 """``depthbench import-hf PATH --out RUN_DIR``: a local Hugging Face Llama
-checkpoint as a pre_ln run directory (see :mod:`depthbench.importers.hf`).
+checkpoint as a pre_ln run directory (see :mod:`depthbench.formats.hf`).
 
 Exit status: 0 imported, 2 bad input (one line: unsupported config, missing
 file, a non-empty --out), 4 a full or read-only disk (one line naming --out,
@@ -24,7 +24,7 @@ companions are copied into RUN_DIR.
 
 
 def _run(args: argparse.Namespace) -> int:
-    from depthbench.importers.hf import import_hf  # late: keeps `depthbench --help` fast
+    from depthbench.formats.hf import import_hf  # late: keeps `depthbench --help` fast
 
     written = import_hf(args.path, args.out, progress=not args.no_progress)
     shape, hf = written["resolved"]["shape"], written["resolved"]["hf"]

@@ -1,6 +1,6 @@
 """``depthbench import-olmo STEP_DIR --out RUN_DIR``: a checkpoint the original
 DepthBench released (OLMo-core distributed checkpoint) as a run directory of the
-family it trained (see :mod:`depthbench.importers.olmo`).
+family it trained (see :mod:`depthbench.formats.olmo.step_dir`).
 
 Exit status: 0 imported, 2 bad input (one line: a design or option depthbench
 cannot map, a missing or damaged file, a checkpoint pickle naming a class a torch
@@ -39,7 +39,7 @@ run's training rules) is said (resolved.olmo.departures in RUN_DIR/config.json).
 
 
 def _run(args: argparse.Namespace) -> int:
-    from depthbench.importers.olmo import import_olmo  # late: keeps `depthbench --help` fast
+    from depthbench.formats.olmo.step_dir import import_olmo  # late: keeps `depthbench --help` fast
 
     written = import_olmo(args.step_dir, args.out, progress=not args.no_progress,
                           val_tokens=args.val_tokens, hc_form=args.hc_form)

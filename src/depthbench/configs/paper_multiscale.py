@@ -11,7 +11,7 @@ of its budget (4B, 6B, 10B tokens), so the step count is set per run.
 
 from depthbench import shapes
 from depthbench.configs import paper_400m as paper
-from depthbench.rundir.naming import run_name
+from depthbench.formatting import run_name
 
 SUITES = ("paper-200m", "paper-300m", "paper-500m")
 

@@ -25,10 +25,10 @@ import ml_collections
 
 from depthbench import config as config_lib
 from depthbench.errors import ConfigError
-from depthbench.exporters.source_run import SourceRun, open_run
 from depthbench.finetune import rows
 from depthbench.finetune.batches import Validation
 from depthbench.finetune.prepare import SFTData, prepare_sft
+from depthbench.run import RunDir, open_run
 
 WHAT = "finetune"
 # model.* and data.* fields a fine-tuning sets itself: how the model runs, not what it is.
@@ -44,7 +44,7 @@ class Plan:
     """A fine-tuning, ready to run: its config, parent, data, rows and validation."""
 
     config: ml_collections.ConfigDict
-    parent: SourceRun
+    parent: RunDir
     data: SFTData
     rows: rows.RowPlan
     validation: Validation
@@ -73,14 +73,14 @@ def _refuse_parent_fields(spec: str, overrides: Sequence[str]) -> None:
                               f"{', '.join(f.split('.', 1)[1] for f in RUNTIME_FIELDS)} may be set")
 
 
-def from_parent(recipe: ml_collections.ConfigDict, parent: SourceRun
+def from_parent(recipe: ml_collections.ConfigDict, parent: RunDir
                 ) -> ml_collections.ConfigDict:
     """``recipe`` with the parent's model and data (but their runtime fields)."""
     out, theirs = recipe.to_dict(), parent.config.to_dict()
     for section in ("model", "data"):
         own = {f.split(".", 1)[1] for f in RUNTIME_FIELDS if f.startswith(section + ".")}
         out[section] = {**theirs[section], **{k: out[section][k] for k in own}}
-    out["finetune"]["parent"] = str(parent.run_dir)
+    out["finetune"]["parent"] = str(parent.path)
     config = config_lib.with_family_fields(ml_collections.ConfigDict(out))
     return config_lib.validate(config)
 
@@ -100,13 +100,13 @@ def _check_packable(config: ml_collections.ConfigDict) -> None:
                           f"carries nothing across positions; {m.family} does (use 'padded')")
 
 
-def with_data(config: ml_collections.ConfigDict, parent: SourceRun, *, progress: bool,
+def with_data(config: ml_collections.ConfigDict, parent: RunDir, *, progress: bool,
               field: str) -> Plan:
     """The records prepared with the parent's tokenizer, and the steps they make."""
     f, t = config.finetune, config.train
     if f.layout == "packed":
         _check_packable(config)
-    data = prepare_sft(f.records, parent.run_dir, max_seq_len=int(f.max_seq_len),
+    data = prepare_sft(f.records, parent.path, max_seq_len=int(f.max_seq_len),
                        max_samples=int(f.max_samples) or None,
                        val_fraction=float(f.val_fraction), seed=int(f.data_seed),
                        cache_dir=str(config.data.cache_dir), progress=progress, field=field,

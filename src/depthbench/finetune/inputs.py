@@ -57,12 +57,12 @@ class FinetuneInputs:
 
     def _read(self, step: int | None):
         s = compiled(self.config)[0]  # memoised: the loop builds the same
-        return read_params(self.plan.parent.run_dir, s.abstract_state.params, step)
+        return read_params(self.plan.parent.path, s.abstract_state.params, step)
 
     def resolved(self) -> dict:
         data = self.plan.data
         return {"tokenizer": self.plan.parent.resolved.get("tokenizer", {}),
-                "finetune": {"parent": str(self.plan.parent.run_dir),
+                "finetune": {"parent": str(self.plan.parent.path),
                              "parent_step": self.parent_step, "data": str(data.directory),
                              "data_digest": data.digest, "records": data.manifest["splits"],
                              "rows": self.plan.rows.rows}}

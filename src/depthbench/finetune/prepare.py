@@ -123,17 +123,16 @@ def prepare_sft(records_path: str | Path, run_dir: str | Path, *, max_seq_len: i
     """The cache entry of ``records_path`` tokenised by ``run_dir``'s tokenizer (built
     if absent; ``field``, ``length_field``: what error lines call the records and
     ``max_seq_len``)."""
-    from depthbench.exporters.source_run import open_run
-    from depthbench.run import run_tokenizer
+    from depthbench.run import open_run
 
     _check(max_seq_len, max_samples, val_fraction)
     source = Path(records_path).expanduser()
     if not source.is_file():
         raise ConfigError(f"{field}: {str(records_path)!r} is not a file")
     run = open_run(run_dir, WHAT)
-    tok = run_tokenizer(run.run_dir, run.resolved)
+    tok = run.tokenizer
     if tok.eos_id < 0:
-        raise ConfigError(f"{WHAT}: the tokenizer of {run.run_dir} has no EOS id, which ends "
+        raise ConfigError(f"{WHAT}: the tokenizer of {run.path} has no EOS id, which ends "
                           "every response")
     options = {"max_seq_len": max_seq_len, "max_samples": max_samples,
                "val_fraction": val_fraction, "seed": seed}
@@ -150,7 +149,7 @@ def prepare_sft(records_path: str | Path, run_dir: str | Path, *, max_seq_len: i
             return open_sft(final)
         manifest = {"kind": "sft", "format": FORMAT, "digest": key,
                     "source": str(source.resolve()), "source_sha256": file_sha256(source),
-                    "records_in_file": len(records), "run": str(run.run_dir),
+                    "records_in_file": len(records), "run": str(run.path),
                     "tokenizer": tok.record(), "template": "alpaca (prepare_commonsense170k.py)",
                     **options, "splits": {}}
         with cache.atomic_dir(final) as work:

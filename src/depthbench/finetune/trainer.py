@@ -52,5 +52,5 @@ def finetune(plan: Plan, workdir: str | Path, *, progress: bool = True) -> dict:
     from depthbench.finetune.inputs import FinetuneInputs
     from depthbench.train import loop
 
-    path = check_workdir(workdir, plan.parent.run_dir)
+    path = check_workdir(workdir, plan.parent.path)
     return loop.run(plan.config, path, progress=progress, inputs=FinetuneInputs(plan, path))

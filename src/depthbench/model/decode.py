@@ -29,11 +29,11 @@ from flax import linen as nn
 
 from depthbench.model.past_attention import CACHE_AXES, KVCache
 from depthbench.model.residual.protocol.capabilities import PositionState
-from depthbench.model.transformer import Transformer, family_of
+from depthbench.model.transformer import Transformer
 
 
 def _captures(model: Transformer) -> tuple[str, ...]:
-    carries = isinstance(family_of(model.spec), PositionState)
+    carries = isinstance(model.family, PositionState)
     return ("kv", "carry") if carries else ("kv",)
 
 

@@ -206,6 +206,11 @@ class Transformer(nn.Module):
 
     spec: ModelSpec
 
+    @property
+    def family(self) -> ResidualFamily:
+        """The residual family of this model (one instance per spec: ``registry.build``)."""
+        return family_of(self.spec)
+
     @nn.compact
     def __call__(self, tokens_bt, *, capture: Sequence[str] = (), active=None, ident=None,
                  cache: KVCache | None = None, logits_at=None, segments=None, positions=None):
@@ -218,7 +223,7 @@ class Transformer(nn.Module):
         level: bool | str = ("all" if {"lens_logits", "probe"} & set(asked) else
                              "z" in asked)
         chex.assert_rank(tokens_bt, 2)  # [B, T] token ids (static: checked at trace time)
-        fam = family_of(s)
+        fam = self.family
         L = s.depth
         embed = self.param(
             "embed",

@@ -7,7 +7,7 @@ One module per job:
 * :mod:`~depthbench.rundir.io`: atomic JSON writes, JSON and JSON-lines
   reads with one torn-line rule, :class:`~depthbench.rundir.io.DamagedFile`;
 * :mod:`~depthbench.rundir.lock`: the lock that lets one process train it;
-* :mod:`~depthbench.rundir.identity`: the run's identity (the one list of
+* :mod:`~depthbench.run_identity`: the run's identity (the one list of
   runtime fields), whether a config may resume it, its saved config;
 * :mod:`~depthbench.rundir.integrity`: sealing a checkpoint step, checking it;
 * :mod:`~depthbench.rundir.restore`: the newest intact checkpoint (or the one

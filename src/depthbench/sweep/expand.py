@@ -26,9 +26,9 @@ import ml_collections
 from depthbench import config as config_lib
 from depthbench import costs, shapes, variants
 from depthbench.errors import ConfigError
+from depthbench.formatting import run_name
 from depthbench.model.residual.protocol import registry
 from depthbench.model.spec import ModelSpec
-from depthbench.rundir.naming import run_name
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,8 +28,8 @@ from typing import Any
 
 from etils import epath
 
+from depthbench import run_identity as identity
 from depthbench.errors import ConfigError
-from depthbench.rundir import identity
 from depthbench.rundir.io import DamagedFile, atomic_write, atomic_write_json, is_local, read_json
 from depthbench.rundir.lock import RunLock
 from depthbench.rundir.names import FAILURE_FILE, MANIFEST, RESULT_FILE, RESULTS_CSV, RUN_RECORD

@@ -100,7 +100,7 @@ def _drop_closed_loop_reports() -> None:
 def quiet_failed_writes() -> None:
     """Leave a failed Orbax write (a full disk) to the one line its writer says:
     drop absl's and asyncio's reports of it and the closed-loop reports after it.
-    Every Orbax writer calls it (the trainer's checkpoints, the importers' step 0)."""
+    Every Orbax writer calls it (the trainer's checkpoints, the imports' step 0)."""
     absl_logger = logging.getLogger("absl")
     if _QUIET not in absl_logger.filters:
         absl_logger.addFilter(_QUIET)

@@ -36,9 +36,10 @@ from pathlib import Path
 import jax
 
 from depthbench import costs, data, faults, parallel
+from depthbench import run_identity as identity
 from depthbench.errors import ConfigError
 from depthbench.model.spec import ModelSpec
-from depthbench.rundir import identity, io, lock
+from depthbench.rundir import io, lock
 from depthbench.rundir.names import CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE, RESULT_FILE
 from depthbench.train import preflight, record, wandb_sink
 from depthbench.train import state as state_lib

@@ -25,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from depthbench import parallel
 from depthbench.model.spec import ModelSpec
-from depthbench.model.transformer import Transformer, family_of
+from depthbench.model.transformer import Transformer
 from depthbench.train import optim
 
 
@@ -75,7 +75,7 @@ def setup(config, mesh: Mesh, spec: ModelSpec | None = None,
     rules = rules or parallel.axis_rules()
     spec = spec or ModelSpec.from_config(config)
     model = Transformer(spec)
-    family = family_of(spec)
+    family = model.family
     seq_len = int(config.train.seq_len)
     tokens = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
     with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):

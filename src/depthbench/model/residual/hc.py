@@ -28,7 +28,7 @@ The original benchmark trained two forms of hc, and each is a set of fields
   mixing only forming the sublayer's input (``hyper_connections.py@dc75a4e``
   to ``@5152cab``), with the ``norm_then_sum`` readout (``model.py@dc75a4e`` to
   ``@5152cab``).  ``import-olmo`` tells them apart from the checkpoint's
-  ``config.json`` (``importers/olmo_config.py``).
+  ``config.json`` (``formats/olmo/config.py``).
 
 Each block has two connectors (attention, MLP), stacked on a leading axis
 of size 2.  All coefficient maths is fp32.  ``read`` computes the

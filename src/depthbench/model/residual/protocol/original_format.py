@@ -16,7 +16,7 @@ original trained declares, in its own file, both directions of the mapping:
   that are not parameters of their own, and the parameters the original
   does not have (:class:`Constant`).
 
-``importers/olmo*.py`` does the rest for every family alike: the LLaMA
+``formats/olmo/`` does the rest for every family alike: the LLaMA
 backbone's shape, numerics and tensors, the checks, the run directory.  A
 family without this capability is one the original did not train.  The
 mappings, and the file and commit each was read at, are in docs/ORIGINAL.md.

@@ -18,6 +18,7 @@ written out centrally: each family's typed config, ``config.model.residual``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import os
 from typing import Any
@@ -111,8 +112,19 @@ def get(name: str) -> type[ResidualFamily]:
 
 def build(spec) -> ResidualFamily:
     """The family of ``spec`` (a ModelSpec); a spec without a config takes the
-    family's defaults."""
-    return get(spec.family)(spec)
+    family's defaults.  One instance per (class, spec): a family is a frozen
+    function of its spec, so every caller (the model, its decoder, the
+    optimizer's rules, an export) holds the same one."""
+    cls = get(spec.family)
+    try:
+        return _build(cls, spec)
+    except TypeError:  # a field value that cannot be hashed (a list): build it anew
+        return cls(spec)
+
+
+@functools.lru_cache(maxsize=512)
+def _build(cls: type[ResidualFamily], spec) -> ResidualFamily:
+    return cls(spec)
 
 
 def baseline() -> str:

@@ -1,4 +1,4 @@
-"""The run directory an importer writes, in the trainer's format.
+"""The run directory an import writes, in the trainer's format.
 
 ``config.json`` (the resolved config; ``resolved.<source>`` says where the
 weights came from), an Orbax checkpoint at step 0 under ``checkpoints/``
@@ -8,39 +8,23 @@ tokenizer files copied along.  The checkpoint holds either a full
 (``import-hf``: an imported model can be fine-tuned) or only the parameters
 (item ``params``: what ``load_run`` needs, a third of the memory for Adam).
 
-Everything is built in a hidden sibling directory (``.<name>.importing-PID``;
-an export's ``.<name>.exporting-PID``: :func:`built_aside`, which the exporters
-share) and renamed onto ``--out`` only once complete, so a failure (bad input
-found late, a full disk, Ctrl-C) leaves ``--out`` as it was.  A full or read-only
-disk is one line naming ``--out`` (exit status 4, the rule of
-:mod:`depthbench.faults`), however the writer said it (TensorStore's text
-included); the hidden directory a killed import left is removed by the next
-import into the same ``--out`` once its process is gone.  The parameters arrive as a nested dict
-of host (numpy) arrays and are moved to the devices one leaf at a time, each
-host copy dropped as soon as its device copy exists, so the import never
-holds two copies of the model.
+The directory is built aside and renamed into place only once complete
+(:func:`depthbench.output_paths.built_aside`, the one output rule).  The
+parameters arrive as a nested dict of host (numpy) arrays and are moved to
+the devices one leaf at a time, each host copy dropped as soon as its device
+copy exists, so the import never holds two copies of the model.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
-import os
 import shutil
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from depthbench import faults, output_paths
 from depthbench.config import base_config, validate
 from depthbench.errors import ConfigError
-from depthbench.rundir.lock import pid_alive
-
-# Tokenizer files an imported run carries (a Hugging Face tokenizer directory's).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "tokenizer.model", "generation_config.json")
+from depthbench.output_paths import built_aside
 
 
 def read_source_config(src: Path, command: str, expected: str) -> dict:
@@ -57,58 +41,6 @@ def read_source_config(src: Path, command: str, expected: str) -> dict:
     if not isinstance(saved, dict):
         raise ConfigError(f"{command}: {path} is not a JSON object")
     return saved
-
-
-def check_out(out: str | Path, command: str) -> Path:
-    """``--out`` resolved (a link loop refused); ConfigError unless it is absent or
-    an empty directory, and no live import is writing it."""
-    path = output_paths.resolve(out, f"{command}: --out")
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{command}: --out {str(path)!r} is a file; give a new (or empty) "
-                          "directory")
-    if path.is_dir() and any(path.iterdir()):
-        raise ConfigError(f"{command}: --out {str(path)!r} exists and is not empty; "
-                          "use a new directory")
-    if not path.parent.is_dir():
-        parent = path.parent
-        while not parent.exists():
-            parent = parent.parent
-        if not parent.is_dir():
-            raise ConfigError(f"{command}: --out {str(path)!r}: {str(parent)!r} is a file, "
-                              "not a directory")
-    live = [pid for pid, _ in _work_dirs(path) if pid_alive(pid)]
-    if live:
-        raise ConfigError(f"{command}: --out {str(path)!r} is being written by another command "
-                          f"(process {live[0]}); wait for it or use another directory")
-    return path
-
-
-# What a command building ``--out`` aside is doing (the hidden directory's suffix).
-WORK_VERBS = ("importing", "exporting")
-
-
-def _work_dirs(out: Path) -> list[tuple[int, Path]]:
-    """The hidden ``.<name>.importing-PID`` (or ``exporting-PID``) directories beside
-    ``out``: where imports and exports into ``out`` build it before renaming it
-    (:func:`built_aside`)."""
-    if not out.parent.is_dir():
-        return []
-    found = []
-    for p in out.parent.iterdir():
-        for verb in WORK_VERBS:
-            prefix = f".{out.name}.{verb}-"
-            pid = p.name.removeprefix(prefix)
-            if p.name.startswith(prefix) and pid.isdigit() and p.is_dir() and not p.is_symlink():
-                found.append((int(pid), p))
-    return found
-
-
-def _remove_leftovers(out: Path) -> None:
-    """Remove what killed imports into ``out`` left (their process is gone):
-    ``kill -9`` skips the cleanup :func:`write_run` does on every other failure."""
-    for pid, work in _work_dirs(out):
-        if pid != os.getpid() and not pid_alive(pid):
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def run_config(name: str, family: str, model_fields: dict[str, Any], residual: dict[str, Any],
@@ -190,8 +122,8 @@ def _save_step0(directory: Path, item: str, tree: Any, meta: dict) -> None:
 def write_run(out: Path, config, params_np: dict, *, source: tuple[str, dict],
               files: dict[str, Path], tokenizer: dict[str, Any],
               optimizer_state: bool) -> dict:
-    """Write the run directory ``out`` (checked by :func:`check_out`) and return
-    the dict written to its ``config.json``.
+    """Write the run directory ``out`` (checked by ``output_paths.check_out``) and
+    return the dict written to its ``config.json``.
 
     ``params_np``: the model's parameter tree as host arrays (consumed: it is
     empty afterwards).  ``source``: ``(key, record)`` stored as
@@ -241,49 +173,3 @@ def write_run(out: Path, config, params_np: dict, *, source: tuple[str, dict],
         written = {**config.to_dict(), "resolved": resolved}
         atomic_write_json(work / CONFIG_FILE, written)
     return written
-
-
-@contextlib.contextmanager
-def built_aside(out: Path, command: str, verb: str = "importing") -> Iterator[Path]:
-    """A hidden work directory beside ``out`` (checked by :func:`check_out`) to
-    build it in, renamed onto ``out`` when the block ends; on any failure it is
-    removed and ``out`` left as it was, a full or read-only disk raised as the
-    one line naming ``--out`` (``command``: whose line)."""
-    _remove_leftovers(out)
-    work = out.parent / f".{out.name}.{verb}-{os.getpid()}"
-    try:
-        work.mkdir(parents=True)
-        yield work
-        if out.is_dir():
-            out.rmdir()  # empty (check_out), replaced by the finished directory
-        os.replace(work, out)
-    except BaseException as e:
-        _remove_settled(work)
-        if isinstance(e, Exception) and faults.is_storage_error(e):
-            raise _storage_error(e, out, command) from e
-        raise
-
-
-def _remove_settled(work: Path, quiet: float = 0.3, limit: float = 10.0) -> None:
-    """Remove ``work`` and keep it removed: after a failed Orbax save, TensorStore's
-    writes still in flight land for a moment (creating their directories again)."""
-    deadline = time.monotonic() + limit
-    gone_since = None
-    while time.monotonic() < deadline:
-        if work.exists():
-            shutil.rmtree(work, ignore_errors=True)
-            gone_since = None
-        elif gone_since is None:
-            gone_since = time.monotonic()
-        elif time.monotonic() - gone_since >= quiet:
-            return
-        time.sleep(0.01)
-
-
-def _storage_error(e: Exception, out: Path, command: str) -> faults.StorageError:
-    """A full or read-only disk under the import, as one line naming ``--out``
-    (not the hidden directory the run was being built in, which is gone)."""
-    hint = ("make it writable and re-run the same command" if faults.os_error_code(e) ==
-            errno.EROFS else "free space and re-run the same command")
-    return faults.storage_error(e, f"{command}: could not write --out {out}",
-                                f"nothing was written there: {hint}")

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from depthbench.errors import ConfigError
-from depthbench.importers.olmo_config import WHAT
+from depthbench.formats.olmo.config import WHAT
 from depthbench.model.residual.protocol.original_format import (
     Constant,
     OriginalFormat,

@@ -1,4 +1,4 @@
-"""The original DepthBench's ``config.json`` as a depthbench family and its fields.
+"""The original DepthBench's ``config.json``, both ways: read as a family, written from a run.
 
 A released step directory carries the OLMo-core experiment config its
 trainer saved (``model``: the ``TransformerConfig``; ``dataset.tokenizer``:
@@ -13,6 +13,15 @@ listed) and a form config.json does not decide (said).
 The block types the original trained are those the registered families
 claim (docs/ORIGINAL.md has the table); any other type, or another family's
 field on a block, is one line naming it.
+
+Written (:func:`experiment_config`): ``model`` is a ``TransformerConfig``
+dict, the shared backbone with the ``_CLASS_`` tags OLMo-core's
+``Config.from_dict`` builds it from, and ``model.block`` completed by the
+family's own part (``to_original``; ``original_model``: what its blocks need
+beside the block); ``dataset`` carries the sequence length and the
+tokenizer's ids, ``train_module.optim`` the run's AdamW settings.
+:func:`check_reads_back` reads the written config with :func:`read_model`
+and refuses an export whose block config would come back as another model.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from depthbench.errors import ConfigError
+from depthbench.formats.run_writer import read_source_config
 from depthbench.model.residual.protocol import registry
 from depthbench.model.residual.protocol.original_format import Fields, OriginalFormat, Reading
 
@@ -44,8 +54,6 @@ class OlmoModel:
 
 def read_config(step_dir: Path) -> dict:
     """``step_dir/config.json`` as a dict (ConfigError if missing or not JSON)."""
-    from depthbench.importers.run_writer import read_source_config
-
     saved = read_source_config(step_dir, WHAT, "an OLMo-core step directory with config.json "
                                "and model_and_optim/")
     if isinstance(saved.get("model"), dict) and "family" in saved["model"]:
@@ -155,3 +163,99 @@ def read_model(saved: dict, options: dict[str, str] | None = None) -> OlmoModel:
     reading = cls.from_original(block, saved, options or {})
     return OlmoModel(family=cls.name, model_fields=fields, reading=reading,
                      tied=bool(model.opt("tie_word_embeddings")))
+
+
+# ------------------------------------------------------------------ written
+
+OLMO = "olmo_core"
+_CLASSES = {
+    "model": f"{OLMO}.nn.transformer.config.TransformerConfig",
+    "block": f"{OLMO}.nn.transformer.config.TransformerBlockConfig",
+    "attention": f"{OLMO}.nn.attention.AttentionConfig",
+    "rope": f"{OLMO}.nn.rope.RoPEConfig",
+    "norm": f"{OLMO}.nn.layer_norm.LayerNormConfig",
+    "feed_forward": f"{OLMO}.nn.feed_forward.FeedForwardConfig",
+    "lm_head": f"{OLMO}.nn.lm_head.LMHeadConfig",
+    "tokenizer": f"{OLMO}.data.tokenizer.TokenizerConfig",
+    "adamw": f"{OLMO}.optim.adamw.AdamWConfig",
+}
+
+
+def _number(x: float) -> int | float:
+    """An integral value as an int (RoPE's theta is an int in OLMo-core's config)."""
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def _norm(name: str, eps: float) -> dict[str, Any]:
+    return {"name": name, "eps": float(eps), "bias": False, "dtype": "float32",
+            "_CLASS_": _CLASSES["norm"]}
+
+
+def model_section(family) -> dict[str, Any]:
+    """config.json's ``model`` for ``family``'s model (an OriginalFormat instance,
+    whose spec holds the complete shape and numerics); ConfigError (the
+    family's line) when the original has no block computing it."""
+    s = family.spec
+    attention = {"name": "default", "n_heads": s.n_heads, "n_kv_heads": s.n_kv_heads,
+                 "bias": False, "dtype": "float32", "_CLASS_": _CLASSES["attention"],
+                 "rope": {"name": "default", "theta": _number(s.rope_theta),
+                          "full_precision": True, "_CLASS_": _CLASSES["rope"]}}
+    block = {"sequence_mixer": attention,
+             "layer_norm": _norm(family.original_norm, s.norm_eps),
+             "feed_forward": {"hidden_size": s.d_ff, "name": "default", "bias": False,
+                              "dtype": "float32", "activation": "silu",
+                              "_CLASS_": _CLASSES["feed_forward"]},
+             "_CLASS_": _CLASSES["block"], **family.to_original()}
+    return {"d_model": s.d_model, "vocab_size": s.vocab_size, "n_layers": s.depth,
+            "block": block,
+            "lm_head": {"name": "default", "layer_norm": _norm("rms", s.norm_eps), "bias": False,
+                        "dtype": "float32", "_CLASS_": _CLASSES["lm_head"]},
+            "name": "default", "dtype": "float32", "init_method": "normal", "init_seed": 0,
+            "init_std": float(s.init_std), "tie_word_embeddings": False,
+            "_CLASS_": _CLASSES["model"], **family.original_model(block)}
+
+
+def _token_id(tokenizer: dict, key: str) -> int | None:
+    value = int(tokenizer.get(key, -1))
+    return None if value < 0 else value
+
+
+def experiment_config(config, resolved: dict, family) -> dict[str, Any]:
+    """The whole config.json of an export of the run (``resolved``: its config.json's
+    ``resolved`` block, for the tokenizer's ids)."""
+    t = config.train
+    tok = resolved.get("tokenizer") or {}
+    return {
+        "model": model_section(family),
+        "dataset": {"sequence_length": int(t.seq_len),
+                    "tokenizer": {"vocab_size": family.spec.vocab_size,
+                                  "eos_token_id": _token_id(tok, "eos_id"),
+                                  "pad_token_id": _token_id(tok, "pad_id"),
+                                  "bos_token_id": _token_id(tok, "bos_id"),
+                                  "identifier": tok.get("tokenizer_path") or None,
+                                  "_CLASS_": _CLASSES["tokenizer"]}},
+        "train_module": {"max_sequence_length": int(t.seq_len),
+                         "max_grad_norm": float(t.clip_norm),
+                         "optim": {"lr": float(t.lr), "betas": [float(t.b1), float(t.b2)],
+                                   "eps": float(t.eps), "weight_decay": float(t.weight_decay),
+                                   "_CLASS_": _CLASSES["adamw"]}},
+    }
+
+
+def check_reads_back(saved: dict, family, command: str) -> None:
+    """The importer's reading of ``saved`` is ``family``'s model: the same family
+    and family fields, shape and numerics; ConfigError naming what would change."""
+    model = read_model(saved)
+    s = family.spec
+    if model.family != s.family:
+        raise ConfigError(f"{command}: the block config written reads back as {model.family}, "
+                          f"not {s.family}")
+    for key, value in model.model_fields.items():
+        if float(value) != float(getattr(s, key)):
+            raise ConfigError(f"{command}: model.{key} = {getattr(s, key)} reads back as {value}")
+    again = type(family.cfg).from_fields(model.reading.residual, s.family).as_dict()
+    for key, value in family.cfg.as_dict().items():
+        if again[key] != value:
+            raise ConfigError(f"{command}: the original's {model.block!r} block cannot carry "
+                              f"model.residual.{key} = {value!r} (it reads back as "
+                              f"{again[key]!r})")

@@ -80,7 +80,30 @@ def identity(saved: dict) -> dict[str, Any]:
         out[key] = _hashable(flat.get(key, defaults.get(key)))
     for name, default in own.items():
         out[_RESIDUAL + name] = _hashable(flat.get(_RESIDUAL + name, default))
+    out.update(_shape_identity(saved))
     return out
+
+
+# Fields that only choose the model's shape: the identity holds the shape they
+# resolve to instead, so a run whose config.json states its shape outright
+# (run.open_run's complete config, a fine-tuning's copy of its parent's) is the
+# same run as the spec that named the suite's row.
+_SHAPE_CHOICE = ("model.suite", "model.budget", "model.fix")
+_SHAPE_FIELDS = ("model.depth", "model.d_model", "model.d_ff", "model.n_heads",
+                 "model.n_kv_heads")
+
+
+def _shape_identity(saved: dict) -> dict[str, Any]:
+    """The resolved shape as identity fields (the choosing fields neutral); nothing
+    if the config does not resolve (its fields then speak for themselves)."""
+    from depthbench.shapes import resolve_shape
+
+    try:
+        shape = resolve_shape(saved_config(saved))
+    except (ConfigError, TypeError, ValueError, AttributeError):
+        return {}
+    return {**{key: None for key in _SHAPE_CHOICE},
+            **{key: getattr(shape, key.split(".", 1)[1]) for key in _SHAPE_FIELDS}}
 
 
 def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:

@@ -1,4 +1,4 @@
-"""A torch distributed checkpoint (``model_and_optim/``), read without torch, trusting nothing.
+"""A torch distributed checkpoint: read without torch, trusting nothing; written by torch.
 
 OLMo-core's trainer saves ``model.*`` and ``optim.*`` entries with its own
 writer (``save_model_and_optim_state``: ``RemoteFileSystemWriter``), in the
@@ -15,7 +15,7 @@ layout of ``torch.distributed.checkpoint``'s ``FileSystemWriter``:
   (a zip: ``data.pkl``, a pickle naming ``torch._utils._rebuild_tensor_v2``
   and a storage class, and ``data/<key>``, the raw little-endian storage).
 
-Both pickles are read by :mod:`~depthbench.importers.safe_unpickle` with
+Both pickles are read by :mod:`~depthbench.formats.olmo.unpickle` with
 allow-lists of exactly these classes (``INDEX_CLASSES``, ``TENSOR_CLASSES``),
 mapped to stand-ins defined here: torch and olmo_core are never imported,
 and a pickle naming anything else (``os.system``) is one line naming it,
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from depthbench.errors import ConfigError
-from depthbench.importers.safe_unpickle import Refused, int_tuple, loads, record
+from depthbench.formats.olmo.unpickle import Refused, int_tuple, loads, record
 
 WHAT = "import-olmo"
 MODEL_PREFIX = "model."
@@ -308,3 +308,49 @@ class DistCheckpoint:
     def read(self, key: str) -> np.ndarray:
         """Model tensor ``key`` (without the ``model.`` prefix)."""
         return self.entry(MODEL_PREFIX + key)
+
+
+# ------------------------------------------------------------------ written
+#
+# The reader above needs no torch; writing the
+# format does: ``.metadata`` pickles torch's classes, each chunk is a
+# ``torch.save`` archive.  Rather than forge either, the export hands the
+# tensors to ``torch.distributed.checkpoint.save`` with a ``FileSystemWriter``
+# in one process (no process group), which lays the directory out as OLMo-core's
+# trainer does: ``.metadata`` and ``__0_0.distcp``, every entry under
+# ``model.`` (a nested ``{"model": {...}}`` state dict, flattened by torch's
+# planner as OLMo-core's ``save_model_and_optim_state`` flattens its own).
+
+
+def require_torch(command: str):
+    """``torch.distributed.checkpoint``, or the one line saying how to get it."""
+    try:
+        import torch.distributed.checkpoint as dcp
+    except ImportError:
+        raise ConfigError(f"{command} writes OLMo-core's checkpoint format with torch's own "
+                          "writer and needs torch: pip install torch") from None
+    return dcp
+
+
+def _as_torch(x: np.ndarray):
+    """A numpy array as a CPU torch tensor of the same dtype and bits (bfloat16,
+    which torch.from_numpy does not take, through its 16-bit pattern)."""
+    import torch
+
+    x = np.array(x, order="C")  # a C-ordered copy, 0-d kept (ascontiguousarray makes it 1-d)
+    if x.dtype.name == "bfloat16":
+        return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(x)
+
+
+def write_model(directory: Path, tensors: dict[str, np.ndarray], command: str) -> None:
+    """``directory`` (new) as a distributed checkpoint whose entries are
+    ``model.<key>`` for each of ``tensors``."""
+    import warnings
+
+    dcp = require_torch(command)
+    state = {"model": {key: _as_torch(x) for key, x in tensors.items()}}
+    writer = dcp.FileSystemWriter(directory, single_file_per_rank=True, thread_count=1)
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.save(state, storage_writer=writer, no_dist=True)

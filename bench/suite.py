@@ -44,23 +44,54 @@ def _memory_bytes(step: common.DepthbenchStep) -> int:
             step.step.jitted.lower(step.state, step.batch).compile())
 
 
+def paired_ratios(base, steps: dict, reps: int) -> tuple[dict, dict]:
+    """Each step's time relative to ``base``'s, measured in pairs: per repetition,
+    for every step in turn, one ``base`` step then one of it.  Returns the median
+    of each step's per-pair ratios and its median seconds (``base`` under its own
+    name, ratio 1).  A pair runs back to back, so a load change or the process's
+    drift between pairs moves both of its steps alike: the ratios of medians of
+    the steps interleaved in one round (pre_ln, hc, mhc ...) moved by up to a third
+    between two runs of the same code on the shared 2-core machine."""
+    import statistics
+
+    ratios = {k: [] for k in steps}
+    seconds = {k: [] for k in steps}
+    seconds["base"] = []
+    for _ in range(reps):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            base()
+            t1 = time.perf_counter()
+            step()
+            t2 = time.perf_counter()
+            seconds["base"].append(t1 - t0)
+            seconds[name].append(t2 - t1)
+            ratios[name].append((t2 - t1) / (t1 - t0))
+    return ({k: statistics.median(v) for k, v in ratios.items()},
+            {k: statistics.median(v) for k, v in seconds.items()})
+
+
 def families_vs_pre_ln(families=None, reps: int = 3) -> str:
-    """Step time and compiled memory of every family relative to pre_ln."""
-    out = [common.header("step time and memory per family relative to pre_ln (fp32, interleaved)")]
+    """Step time and compiled memory of every family relative to pre_ln (time:
+    the median of per-pair ratios, :func:`paired_ratios`)."""
+    out = [common.header("step time and memory per family relative to pre_ln "
+                         "(fp32, each step paired with one of pre_ln's)")]
     for label, (d, depth) in (("shallow-wide", (256, 4)), ("deep-narrow", (64, 32))):
         steps = {}
         for fam in ["pre_ln", *[f for f in _families(families) if f != "pre_ln"]]:
             steps[fam] = common.DepthbenchStep(common.config_at(d, depth, 64, 8, 2048, family=fam))
             steps[fam]()  # compile
-        sec = common.interleaved(steps, reps)
-        base_s, base_m = sec["pre_ln"], _memory_bytes(steps["pre_ln"])
-        rows = []
+        base = steps.pop("pre_ln")
+        ratio, sec = paired_ratios(base, steps, reps)
+        base_m = _memory_bytes(base)
+        rows = [{"family": "pre_ln", "step (ms)": 1e3 * sec["base"], "time / pre_ln": "1.00x",
+                 "memory (MiB)": base_m / 2**20, "memory / pre_ln": "1.00x"}]
         for fam, step in steps.items():
             mem = _memory_bytes(step)
             rows.append({"family": fam, "step (ms)": 1e3 * sec[fam],
-                         "time / pre_ln": f"{sec[fam] / base_s:.2f}x",
+                         "time / pre_ln": f"{ratio[fam]:.2f}x",
                          "memory (MiB)": mem / 2**20, "memory / pre_ln": f"{mem / base_m:.2f}x"})
-        out += [f"\n{label}: d {d}, L {depth}, T 64, B 8, V 2048 (median of {reps})",
+        out += [f"\n{label}: d {d}, L {depth}, T 64, B 8, V 2048 (median of {reps} pairs)",
                 common.table(rows)]
     out.append("memory: XLA memory_analysis of the compiled step "
                "(arguments + outputs + temporaries)")

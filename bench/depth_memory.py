@@ -123,7 +123,7 @@ def cpu_curve(depths, steps: int, old: bool) -> None:
     print("|" + "---|" * (2 + 2 * len(scans)))
     for depth in depths:
         shape = Shape(depth, 64, 192, 4, 4, 2048)
-        base, p, t = compiled_step(ModelSpec.from_shape(shape), 2, 256)
+        base, p, t = compiled_step(ModelSpec.from_shape(shape, "pre_ln"), 2, 256)
         base_mem = temp_bytes(base)
         base_time = time_step(base, p, t, steps) if steps else float("nan")
         base_run = _runner(base, p, t) if steps else None

@@ -274,7 +274,7 @@ CASES = [
     ("analyze: --causal-ratio not a choice", lambda d: _analyze(d, "--causal-ratio", "median"),
      r"--causal-ratio: invalid choice: 'median' \(choose from"),
     ("analyze: a directory without a run", lambda d: ["analyze", str(d / "empty")],
-     r"RUN_DIR: '\S+/empty' has no config\.json; give a directory written by"),
+     r"RUN_DIR '\S+/empty' is not a run directory \(no config\.json naming model\.family\)"),
     ("analyze: --compare a run never analysed",
      lambda d: ["analyze", "--compare", _run(d), "--out", str(d / "cmp.png")],
      r"--compare: \S+/run has no analysis/analysis\.json; run `depthbench analyze"),
@@ -326,7 +326,7 @@ CASES = [
      r"--records: \S+/sft_empty\.jsonl holds no records$"),
     ("finetune: a parent that is not a run", lambda d: _finetune(d, parent=d / "empty"),
      r"finetune: RUN_DIR '\S+/empty' is not a run directory \(no config\.json naming "
-     r"model\.family\); give one written by train, import-olmo or import-hf$"),
+     r"model\.family\); give one written by train, finetune, import-olmo or import-hf$"),
     ("finetune: --workdir not empty and no run", lambda d: _finetune(d, workdir=d / "records"),
      r"--workdir: '\S+/records' exists and is not empty and holds no run; give a new or "
      r"empty directory$"),
@@ -365,7 +365,7 @@ CASES = [
     ("export-olmo: RUN_DIR not a run",
      lambda d: ["export-olmo", str(d / "empty"), "--out", str(d / "step")],
      r"export-olmo: RUN_DIR '\S+/empty' is not a run directory \(no config\.json naming "
-     r"model\.family\); give one written by train, import-olmo or import-hf$"),
+     r"model\.family\); give one written by train, finetune, import-olmo or import-hf$"),
     ("export-olmo: --out a file",
      lambda d: ["export-olmo", _run(d), "--out", str(d / "a_file")],
      r"export-olmo: --out '\S+/a_file' is a file; give a new \(or empty\) directory$"),
@@ -467,7 +467,7 @@ CASES = [
      r"generate: one of the arguments --prompt --prompts is required$"),
     ("generate: a directory that is not a run",
      lambda d: ["generate", str(d / "empty"), "--prompt", "x"],
-     r"RUN_DIR: '\S+/empty' has no config\.json; give a directory written by"),
+     r"RUN_DIR '\S+/empty' is not a run directory \(no config\.json naming model\.family\)"),
     ("generate: --out a directory",
      lambda d: _generate(d, "--prompt", "x", "--out", str(d / "empty")),
      r"--out: '\S+/empty' is a directory; give a file name"),
@@ -502,7 +502,7 @@ CASES = [
     ("lm-eval: no run", lambda d: _lm_eval(d, "step=7"),
      r"--model_args: run=RUN_DIR is required for the depthbench model$"),
     ("lm-eval: a run that is not one", lambda d: _lm_eval(d, f"run={d / 'empty'}"),
-     r"RUN_DIR: '\S+/empty' has no config\.json"),
+     r"RUN_DIR '\S+/empty' is not a run directory \(no config\.json naming model\.family\)"),
 ]
 
 

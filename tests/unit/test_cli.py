@@ -153,7 +153,7 @@ def test_shapes_usage_errors(capsys, argv, needle):
 def test_costs_json_rows_are_cost_rows(capsys):
     assert run(["costs", "--suite", "paper-400m", "--seq-len", "4096", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    specs = [ModelSpec.from_shape(s) for s in shapes.suite("paper-400m").shapes()]
+    specs = [ModelSpec.from_shape(s, "pre_ln") for s in shapes.suite("paper-400m").shapes()]
     assert rows == [costs.cost_row(spec, 4096) for spec in specs]
     assert rows[2]["kv_cache_bytes"] == 384 * 2**20
 
@@ -168,7 +168,7 @@ def test_costs_human_table(capsys):
     assert lines[-1].startswith('note: the original benchmark quotes "3.0 -> 4.4 TFLOPs"')
     assert "2.98T -> 4.33T (with the head 3.48T -> 4.59T)" in lines[-1]
     row24 = lines[6].split()
-    spec = ModelSpec.from_shape(shapes.suite("paper-400m").shape(24))
+    spec = ModelSpec.from_shape(shapes.suite("paper-400m").shape(24), "pre_ln")
     assert row24[:4] == ["24", "1024", "42.67", "405.4M"]
     assert row24[4] == "3.30T"
     assert costs.prefill_flops(spec, 4096) == pytest.approx(3.30e12, rel=2e-3)

@@ -25,7 +25,7 @@ TOTAL = BACKBONE + 2 * 256 * 64 + 64  # + untied embed/head + final norm = 125_2
 
 @pytest.fixture(scope="module")
 def small():
-    return ModelSpec.from_shape(SMALL)
+    return ModelSpec.from_shape(SMALL, "pre_ln")
 
 
 def test_param_counts_by_hand(small):
@@ -59,7 +59,7 @@ def test_train_flops_match_maxtext_formula():
     """MaxText's calculate_tflops_training_per_device, written out for a paper shape;
     it counts matmul weights only, so ours exceeds it by the norms' 6 * 2 d per layer."""
     s = shapes.suite("paper-1p6b").shape(40)  # GQA: exercises n_kv != n_heads
-    spec, seq, b = ModelSpec.from_shape(s), 2048, 1
+    spec, seq, b = ModelSpec.from_shape(s, "pre_ln"), 2048, 1
     d, hd, n, kv, ff, V, L = s.d_model, s.head_dim, s.n_heads, s.n_kv_heads, s.d_ff, 50280, 40
     ffn = 2 * b * seq * ff * d * 2 + 2 * b * seq * ff * d  # SwiGLU: two in, one out
     qkv = 2 * b * seq * d * (n + 2 * kv) * hd
@@ -74,11 +74,11 @@ def test_train_flops_match_maxtext_formula():
 def test_kv_cache_and_gqa_halving(small):
     # 2 (K, V) * L 2 * T 16 * n_kv 2 * head_dim 16 * 2 bytes = 4096.
     assert costs.kv_cache_bytes(small, T) == 4096
-    mha = ModelSpec.from_shape(dataclasses.replace(SMALL, n_kv_heads=4))
+    mha = ModelSpec.from_shape(dataclasses.replace(SMALL, n_kv_heads=4), "pre_ln")
     assert costs.kv_cache_bytes(mha, T) == 2 * costs.kv_cache_bytes(small, T)
     assert costs.kv_cache_bytes(small, T, bytes_per_value=4) == 8192
     # paper-400m L24 at 4096 tokens, bf16: 2 * 24 * 4096 * 1024 * 2 B = 384 MiB.
-    big = ModelSpec.from_shape(shapes.suite("paper-400m").shape(24))
+    big = ModelSpec.from_shape(shapes.suite("paper-400m").shape(24), "pre_ln")
     assert costs.kv_cache_bytes(big, 4096) == 384 * 2**20
 
 

@@ -39,7 +39,7 @@ def test_prefill_and_decode_steps_give_the_forward_logits(family):
 def test_padding_never_leaks():
     """Other tokens in the prompts' padding and in the cache's unwritten slots
     change no logit, bitwise: causal attention and the slot mask weigh them 0."""
-    model = Transformer(ModelSpec.from_shape(SHAPE))
+    model = Transformer(ModelSpec.from_shape(SHAPE, "pre_ln"))
     params = noisy_init(model)
     lengths = jnp.array([3, 6])
 
@@ -122,4 +122,4 @@ def test_a_family_carrying_state_across_positions_decodes_exactly(running_mean):
     assert relative(got, want) < 1e-5
     # The carry counts the tokens each row has seen: 3 + 4 and 6 + 4.
     np.testing.assert_array_equal(cache.carry["count"], [7.0, 10.0])
-    assert not isinstance(registry.build(ModelSpec.from_shape(SHAPE)), PositionState)
+    assert not isinstance(registry.build(ModelSpec.from_shape(SHAPE, "pre_ln")), PositionState)

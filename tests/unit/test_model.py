@@ -37,7 +37,7 @@ def compiled(model: nn.Module, method: str = "apply", **kwargs):
 
 @pytest.fixture(scope="module")
 def tiny():
-    spec = ModelSpec.from_shape(TINY)
+    spec = ModelSpec.from_shape(TINY, "pre_ln")
     model = Transformer(spec)
     tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, TINY.vocab_size)
     params = nn.unbox(compiled(model, "init")(jax.random.key(1), tokens)["params"])
@@ -72,8 +72,8 @@ def test_rope_is_relative():
 
 def test_gqa_equals_mha_with_repeated_kv():
     """GQA with 2 KV heads equals MHA whose KV weights repeat each KV head."""
-    gqa_spec = ModelSpec.from_shape(Shape(1, 32, 96, 4, 2, 64))
-    mha_spec = ModelSpec.from_shape(Shape(1, 32, 96, 4, 4, 64))
+    gqa_spec = ModelSpec.from_shape(Shape(1, 32, 96, 4, 2, 64), "pre_ln")
+    mha_spec = ModelSpec.from_shape(Shape(1, 32, 96, 4, 4, 64), "pre_ln")
     x = jax.random.normal(jax.random.key(0), (2, 7, 32))
     pos = jnp.arange(7)
     gqa = layers.Attention(gqa_spec)

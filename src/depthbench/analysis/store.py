@@ -23,9 +23,10 @@ def read_analysis(run_dir: str | Path) -> dict | None:
 
 def analyze_run_dir(run_dir: str | Path, metrics=None, *, windows: int = 16, seq_len: int = 128,
                     options: dict | None = None, plots: bool = True, progress: bool = True,
-                    **kw) -> tuple[dict, list[Path]]:
+                    val_tokens: str | None = None, **kw) -> tuple[dict, list[Path]]:
     """Analyse the latest checkpoint of ``run_dir`` on ``windows`` held-out
-    windows of ``seq_len`` tokens; write analysis.json and the plots."""
+    windows of ``seq_len`` tokens (of ``val_tokens``, a token .npy, when given;
+    else the run's validation split); write analysis.json and the plots."""
     from depthbench.analysis.analyze import analyze, resolve_metrics
     from depthbench.analysis.plots import plot_run
     from depthbench.analysis.windows import held_out_windows
@@ -33,8 +34,8 @@ def analyze_run_dir(run_dir: str | Path, metrics=None, *, windows: int = 16, seq
 
     resolve_metrics(metrics)  # bad names fail before the model loads
     run = load_run(run_dir, options=options)
-    result = analyze(run, held_out_windows(run, windows, seq_len), metrics, progress=progress,
-                     **kw)
+    result = analyze(run, held_out_windows(run, windows, seq_len, val_tokens), metrics,
+                     progress=progress, **kw)
     out = analysis_path(run.run_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out, json_safe(result))

@@ -42,7 +42,7 @@ def _run(args: argparse.Namespace) -> int:
     options = {k: vars(args)[k] for k in registry.analysis_options() if vars(args)[k]}
     result, written = analyze_run_dir(
         args.run_dir, _metrics(args.metrics), windows=args.windows, seq_len=args.seq_len,
-        options=options, plots=not args.no_plots, chunk=args.chunk,
+        options=options, plots=not args.no_plots, val_tokens=args.val_tokens, chunk=args.chunk,
         window_chunk=args.window_chunk, causal_ratio=args.causal_ratio,
         jacobian_windows=args.jacobian_windows, progress=not args.no_progress)
     print(summary(result))
@@ -120,6 +120,9 @@ def register(subparsers) -> None:
                         help="held-out windows (default 16)")
     parser.add_argument("--seq-len", type=positive_int, default=128,
                         help="tokens per window (128)")
+    parser.add_argument("--val-tokens", metavar="FILE",
+                        help="held-out tokens (a 1-D token .npy) instead of the run's validation "
+                             "split: for an imported run that records none")
     parser.add_argument("--chunk", type=positive_int, default=8,
                         help="interventions (skips, swaps, stand-ins) evaluated at once (8)")
     parser.add_argument("--window-chunk", type=positive_int, default=8,

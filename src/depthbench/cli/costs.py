@@ -141,7 +141,7 @@ def _paper_note(suite: str | None, shapes_: list, seq_len: int) -> str:
     by_depth = {s.depth: s for s in shapes_}
     if suite != "paper-400m" or seq_len != 4096 or not {16, 70} <= set(by_depth):
         return ""
-    specs = [ModelSpec.from_shape(by_depth[d]) for d in (16, 70)]
+    specs = [ModelSpec.from_shape(by_depth[d], registry.baseline()) for d in (16, 70)]
     bare = [costs.prefill_flops(s, seq_len) / 1e12 for s in specs]
     head = [b + costs.lm_head_flops(s, seq_len) / 1e12 for b, s in zip(bare, specs, strict=True)]
     return (f"note: the original benchmark quotes \"{PAPER_QUOTE}\" for L16 -> L70; prefill "
@@ -164,9 +164,10 @@ def register(subparsers) -> None:
                         help="sequence length in tokens")
     parser.add_argument(
         "--family",
-        default="pre_ln",
+        default=registry.baseline(),
         metavar="F",
-        help="residual family, or 'all' for one table per family (default pre_ln)",
+        help=f"residual family, or 'all' for one table per family (default "
+             f"{registry.baseline()})",
     )
     parser.add_argument(
         "--json", action="store_true", help="print a JSON list of rows (one per family and shape)"

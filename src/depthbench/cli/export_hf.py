@@ -50,6 +50,6 @@ def register_export(subparsers, name: str, *, summary: str, doc: str, epilog: st
 
 def register(subparsers) -> None:
     register_export(subparsers, "export-hf",
-                    summary="export a pre_ln run as a Hugging Face Llama checkpoint",
+                    summary="export a run of the plain backbone as a Hugging Face Llama checkpoint",
                     doc=__doc__, epilog=EPILOG,
                     out=("DIR", "new (or empty) folder to write"), run=_run)

@@ -28,7 +28,8 @@ def _run(args: argparse.Namespace) -> int:
 
     written = import_hf(args.path, args.out, progress=not args.no_progress)
     shape, hf = written["resolved"]["shape"], written["resolved"]["hf"]
-    print(f"imported {args.path} -> {args.out}: pre_ln, depth {shape['depth']}, d_model "
+    print(f"imported {args.path} -> {args.out}: {written['model']['family']}, depth "
+          f"{shape['depth']}, d_model "
           f"{shape['d_model']}, heads {shape['n_heads']}/{shape['n_kv_heads']} kv, "
           f"{written['resolved']['params']:,} parameters"
           f"{' (tied embeddings copied to head)' if hf['tie_word_embeddings'] else ''}; "
@@ -55,6 +56,6 @@ def register_import(subparsers, name: str, *, summary: str, doc: str, epilog: st
 
 def register(subparsers) -> None:
     register_import(subparsers, "import-hf",
-                    summary="import a local Hugging Face Llama checkpoint as a pre_ln run",
+                    summary="import a local Hugging Face Llama checkpoint as a plain-backbone run",
                     doc=__doc__, epilog=EPILOG,
                     source=("path", "PATH", "local checkpoint directory"), run=_run)

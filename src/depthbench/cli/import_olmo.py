@@ -38,11 +38,17 @@ run's training rules) is said (resolved.olmo.departures in RUN_DIR/config.json).
 """
 
 
+def _options(args: argparse.Namespace) -> dict[str, str]:
+    from depthbench.formats.olmo.config import import_options
+
+    return {name: getattr(args, name) for name in import_options()}
+
+
 def _run(args: argparse.Namespace) -> int:
     from depthbench.formats.olmo.step_dir import import_olmo  # late: keeps `depthbench --help` fast
 
     written = import_olmo(args.step_dir, args.out, progress=not args.no_progress,
-                          val_tokens=args.val_tokens, hc_form=args.hc_form)
+                          val_tokens=args.val_tokens, **_options(args))
     resolved = written["resolved"]
     shape, olmo = resolved["shape"], resolved["olmo"]
     print(f"imported {args.step_dir} -> {args.out}: {written['model']['family']} (original "
@@ -72,9 +78,8 @@ def register(subparsers) -> None:
         source=("step_dir", "STEP_DIR", "local step directory"), run=_run)
     parser.add_argument("--val-tokens", metavar="FILE",
                         help="token .npy recorded as the run's validation split (analyze)")
-    parser.add_argument("--hc-form", choices=("auto", "final", "early"), default="auto",
-                        help="hc and PyTorch mHC checkpoints: the original's final form (mixed "
-                             "write, streams summed before the head's norm) or its early one "
-                             "(residual write, each stream normed; 5152cab and before); auto "
-                             "(default) reads it from config.json and says when it had to "
-                             "choose")
+    from depthbench.formats.olmo.config import import_options
+
+    for name, (choices, default, text) in import_options().items():  # the families' own
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, choices=choices,
+                            default=default, help=text)

@@ -14,7 +14,7 @@ from depthbench import config as config_lib
 from depthbench.cli.validators import directory
 from depthbench.errors import EXIT_DIVERGED, EXIT_OK
 
-_EPILOG = """\
+EPILOG = """\
 examples:
   depthbench train --config micro --workdir runs/demo --dry-run
   depthbench train --config micro --workdir runs/demo
@@ -38,7 +38,7 @@ def register(subparsers) -> None:
         description="Train one model (one family at one shape) and write config.json, "
                     "metrics.jsonl, TensorBoard events, Orbax checkpoints and result.json "
                     "into --workdir.",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, metavar="SPEC",
                         help="experiment spec file, e.g. micro; fields can be "
                              "overridden with --config.section.field=value")

@@ -23,13 +23,47 @@ moda's depth keys are the same token's), so their cache is the K/V alone.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
 from depthbench.model.past_attention import CACHE_AXES, KVCache
 from depthbench.model.residual.protocol.capabilities import PositionState
-from depthbench.model.transformer import Transformer
+
+if TYPE_CHECKING:  # the model calls resume and carry below; these take it
+    from depthbench.model.transformer import Transformer
+
+
+# ------------------------------------------------------ inside the model's forward
+
+
+def resume(fam, g, state, cache: KVCache | None, positions, xs: dict):
+    """``(state, positions, valid_bs)`` of a forward that continues each row where
+    ``cache`` stands (unchanged, ``valid_bs`` None, without a cache): the
+    family resumes its carry, the tokens sit at ``lengths_b + positions``, and
+    each layer's cached keys ride in the scan's inputs (``xs["past"]``)."""
+    if cache is None:
+        return state, positions, None
+    if isinstance(fam, PositionState):
+        state = fam.resume(g, state, cache.carry)
+    xs["past"] = tuple(nn.with_logical_constraint(c, CACHE_AXES)
+                       for c in (cache.k_lbksh, cache.v_lbksh))
+    return state, cache.lengths_b[:, None] + positions, cache.valid_bs()
+
+
+def carry(fam, g, state, shape_bt: tuple[int, int], logits_at):
+    """What ``fam`` carries to later positions, taken at each row's last token
+    (``logits_at`` [B], or the last position)."""
+    if not isinstance(fam, PositionState):
+        raise ValueError(f"capture: {fam.spec.family} carries nothing across positions "
+                         "(no capabilities.PositionState)")
+    last_b = jnp.full(shape_bt[:1], shape_bt[1] - 1, jnp.int32)
+    return fam.carry(g, state, last_b if logits_at is None else logits_at)
+
+
+# ------------------------------------------------------------- prefill and decode
 
 
 def _captures(model: Transformer) -> tuple[str, ...]:

@@ -85,6 +85,7 @@ class ModelSpec:
         )
 
     @classmethod
-    def from_shape(cls, shape: Shape, family: str = "pre_ln", **kw) -> ModelSpec:
-        """A spec from a Shape; the family's fields default to its declared ones."""
+    def from_shape(cls, shape: Shape, family: str, **kw) -> ModelSpec:
+        """A spec of ``family`` from a Shape; the family's fields default to its
+        declared ones (``registry.baseline()`` names the plain backbone)."""
         return cls(family=family, shape=shape, **kw)

@@ -13,6 +13,7 @@ declares (``residual/protocol/capabilities.py``) are asked for with ``isinstance
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import chex
@@ -20,9 +21,10 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from depthbench.model import decode
 from depthbench.model.depth_scan import layer_stack
 from depthbench.model.layers import MLP, Attention, RMSNorm, project, trunc_normal
-from depthbench.model.past_attention import CACHE_AXES, KVCache, PastKeys
+from depthbench.model.past_attention import KVCache, PastKeys
 from depthbench.model.residual.protocol import registry
 from depthbench.model.residual.protocol.base import (
     BTD,
@@ -176,6 +178,40 @@ def remat_policy(name: str):
     return OWN_POLICIES.get(name) or getattr(jax.checkpoint_policies, name)
 
 
+def _asked(capture: Sequence[str]) -> tuple[str, ...]:
+    asked = tuple(capture)
+    if not set(asked) <= set(CAPTURES + DECODE_CAPTURES):
+        raise ValueError(f"capture: {asked}; each must be one of {CAPTURES + DECODE_CAPTURES}")
+    return asked
+
+
+def _level(asked: tuple[str, ...]) -> bool | str:
+    """What the blocks record: nothing, the depth states, or everything."""
+    return "all" if {"lens_logits", "probe"} & set(asked) else "z" in asked
+
+
+def _lm_head(head_dv, x_btd):
+    logits = project(x_btd.astype(head_dv.dtype), head_dv)
+    return nn.with_logical_constraint(
+        logits.astype(jnp.float32), ("activation_batch", "activation_length", "activation_vocab"))
+
+
+def _depth_outputs(fam, g, state, captured, level, final_norm, lm_head) -> dict:
+    """The depth analyses' captures from what the blocks recorded: ``z`` (the
+    ``L + 1`` boundary states), and at level "all" ``lens_logits`` and ``probe``."""
+    analysis = probes(fam)
+    z_last = analysis.boundary_state(None, g, state)
+    out = {"z": jnp.concatenate([captured["z"], z_last[None]], axis=0)}
+    if level == "all":
+        depth = captured["z"].shape[0]
+        lens = [jax.tree.map(lambda a, i=i: a[i], captured["lens"]) for i in range(depth)]
+        lens.append(analysis.lens_state(None, g, state))
+        out["lens_logits"] = jnp.stack([lm_head(analysis.lens_decode(g, r, final_norm))
+                                        for r in lens])
+        out["probe"] = captured["probe"]
+    return out
+
+
 class Transformer(nn.Module):
     """tokens [B, T] -> ``(logits [B, T, V] fp32, captured)``, always.
 
@@ -214,111 +250,63 @@ class Transformer(nn.Module):
     @nn.compact
     def __call__(self, tokens_bt, *, capture: Sequence[str] = (), active=None, ident=None,
                  cache: KVCache | None = None, logits_at=None, segments=None, positions=None):
-        s = self.spec
-        asked = tuple(capture)
-        if not set(asked) <= set(CAPTURES + DECODE_CAPTURES):
-            raise ValueError(f"capture: {asked}; each must be one of "
-                             f"{CAPTURES + DECODE_CAPTURES}")
-        # What the stack records: nothing, the depth states, or everything.
-        level: bool | str = ("all" if {"lens_logits", "probe"} & set(asked) else
-                             "z" in asked)
+        s, fam, asked = self.spec, self.family, _asked(capture)
         chex.assert_rank(tokens_bt, 2)  # [B, T] token ids (static: checked at trace time)
-        fam = self.family
-        L = s.depth
-        embed = self.param(
-            "embed",
-            nn.with_logical_partitioning(trunc_normal(s.init_std), ("vocab", "embed")),
-            (s.vocab_size, s.d_model),
-            s.pdtype,
-        )
-        x0 = jnp.take(embed, tokens_bt, axis=0).astype(s.dtype)
-        x0 = nn.with_logical_constraint(x0, BTD)
+        embed = self.param("embed", nn.with_logical_partitioning(
+            trunc_normal(s.init_std), ("vocab", "embed")), (s.vocab_size, s.d_model), s.pdtype)
+        x0 = nn.with_logical_constraint(jnp.take(embed, tokens_bt, axis=0).astype(s.dtype), BTD)
         g = _FamilyParams(fam, False, name="residual")()
         state = fam.init_state(g, x0)
-        carries = isinstance(fam, PositionState)
-        if carries and cache is not None:
-            state = fam.resume(g, state, cache.carry)
-        xs = {
-            "pos": jnp.arange(L, dtype=jnp.int32),
-            "ident": jnp.arange(L, dtype=jnp.int32)
-            if ident is None
-            else jnp.asarray(ident, jnp.int32),
-            "active": jnp.ones((L,), bool) if active is None else jnp.asarray(active, bool),
-        }
-        block = Block
-        if s.remat_policy != "none":
-            block = nn.remat(Block, policy=remat_policy(s.remat_policy), prevent_cse=False)
-        stack = nn.scan(
-            block,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
-            length=L,
-            unroll=s.scan_unroll,
-            metadata_params={nn.PARTITION_NAME: "layers"},
-        )
-        if segments is not None and (cache is not None or carries):
-            raise ValueError("segments: packed rows need a family that carries nothing "
-                             "across positions, and no cache")
         if positions is None:
             positions = jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)
-        valid_bs = None
-        if cache is not None:  # each row continues where it stands
-            positions = cache.lengths_b[:, None] + positions
-            valid_bs = cache.valid_bs()
-            xs["past"] = tuple(nn.with_logical_constraint(c, CACHE_AXES)
-                               for c in (cache.k_lbksh, cache.v_lbksh))
-        keep_kv = "kv" in asked
-        # The depth-linear stack is for the backward's memory; decoding takes none.
-        if (self._depth_linear(fam, state) and not self.is_initializing()
-                and cache is None and not keep_kv):
-            state, captured = self._depth_linear_stack(fam, level, state, xs, g, positions,
-                                                       segments)
-        else:
-            state, captured = stack(s, fam, level, keep_kv, name="blocks")(
-                state, xs, g, positions, valid_bs, segments)
+        xs = {"pos": jnp.arange(s.depth, dtype=jnp.int32),
+              "ident": jnp.arange(s.depth, dtype=jnp.int32) if ident is None
+              else jnp.asarray(ident, jnp.int32),
+              "active": jnp.ones((s.depth,), bool) if active is None
+              else jnp.asarray(active, bool)}
+        # A decode step continues each row where the cache stands (model/decode.py).
+        state, positions, valid_bs = decode.resume(fam, g, state, cache, positions, xs)
+        if segments is not None and (cache is not None or isinstance(fam, PositionState)):
+            raise ValueError("segments: packed rows need a family that carries nothing "
+                             "across positions, and no cache")
+        state, inner = self._blocks(fam, _level(asked), "kv" in asked, state, xs, g, positions,
+                                    valid_bs, segments, decoding=cache is not None)
         final_norm = RMSNorm(s, name="final_norm")
-        head = self.param(
-            "head",
-            nn.with_logical_partitioning(trunc_normal(s.init_std), ("embed", "vocab")),
-            (s.d_model, s.vocab_size),
-            s.pdtype,
-        )
-
-        def lm_head(x_btd):
-            logits = project(x_btd.astype(s.dtype), head.astype(s.dtype))
-            return nn.with_logical_constraint(
-                logits.astype(jnp.float32),
-                ("activation_batch", "activation_length", "activation_vocab"),
-            )
-
+        head = self.param("head", nn.with_logical_partitioning(
+            trunc_normal(s.init_std), ("embed", "vocab")), (s.d_model, s.vocab_size), s.pdtype)
+        lm_head = functools.partial(_lm_head, head.astype(s.dtype))
         x = fam.readout(g, state, final_norm)
         chex.assert_shape(x, (*tokens_bt.shape, s.d_model))  # a family's readout is [B, T, d]
         if logits_at is None:
             logits = lm_head(x)
         else:  # the head on one position per row (a prefill's last token)
             logits = lm_head(jnp.take_along_axis(x, logits_at[:, None, None], axis=1))[:, 0]
-        out = {}
-        if keep_kv:
-            out["kv"] = captured["kv"]
+        inner = inner or {}
+        out = {"kv": inner.get("kv")}
         if "carry" in asked:
-            if not carries:
-                raise ValueError(f"capture: {s.family} carries nothing across positions "
-                                 "(no capabilities.PositionState)")
-            last_b = jnp.full(tokens_bt.shape[:1], tokens_bt.shape[1] - 1, jnp.int32)
-            out["carry"] = fam.carry(g, state, last_b if logits_at is None else logits_at)
-        if not level:
-            return logits, out
-        analysis = probes(fam)
-        z_last = analysis.boundary_state(None, g, state)
-        out["z"] = jnp.concatenate([captured["z"], z_last[None]], axis=0)
-        if level == "all":
-            lens = [jax.tree.map(lambda a, i=i: a[i], captured["lens"]) for i in range(L)]
-            lens.append(analysis.lens_state(None, g, state))
-            out["lens_logits"] = jnp.stack([lm_head(analysis.lens_decode(g, r, final_norm))
-                                            for r in lens])
-            out["probe"] = captured["probe"]
+            out["carry"] = decode.carry(fam, g, state, tokens_bt.shape, logits_at)
+        if _level(asked):
+            out.update(_depth_outputs(fam, g, state, inner, _level(asked), final_norm, lm_head))
         return logits, {name: out[name] for name in asked}
+
+    def _blocks(self, fam, level, keep_kv, state, xs, g, positions, valid_bs, segments,
+                decoding: bool):
+        """The layer stack: ``(state, what the blocks captured)``.  The depth-linear
+        stack is for the backward's memory; initialisation and decoding take the
+        plain scan."""
+        s = self.spec
+        if (self._depth_linear(fam, state) and not self.is_initializing()
+                and not decoding and not keep_kv):
+            return self._depth_linear_stack(fam, level, state, xs, g, positions, segments)
+        block = Block
+        if s.remat_policy != "none":
+            block = nn.remat(Block, policy=remat_policy(s.remat_policy), prevent_cse=False)
+        stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                        length=s.depth, unroll=s.scan_unroll,
+                        metadata_params={nn.PARTITION_NAME: "layers"})
+        return stack(s, fam, level, keep_kv, name="blocks")(state, xs, g, positions, valid_bs,
+                                                             segments)
 
     def _depth_linear(self, fam: ResidualFamily, state) -> bool:
         """Whether the stack runs through :func:`depth_scan.layer_stack`: the

@@ -110,6 +110,17 @@ def original_families() -> list[type[OriginalFormat]]:
     return [cls for cls in registry.FAMILIES.values() if issubclass(cls, OriginalFormat)]
 
 
+def import_options() -> dict[str, tuple[tuple[str, ...], str, str]]:
+    """The options an import takes (``--option``): those the original families
+    declare (``OriginalFormat.original_options``), each once."""
+    out: dict[str, tuple[tuple[str, ...], str, str]] = {}
+    for cls in original_families():
+        for name, declared in cls.original_options.items():
+            if out.setdefault(name, declared) != declared:  # a registry bug, not bad input
+                raise AssertionError(f"{cls.name} declares import option {name!r} otherwise")
+    return out
+
+
 def _claimant(block: dict) -> type[OriginalFormat]:
     """The family whose block config ``block`` is: the one that claims it; where
     two do (a legacy ``default`` block carrying HC or AttnRes settings), the one
@@ -131,7 +142,7 @@ def _claimant(block: dict) -> type[OriginalFormat]:
 
 def read_model(saved: dict, options: dict[str, str] | None = None) -> OlmoModel:
     """The depthbench reading of ``saved["model"]`` (ConfigError: one line);
-    ``options``: the import's choices a family reads (``hc_form``)."""
+    ``options``: the import's choices a family reads (:func:`import_options`)."""
     model = Fields(saved["model"], "model")
     if model.opt("name") not in (None, "default"):
         raise ConfigError(f"{WHAT}: config.json: model.name {model.opt('name')!r} is not "

@@ -182,6 +182,12 @@ class StreamFamily(ResidualFamily, CostTerms, AnalysisProbes, AnalysisOptions, O
     # again inside its connector (...hyper_connection.branch.*: aliases).
     original_fields = {"hyper_connections": (None,)}
     original_ignored = (".branch.",)
+    original_options = {"hc_form": (
+        ("auto", "final", "early"), "auto",
+        "hc and PyTorch mHC checkpoints: the original's final form (mixed write, streams "
+        "summed before the head's norm) or its early one (residual write, each stream normed; "
+        "5152cab and before); auto (default) reads it from config.json and says when it had to "
+        "choose")}
     original_kinds: ClassVar[tuple[str, ...]] = ()  # hyper_connections.kind values
 
     @classmethod

@@ -195,6 +195,11 @@ class OriginalFormat:
     # Checkpoint entries that are not parameters of their own (aliases, buffers):
     # key fragments.
     original_ignored: ClassVar[tuple[str, ...]] = ()
+    # Choices an import of the family's checkpoints takes that config.json does not
+    # always decide: option -> (allowed values, default, help).  import-olmo offers
+    # each as ``--option`` and hands it to ``from_original``; families declaring the
+    # same option declare it alike.
+    original_options: ClassVar[dict[str, tuple[tuple[str, ...], str, str]]] = {}
 
     @classmethod
     def original_claims(cls, block: Mapping[str, Any]) -> bool:
@@ -207,7 +212,7 @@ class OriginalFormat:
                       options: Mapping[str, str]) -> Reading:
         """The family's fields from its block config (``saved``: the whole
         config.json, for what the original recorded elsewhere; ``options``: the
-        import's choices, such as ``hc_form``)."""
+        import's choices: ``original_options``)."""
         return Reading(block=block.opt("name") or "default", residual={})
 
     def to_original(self) -> dict[str, Any]:

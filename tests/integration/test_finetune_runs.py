@@ -20,7 +20,7 @@ import pytest
 from eval_tiny import tiny_run
 
 from depthbench.cli import main as cli_main
-from depthbench.finetune.prepare import open_sft
+from depthbench.finetune.records import open_sft
 from depthbench.run import load_run
 from depthbench.rundir.io import read_jsonl
 from depthbench.rundir.restore import read_params

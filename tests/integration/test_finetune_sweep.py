@@ -13,6 +13,7 @@ from eval_tiny import write_records
 from sweep_spec import tiny_config
 
 from depthbench.cli import main as cli_main
+from depthbench.run import open_run
 
 SPEC = """
 from depthbench.config import base_config
@@ -61,8 +62,8 @@ def test_a_sweep_fine_tunes_and_evaluates_each_finished_run(tmp_path, capsys):
     result = json.loads((run / "sft" / "result.json").read_text())
     assert result["status"] == "finished" and result["steps"] == 2  # 2 records x 2 epochs / 2
     assert result["finetune"]["parent"] == str(run.resolve())
-    config = json.loads((run / "sft" / "config.json").read_text())
-    assert config["model"] == json.loads((run / "config.json").read_text())["model"]
+    # The parent's model, as every reader opens it (its shape completed).
+    assert open_run(run / "sft").config.model == open_run(run).config.model
     zero = json.loads((run / "eval" / "nll-code-stem-math.json").read_text())
     tuned = json.loads((run / "sft" / "eval" / "nll-code-stem-math.json").read_text())
     assert zero["aggregate"]["nll_mean"] != tuned["aggregate"]["nll_mean"]

@@ -14,8 +14,8 @@ import pytest
 from depthbench import config as config_lib
 from depthbench import parallel
 from depthbench.config import ConfigError
-from depthbench.finetune import rows
-from depthbench.finetune.batches import RowReader, Validation, supervised_per_record
+from depthbench.finetune import plan as rows
+from depthbench.finetune.plan import RowReader, Validation, supervised_per_record
 from depthbench.model import transformer
 from depthbench.train import optim
 from depthbench.train import state as state_lib
@@ -106,7 +106,7 @@ def test_epochs_are_fresh_shuffles_and_packing_is_greedy_in_order():
     with pytest.raises(ConfigError, match=r"^config\.train\.seq_len: the longest training "
                                           r"record is 7 tokens \(6 positions\), more than a "
                                           r"row of 5; set train\.seq_len >= 6"):
-        rows.plan(np.array([0, 4, 11]), epochs=1, seed=0, seq_len=5, layout="packed")
+        rows.training_rows(np.array([0, 4, 11]), epochs=1, seed=0, seq_len=5, layout="packed")
 
 
 @pytest.fixture

@@ -16,9 +16,8 @@ import pytest
 from eval_tiny import tiny_run
 
 from depthbench.errors import ConfigError
-from depthbench.finetune import template
-from depthbench.finetune.prepare import open_sft, prepare_sft
-from depthbench.finetune.records import Record, read_records
+from depthbench.finetune import records as template
+from depthbench.finetune.records import Record, open_sft, prepare_sft, read_records
 
 RECORDS = [{"instruction": f"  Add {i} and {i + 1}. ", "input": "" if i % 3 else f"n = {i}\n",
             "output": f" {2 * i + 1}\n", "answer": str(2 * i + 1)} for i in range(12)]

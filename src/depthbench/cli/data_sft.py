@@ -1,5 +1,5 @@
 """``depthbench data sft RECORDS --run RUN_DIR``: instruction records as token ids and label
-masks for fine-tuning (see :mod:`depthbench.finetune.prepare`)."""
+masks for fine-tuning (see :mod:`depthbench.finetune.records`)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def register(sub) -> None:
 
 
 def _sft(args: argparse.Namespace) -> int:
-    from depthbench.finetune.prepare import prepare_sft  # late: keeps --help fast
+    from depthbench.finetune.records import prepare_sft  # late: keeps --help fast
 
     data = prepare_sft(args.records, args.run, max_seq_len=args.max_seq_len,
                        max_samples=args.max_samples, val_fraction=args.val_fraction,

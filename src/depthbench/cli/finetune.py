@@ -63,14 +63,14 @@ def register(subparsers) -> None:
 
 def _finetune(args) -> int:
     from depthbench.cli.train import report
-    from depthbench.finetune import configure, trainer  # late: keeps --help fast
+    from depthbench.finetune import plan, trainer  # late: keeps --help fast
     from depthbench.run import open_run
 
-    parent = open_run(args.parent, configure.WHAT)
+    parent = open_run(args.parent, plan.WHAT)
     trainer.check_workdir(args.workdir, parent.path)  # before the records are prepared
-    plan = configure.from_command(args.parent, args.records, args.config, args.overrides,
-                                  progress=not args.no_progress)
-    result = trainer.finetune(plan, args.workdir, progress=not args.no_progress)
+    ready = plan.from_command(args.parent, args.records, args.config, args.overrides,
+                              progress=not args.no_progress)
+    result = trainer.finetune(ready, args.workdir, progress=not args.no_progress)
     f = result.get("finetune") or {}
     before, after = f.get("initial_val_loss"), result.get("final_val_loss")
     losses = () if before is None or after is None else (

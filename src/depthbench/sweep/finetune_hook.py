@@ -73,14 +73,14 @@ def after_run(config, run_dir: str | Path, log: Callable[[str], None], *,
             "finetune` per run instead")
         return None
     from depthbench.evaluation.after_training import maybe_evaluate
-    from depthbench.finetune import configure, trainer
+    from depthbench.finetune import plan, trainer
 
     start = time.time()
     result = _recorded(out)
     try:
         if result is None:
-            plan = configure.from_sweep_run(config, run_dir, progress=progress)
-            result = trainer.finetune(plan, out, progress=progress)
+            ready = plan.from_sweep_run(config, run_dir, progress=progress)
+            result = trainer.finetune(ready, out, progress=progress)
             if result.get("status") == "preempted":
                 return result
             before = (result.get("finetune") or {}).get("initial_val_loss")

@@ -85,6 +85,18 @@ def disk(tmp_path_factory) -> Path:
     (root / "prompts_text.jsonl").write_text("The sky is\n")  # plain text, not JSON lines
     (root / "prompts_no_field.jsonl").write_text(json.dumps({"text": "The sky is"}) + "\n")
     (root / "prompts_empty.jsonl").write_text(json.dumps({"prompt": ""}) + "\n")
+    # JSON Lines end at \n only: a U+2028 inside a string (as json.dumps writes it with
+    # ensure_ascii=False) is text, so the bad record after it is on line 2.
+    u2028 = json.dumps({"prompt": "a\u2028b", "instruction": "a\u2029b", "output": "c"},
+                       ensure_ascii=False) + "\n"
+    for kind, bad in (("prompts", {"text": "x"}), ("sft", {"instruction": "x"})):
+        (root / f"{kind}_after_u2028.jsonl").write_text(u2028 + json.dumps(bad) + "\n")
+        (root / f"{kind}_surrogate.jsonl").write_text(  # JSON's escape of a lone surrogate
+            '{"prompt": "a\\ud800b", "instruction": "a\\ud800b", "output": "c"}\n')
+        (root / f"{kind}_nan.jsonl").write_text(  # NaN: Python's json writes it, JSON lacks it
+            '{"prompt": "a", "instruction": "a", "output": "c", "score": NaN}\n')
+    (root / "sft_ok.jsonl").write_text("".join(json.dumps(
+        {"instruction": f"Say {w}.", "output": w}) + "\n" for w in ("hi", "yes", "no")))
     (root / "empty").mkdir()
     (root / "sweep_get_config_raises.py").write_text(
         "def get_config():\n    raise KeyError('model')\n\n"
@@ -131,6 +143,10 @@ def _generate(d: Path, *extra: str) -> list[str]:
     return ["generate", _run(d), "--no-progress", *extra]
 
 
+def _sft(d: Path, records: str, *extra: str) -> list[str]:
+    return ["data", "sft", str(d / records), "--run", _run(d), "--quiet", *extra]
+
+
 def _lm_eval(d: Path, model_args: str) -> list[str]:
     return ["lm-eval", "--model", "depthbench", "--model_args", model_args, "--tasks",
             "arc_easy", "--limit", "1"]
@@ -174,6 +190,26 @@ NOT_COUNTS = [
     (_nll, "--batch-size", "0"),
     (_nll, "--max-length", "0"),
     (_nll, "--limit", "0"),
+    (lambda d, *o: _sft(d, "sft_ok.jsonl", *o), "--max-seq-len", "0"),
+    (lambda d, *o: _sft(d, "sft_ok.jsonl", *o), "--max-samples", "-3"),
+]
+
+
+def _sampled(d: Path, *extra: str) -> list[str]:
+    return _generate(d, "--prompt", "x", "--temperature", "1", *extra)
+
+
+SEEDS = r"an integer in \[0, 4294967295\]"  # what jax's key takes as given
+
+
+# Integers past their range, as the parser says it: (argv(disk, *option), option, value,
+# what is allowed); the line is `--option: expected WHAT, got 'value'`.
+OUT_OF_RANGE = [
+    (_sampled, "--seed", str(2**32), SEEDS),
+    (_sampled, "--seed", "99999999999999999999999", SEEDS),
+    (_sampled, "--seed", "-1", SEEDS),
+    (lambda d, *o: _sft(d, "sft_ok.jsonl", *o), "--seed", "-1", "an integer >= 0"),
+    (lambda d, *o: _sft(d, "sft_ok.jsonl", *o), "--seed", "1e3", "an integer >= 0"),
 ]
 
 
@@ -182,6 +218,10 @@ CASES = [
     *((f"{argv(Path('d'))[0]}: {option} {value}", lambda d, a=argv, o=option, v=value: a(d, o, v),
        rf"^depthbench: error: {option}: expected a positive integer, got '{re.escape(value)}'$")
       for argv, option, value in NOT_COUNTS),
+    *((f"{' '.join(argv(Path('d'))[:2 if argv(Path('d'))[0] == 'data' else 1])}: {option} "
+       f"{value}", lambda d, a=argv, o=option, v=value: a(d, o, v),
+       rf"^depthbench: error: {option}: expected {allowed}, got '{re.escape(value)}'$")
+      for argv, option, value, allowed in OUT_OF_RANGE),
     # ------------------------------------------------------------- the parser
     ("an option but no command", lambda d: ["--bogus"],
      r"^depthbench: error: unrecognized arguments: --bogus; give a COMMAND first"),
@@ -318,6 +358,19 @@ CASES = [
     ("data sft: records that are not a file",
      lambda d: ["data", "sft", str(d / "empty"), "--run", _run(d)],
      r"RECORDS: '\S+/empty' is not a file$"),
+    ("data sft: a lone surrogate in a record", lambda d: _sft(d, "sft_surrogate.jsonl"),
+     r"RECORDS: \S+/sft_surrogate\.jsonl record 0 \(line 1\) field 'instruction' is not "
+     r"valid Unicode \(a lone surrogate U\+D800 at character 1\)$"),
+    ("data sft: NaN in a record", lambda d: _sft(d, "sft_nan.jsonl"),
+     r"RECORDS: \S+/sft_nan\.jsonl line 1 is not JSON \(NaN is not a JSON value\); expected "
+     r"one JSON object per line$"),
+    ("data sft: lines end at \\n only (U+2028 is text)",
+     lambda d: _sft(d, "sft_after_u2028.jsonl"),
+     r"RECORDS: \S+/sft_after_u2028\.jsonl record 1 \(line 2\) has no 'output' field"),
+    ("data sft: a prompt too long for --max-seq-len", lambda d: _sft(d, "sft_ok.jsonl",
+                                                                     "--max-seq-len", "8"),
+     r"--max-seq-len 8: record \d's prompt alone is \d+ tokens, so the original's truncation "
+     r"leaves no response token; raise --max-seq-len or drop the record$"),
     # --------------------------------------------------------------- finetune
     ("finetune: a record without its output", lambda d: _finetune(d, "sft_no_output.json"),
      r"--records: \S+/sft_no_output\.json record 0 has no 'output' field \(it has: "
@@ -339,9 +392,23 @@ CASES = [
      lambda d: _finetune(d, "--config.model.depth=3"),
      r"--config\.model\.depth: a fine-tuned run keeps its parent's model and tokenizer; of "
      r"model\.\* and data\.\* only compute_dtype, .* may be set$"),
-    ("finetune: train.steps set", lambda d: _finetune(d, "--config.train.steps=5"),
-     r"--config\.train\.steps: set by depthbench finetune \(train\.steps follows from "
-     r"finetune\.epochs and the records\)$"),
+    # An override is a statement, checked by its presence: one equal to the sft spec's
+    # default (depth 4, pre_ln) is refused as any other, never silently dropped.
+    ("finetune: an override of the parent's model at the spec's default",
+     lambda d: _finetune(d, "--config.model.depth=4"),
+     r"--config\.model\.depth: a fine-tuned run keeps its parent's model and tokenizer"),
+    ("finetune: the parent's own family given",
+     lambda d: _finetune(d, "--config.model.family=pre_ln"),
+     r"--config\.model\.family: a fine-tuned run keeps its parent's model and tokenizer"),
+    ("finetune: the data digest set", lambda d: _finetune(d, "--config.finetune.data_digest=x"),
+     r"--config\.finetune\.data_digest: set by depthbench finetune \(the parent's directory "
+     r"and the prepared records' digest\)$"),
+    ("finetune: a negative data seed",
+     lambda d: _finetune(d, "sft_ok.jsonl", "--config.finetune.data_seed=-1"),
+     r"config\.finetune\.data_seed: -1; want an integer >= 0$"),
+    ("finetune: a lone surrogate in a record", lambda d: _finetune(d, "sft_surrogate.jsonl"),
+     r"--records: \S+/sft_surrogate\.jsonl record 0 \(line 1\) field 'instruction' is not "
+     r"valid Unicode \(a lone surrogate U\+D800 at character 1\)$"),
     ("finetune: packed with the cudnn attention",
      lambda d: _finetune(d, "--config.finetune.layout=packed",
                          "--config.model.attention_impl=cudnn"),
@@ -460,6 +527,22 @@ CASES = [
      r"--prompts: '\S+/no_prompts\.jsonl' does not exist; give a JSON-lines file$"),
     ("generate: an empty prompt", lambda d: _generate(d, "--prompt", ""),
      r"--prompt: empty; give the text to continue$"),
+    ("generate: a prompt that is not valid Unicode",  # bytes not UTF-8 in argv: surrogateescape
+     lambda d: _generate(d, "--prompt", "a\udcffb"),
+     r"--prompt is not valid Unicode \(a lone surrogate U\+DCFF at character 1\)$"),
+    ("generate: a lone surrogate in the prompts file",
+     lambda d: _generate(d, "--prompts", str(d / "prompts_surrogate.jsonl")),
+     r"--prompts: '\S+' line 1: the prompt \('prompt'\) is not valid Unicode \(a lone "
+     r"surrogate U\+D800 at character 1\)$"),
+    ("generate: NaN in a prompt's record",  # it would be copied into --out as non-JSON
+     lambda d: _generate(d, "--prompts", str(d / "prompts_nan.jsonl"), "--out",
+                         str(d / "out.jsonl")),
+     r"--prompts: '\S+' line 1 is not JSON \(NaN is not a JSON value\); expected one JSON "
+     r"object per line$"),
+    ("generate: lines end at \\n only (U+2028 is text)",
+     lambda d: _generate(d, "--prompts", str(d / "prompts_after_u2028.jsonl")),
+     r"--prompts: '\S+' line 2 has no field 'prompt' \(--field names the prompt's field; the "
+     r"record has 'text'\)$"),
     ("generate: an empty prompt in the file",
      lambda d: _generate(d, "--prompts", str(d / "prompts_empty.jsonl")),
      r"--prompts: '\S+' line 1: the prompt \('prompt'\) is empty$"),
@@ -552,6 +635,13 @@ ENV_CASES = [
      r"\$DEPTHBENCH_MAX_RUNS: expected a positive integer, got '0'$"),
     ("DEPTHBENCH_CACHE: a file (dry run)", lambda d: {"DEPTHBENCH_CACHE": str(d / "a_file")},
      _dry_train, r"\$DEPTHBENCH_CACHE: \S+/a_file exists and is not a directory$"),
+    ("DEPTHBENCH_CACHE: a file (data sft)", lambda d: {"DEPTHBENCH_CACHE": str(d / "a_file")},
+     lambda d: _sft(d, "sft_ok.jsonl"),
+     r"\$DEPTHBENCH_CACHE: \S+/a_file exists and is not a directory$"),
+    ("DEPTHBENCH_CACHE: under a file (finetune)",
+     lambda d: {"DEPTHBENCH_CACHE": str(d / "a_file" / "cache")},
+     lambda d: _finetune(d, "sft_ok.jsonl"),
+     r"\$DEPTHBENCH_CACHE: \S+/a_file is a file, so \S+/a_file/cache cannot be a directory$"),
     ("DEPTHBENCH_CACHE: a link loop (sweep)",
      lambda d: {"DEPTHBENCH_CACHE": str(d / "loop_a")},
      lambda d: _sweep(d, "sweep_two.py", "--no-progress"),

@@ -591,3 +591,113 @@ def test_an_import_refuses_an_out_another_import_is_writing(hf_source, tmp_path,
         rf"^depthbench: error: import-hf: --out '{re.escape(str(out))}' is being written by "
         rf"another command \(process {os.getppid()}\); wait for it or use another directory$",))
     assert work.is_dir() and not out.exists()
+
+
+# ------------------------------------------------ fine-tuning, data sft, export-olmo
+#
+# A fine-tuning checkpoints as train does: a full disk under it is the same one line
+# (exit 4), and no half-written step (`N.orbax-checkpoint-tmp-*`) is left after the
+# failure, nor one a killed run left after the next start; the re-run reproduces the
+# uninterrupted fine-tuning bitwise.  data sft builds its cache entry aside and
+# export-olmo its --out: a full disk leaves neither, nor a temporary folder.
+
+FT_RECORDS = [{"instruction": "Name the colour of the sky.", "output": "blue"},
+              {"instruction": "Add two and three.", "output": "five"},
+              {"instruction": "Say hello.", "output": "hello there"}]
+FT_STEPS, FT_EVERY = 8, 4  # 2 records x 8 epochs / 2 per batch; checkpoints at 4 and 8
+
+
+@pytest.fixture(scope="module")
+def ft_disk(tmp_path_factory) -> Path:
+    from eval_tiny import tiny_run
+
+    root = tmp_path_factory.mktemp("ft")
+    tiny_run(root / "parent")
+    (root / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in FT_RECORDS))
+    return root
+
+
+def _ft_argv(disk: Path, workdir: Path) -> list[str]:
+    return ["finetune", str(disk / "parent"), "--records", str(disk / "records.jsonl"),
+            "--workdir", str(workdir), "--no-progress", "--config.train.batch_size=2",
+            "--config.train.seq_len=128", "--config.finetune.max_seq_len=129",
+            "--config.finetune.val_fraction=0.34", f"--config.finetune.epochs={FT_STEPS}",
+            "--config.model.compute_dtype=float32",
+            f"--config.train.checkpoint_every={FT_EVERY}", "--config.train.log_every=1",
+            f"--config.data.cache_dir={disk / 'cache'}"]
+
+
+@pytest.fixture(scope="module")
+def ft_reference(ft_disk) -> Path:
+    workdir = ft_disk / "reference"
+    assert cli_main(_ft_argv(ft_disk, workdir)) == 0
+    return workdir
+
+
+def _temporary(root: Path) -> list[str]:
+    return [p.relative_to(root).as_posix() for p in root.rglob("*") if "tmp" in p.name]
+
+
+@pytest.mark.slow  # real processes: start-up and compilation
+@pytest.mark.parametrize("at_save, kept, hint", [
+    (1, (), _OVER), (2, (FT_EVERY,), _RESUME.format(step=FT_EVERY))],
+    ids=["the first checkpoint", "a later checkpoint"])
+def test_full_disk_under_finetune_leaves_no_half_written_step(ft_disk, ft_reference, tmp_path,
+                                                               capsys, at_save, kept, hint):
+    workdir = tmp_path / "sft"
+    argv = _ft_argv(ft_disk, workdir)
+    done = _drive(tmp_path, {"limit": 32_000, "at_save": at_save}, argv)
+    assert done.returncode == 4, done.stderr[-3000:]
+    _check_stderr(done.stderr, (_CKPT.format(step=at_save * FT_EVERY) + r"\(File too large\); "
+                                + hint,))
+    assert _steps(workdir) == list(kept) and _temporary(workdir) == []
+    for step in kept:
+        assert check_integrity(workdir / "checkpoints" / str(step)) is None
+    # What kill -9 during a save leaves: removed when the run starts again.
+    (workdir / "checkpoints" / f"{FT_STEPS}.orbax-checkpoint-tmp-1").mkdir(parents=True)
+    capsys.readouterr()
+    assert cli_main(argv) == 0, capsys.readouterr().err[-3000:]
+    assert _temporary(workdir) == []
+    rows = [[(r["step"], r.get("loss"), r.get("val_loss")) for r in read_jsonl(w / "metrics.jsonl")]
+            for w in (workdir, ft_reference)]
+    assert rows[0] == rows[1]  # bitwise
+    assert json.loads((workdir / "result.json").read_text())["steps"] == FT_STEPS
+
+
+@pytest.mark.slow  # a real process: start-up
+def test_full_disk_under_data_sft_keeps_no_entry(ft_disk, tmp_path, capsys, monkeypatch):
+    """The records are encoded, then no file may grow past 64 bytes: the entry's
+    arrays cannot be written; one line, exit 4, no entry and no temporary folder."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("DEPTHBENCH_CACHE", str(cache))
+    argv = ["data", "sft", str(ft_disk / "records.jsonl"), "--run", str(ft_disk / "parent"),
+            "--quiet"]
+    done = _drive(tmp_path, {"limit": 64, "after": "depthbench.finetune.records:_encode"}, argv)
+    assert done.returncode == 4, done.stderr[-3000:]
+    _check_stderr(done.stderr, (r"^depthbench: error: data sft: could not write the cache entry "
+                                rf"{re.escape(str(cache))}/sft/\w+ \(File too large\); free "
+                                r"space and re-run the same command$",))
+    assert list((cache / "sft").iterdir()) == []
+    capsys.readouterr()
+    assert cli_main(argv) == 0 and len(list((cache / "sft").iterdir())) == 1
+    assert _temporary(cache) == []
+
+
+@pytest.mark.slow  # a real process: start-up
+def test_full_disk_under_export_olmo_is_one_line_and_leaves_nothing(ft_disk, tmp_path, capsys):
+    """torch's writer says a full disk as "[enforce fail at inline_container.cc]"
+    without the reason; the export asks the disk and says it in one line naming
+    --out, exit 4, and leaves neither --out nor its hidden work folder."""
+    pytest.importorskip("torch")
+    out = tmp_path / "step"
+    argv = ["export-olmo", str(ft_disk / "parent"), "--out", str(out)]
+    done = _drive(tmp_path, {"limit": 3000, "after": "depthbench.formats.olmo.step_dir:"
+                             "step_tensors"}, argv)
+    assert done.returncode == 4, done.stderr[-3000:]
+    _check_stderr(done.stderr, (rf"^depthbench: error: export-olmo: could not write --out "
+                                rf"{re.escape(str(out))} \(File too large\); nothing was written "
+                                r"there: free space and re-run the same command$",))
+    assert not out.exists() and _left_beside(out) == []
+    capsys.readouterr()
+    assert cli_main(argv) == 0, capsys.readouterr().err[-3000:]
+    assert (out / "config.json").is_file() and _left_beside(out) == []

@@ -105,6 +105,24 @@ def test_a_resumed_finetuning_is_bitwise_the_uninterrupted_one(finetuned, tmp_pa
     assert "already holds this fine-tuning" in capsys.readouterr().out
 
 
+def test_train_steps_given_cuts_the_run_short(finetuned, tmp_path, capsys, monkeypatch):
+    """train.steps follows from the records, and a given one caps it, so that
+    DEPTHBENCH_OVERRIDES='train.steps=3' makes a fine-tuning a smoke test (README)
+    from the same start; one past the plan changes nothing."""
+    monkeypatch.setenv("DEPTHBENCH_OVERRIDES", "train.steps=3")
+    assert _finetune(finetuned.parent, finetuned.parent / "parent", tmp_path / "smoke") == 0
+    result = json.loads((tmp_path / "smoke" / "result.json").read_text())
+    assert result["steps"] == 3 and json.loads(
+        (tmp_path / "smoke" / "config.json").read_text())["train"]["steps"] == 3
+    # the parent's held-out loss at step 0, as the full run's
+    assert read_jsonl(tmp_path / "smoke" / "metrics.jsonl")[0] == read_jsonl(
+        finetuned / "metrics.jsonl")[0]
+    monkeypatch.setenv("DEPTHBENCH_OVERRIDES", f"train.steps={10 * STEPS}")
+    assert _finetune(finetuned.parent, finetuned.parent / "parent", tmp_path / "long",
+                     "--config.finetune.epochs=1") == 0
+    assert json.loads((tmp_path / "long" / "result.json").read_text())["steps"] == 1
+
+
 def test_a_damaged_latest_parent_checkpoint_falls_back(disk, tmp_path, capsys):
     parent = tmp_path / "parent"
     shutil.copytree(disk / "parent", parent)
@@ -116,7 +134,7 @@ def test_a_damaged_latest_parent_checkpoint_falls_back(disk, tmp_path, capsys):
     capsys.readouterr()
     assert _finetune(disk, parent, tmp_path / "sft", "--config.finetune.epochs=2") == 0
     err = capsys.readouterr().err
-    assert "skipped damaged checkpoint(s)" in err and "step 9" in err
+    assert err.count("skipped damaged checkpoint(s)") == 1 and "step 9" in err  # said once
     result = json.loads((tmp_path / "sft" / "result.json").read_text())
     assert result["finetune"]["parent_step"] == 7
 

@@ -1,6 +1,8 @@
 """Generation on a run (depthbench.generation, `depthbench generate`): the sampling
-rules' known answers, greedy decoding equal to recomputing the forward pass,
-why each completion ended, and sampling that depends on the seed alone."""
+rules' known answers (a temperature or nucleus too small for float32 at its
+limit), greedy decoding equal to recomputing the forward pass, why each
+completion ended, sampling that depends on the seed alone, prompts files read
+as JSON Lines, and --out on a read-only disk."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def test_top_k_and_the_top_p_nucleus_keep_the_right_tokens():
     assert _kept(Sampling(1.0, top_p=0.81)) == [0, 1, 2]
     assert _kept(Sampling(1.0, top_k=2, top_p=0.99)) == [0, 1]
     logits = jnp.asarray([[0.0, 2.0]])
-    np.testing.assert_allclose(filtered_logits(logits, Sampling(2.0)), [[0.0, 1.0]])
+    np.testing.assert_allclose(filtered_logits(logits, Sampling(2.0)), [[-1.0, 0.0]])  # top: 0
     for bad in (dict(temperature=-1.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)):
         with pytest.raises(ValueError):
             Sampling(**bad)
@@ -58,6 +60,23 @@ def test_sampling_follows_the_softmax_and_depends_on_seed_step_and_row_only():
     assert int(alone[0]) == int(tokens[5])
     assert (np.asarray(draw(logits, GREEDY, 7, 1, ids)) == 0).all()
     assert (np.asarray(draw(logits, Sampling(5.0, top_k=1), 7, 1, ids)) == 0).all()
+
+
+def test_a_temperature_or_nucleus_too_small_for_float32_is_its_limit():
+    """1e-45 is below float32's smallest normal (logits over it were inf, and the
+    first token with a positive logit won): greedy.  1e-30 is normal: the logits
+    shifted by their top stay finite, the top alone at 0.  A nucleus of 1e-45
+    (0 in float32) keeps the most likely token."""
+    rows = 64
+    logits = jnp.log(jnp.asarray(np.tile(PROBS[::-1], (rows, 1)), jnp.float32))  # top: 3
+    ids = jnp.arange(rows, dtype=jnp.int32)
+    draw = jax.jit(choose, static_argnums=1)
+    assert Sampling(1e-45).greedy and not Sampling(1e-30).greedy
+    for sampling in (Sampling(1e-45), Sampling(1e-30), Sampling(1.0, top_p=1e-45)):
+        assert (np.asarray(draw(logits, sampling, 7, 1, ids)) == 3).all(), sampling
+    scaled = np.asarray(filtered_logits(logits[:1], Sampling(1e-30)))[0]
+    assert np.isfinite(scaled).all() and scaled[3] == 0 and (scaled[:3] < -1e29).all()
+    assert _kept(Sampling(1.0, top_p=1e-45)) == [0]
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +142,40 @@ def test_generate_command_writes_completions_deterministic_for_a_seed(tmp_path, 
     for r in outs[0]:
         assert r["stop_reason"] in ("eos", "length") and 0 <= r["new_tokens"] <= 8
         assert r["new_tokens"] == 8 or r["stop_reason"] == "eos"
+
+
+def test_prompts_are_json_lines_split_at_newlines_only(tmp_path):
+    """U+2028 and U+2029 inside a string (json.dumps with ensure_ascii=False writes
+    them raw) are text, not line ends: each record keeps its prompt whole."""
+    from depthbench.generation.prompts import from_jsonl
+
+    texts = ["one\u2028two", "three\u2029four\r", "five"]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"prompt": t}, ensure_ascii=False) + "\r\n"
+                            for t in texts), encoding="utf-8")
+    got = from_jsonl(str(path), "prompt")
+    assert [p.text for p in got] == texts
+    assert [p.where.rsplit(" ", 1)[-1] for p in got] == ["1", "2", "3"]
+
+
+def test_out_on_a_read_only_disk_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    """Exit 4, one line naming --out and what to do about a read-only disk (not
+    "free space"), and no file or temporary twin left."""
+    import errno
+
+    from depthbench.rundir import io
+
+    def read_only(path, text):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    run_dir = tiny_run(tmp_path / "run")
+    monkeypatch.setattr(io, "atomic_write", read_only)
+    out = tmp_path / "answers" / "out.jsonl"
+    out.parent.mkdir()
+    capsys.readouterr()
+    assert cli_main(["generate", str(run_dir), "--prompt", "The", "--max-new-tokens", "2",
+                     "--out", str(out), "--no-progress"]) == 4
+    assert capsys.readouterr().err.splitlines() == [
+        f"depthbench: error: generate: could not write --out {out} (Read-only file system); "
+        "nothing was written there: make it writable and re-run the same command"]
+    assert list(out.parent.iterdir()) == []

@@ -28,6 +28,8 @@ entry (it prepares it when absent; docs/FINETUNE.md).
 
 def register(sub) -> None:
     """Add the ``sft`` action to ``depthbench data``'s sub-parsers."""
+    from depthbench.cli.validators import non_negative_int, positive_int
+
     p = sub.add_parser(
         "sft", help="instruction records -> token ids and label masks for fine-tuning (cached)",
         description="Render instruction records with the original's template, tokenise them "
@@ -36,13 +38,14 @@ def register(sub) -> None:
     p.add_argument("records", metavar="RECORDS", help="local .json, .jsonl or .parquet records")
     p.add_argument("--run", required=True, metavar="RUN_DIR",
                    help="the run to fine-tune: its tokenizer encodes the records")
-    p.add_argument("--max-seq-len", type=int, default=512, metavar="N",
+    p.add_argument("--max-seq-len", type=positive_int, default=512, metavar="N",
                    help="longest record in tokens (default 512, the original's)")
-    p.add_argument("--max-samples", type=int, default=None, metavar="N",
+    p.add_argument("--max-samples", type=positive_int, default=None, metavar="N",
                    help="keep N records after shuffling (default: all)")
     p.add_argument("--val-fraction", type=float, default=0.02, metavar="F",
                    help="share of records held out for validation (default 0.02, at least 1)")
-    p.add_argument("--seed", type=int, default=42, help="shuffle seed (default 42, the original's)")
+    p.add_argument("--seed", type=non_negative_int, default=42,
+                   help="shuffle seed (default 42, the original's)")
     p.add_argument("--json", action="store_true", help="print manifest.json instead of a summary")
     p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     p.set_defaults(func=_sft)

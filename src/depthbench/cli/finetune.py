@@ -25,7 +25,8 @@ newest intact checkpoint's parameters are the start (a damaged latest one is
 skipped with a warning), its tokenizer encodes the records (as `depthbench data
 sft` does, through the same cache).  The default spec, sft, is the original's
 recipe: AdamW lr 1e-4, weight decay 0.1, betas (0.9, 0.95), eps 1e-8, 3% warmup
-then linear decay to 0, 3 epochs (finetune.epochs sets train.steps), 128
+then linear decay to 0, 3 epochs (finetune.epochs sets train.steps; a
+--config.train.steps=N given cuts the run short: a smoke test), 128
 sequences of 512 tokens, clipping 1.0, bf16 compute; the loss only on each
 response and its EOS.  finetune.layout: padded (one record per row) or packed
 (whole records per row, attention inside each record).  Only how the model runs

@@ -3,7 +3,7 @@ run, decoded with a KV cache.
 
 Prints each prompt with its completion (or writes them to ``--out``), then
 time to first token, prefill and decode tokens/s.  Exit status: 0 ok, 2 bad
-input (one line; nothing written).
+input (one line; nothing written), 4 a full or read-only disk under --out.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ checkpoint is read (a damaged one is skipped with a warning).
 
 
 def _run(args: argparse.Namespace) -> int:
+    from depthbench import faults
     from depthbench.errors import ConfigError
     from depthbench.generation import prompts as prompt_io
-    from depthbench.output_paths import output_file
+    from depthbench.output_paths import _storage_error, output_file
 
     # Everything that can be checked without the model first: nothing is loaded
     # (and nothing written) for a bad prompts file or --out.
@@ -68,9 +69,14 @@ def _run(args: argparse.Namespace) -> int:
         detokenize=lambda new: tok.decode(new, skip_special_tokens=True),
         progress=not args.no_progress)
     if out is not None:
-        write_jsonl(out, [{**p.record, "completion": c.text, "new_tokens": len(c.ids),
-                           "stop_reason": c.stop_reason}
-                          for p, c in zip(prompts, completions, strict=True)])
+        rows = [{**p.record, "completion": c.text, "new_tokens": len(c.ids),
+                 "stop_reason": c.stop_reason} for p, c in zip(prompts, completions, strict=True)]
+        try:
+            write_jsonl(out, rows)  # replaced whole or not at all
+        except OSError as e:  # a full or read-only disk: one line naming --out, exit 4
+            if not faults.is_storage_error(e):
+                raise
+            raise _storage_error(e, out, "generate") from e
         print(f"wrote {out} ({len(completions)} completions)")
     else:
         for p, c in zip(prompts, completions, strict=True):
@@ -84,6 +90,7 @@ def register(subparsers) -> None:
         non_negative_float,
         non_negative_int,
         positive_int,
+        seed,
         unit_fraction,
     )
 
@@ -101,13 +108,14 @@ def register(subparsers) -> None:
                    help=f"tokens to generate per prompt, at most ({DEFAULT_NEW_TOKENS}, or the "
                         "run's window if shorter)")
     p.add_argument("--temperature", type=non_negative_float, default=0.0,
-                   help="0: greedy (default); above 0: sample from softmax(logits / T)")
+                   help="0: greedy (default); above 0: sample from softmax(logits / T) "
+                        "(below float32's smallest normal, 1.2e-38: greedy, its limit)")
     p.add_argument("--top-k", type=non_negative_int, default=0,
                    help="sample from the k most likely tokens only (0: all)")
     p.add_argument("--top-p", type=unit_fraction, default=1.0,
                    help="sample from the smallest set of tokens holding this much probability "
                         "(1: all)")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="sampling seed (0)")
+    p.add_argument("--seed", type=seed, default=0, help="sampling seed, 0 to 2**32 - 1 (0)")
     p.add_argument("--batch-size", type=positive_int, default=8,
                    help="prompts decoded together (8)")
     p.add_argument("--stop", action="append", metavar="TEXT",

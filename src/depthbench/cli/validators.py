@@ -15,15 +15,15 @@ from pathlib import Path
 from depthbench.output_paths import LOOP, link_loop
 
 __all__ = ["directory", "non_negative_float", "non_negative_int", "plain_name",
-           "positive_int", "unit_fraction"]
+           "positive_int", "seed", "unit_fraction"]
 
 
-def _integer(text: str, lowest: int, what: str) -> int:
+def _integer(text: str, lowest: int, what: str, highest: int | None = None) -> int:
     try:
         value = int(text.strip())
     except ValueError:
         value = lowest - 1
-    if value < lowest:
+    if value < lowest or (highest is not None and value > highest):
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
 
@@ -36,6 +36,12 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """0, 1, 2, ... (a number of shots, a step)."""
     return _integer(text, 0, "an integer >= 0")
+
+
+def seed(text: str) -> int:
+    """A sampling seed: what jax's key takes as given (32 bits; a larger one would
+    wrap onto a smaller one's stream, or overflow)."""
+    return _integer(text, 0, f"an integer in [0, {2**32 - 1}]", 2**32 - 1)
 
 
 def _number(text: str) -> float:

@@ -5,8 +5,9 @@ tokenised splits) lives under one cache root, in directories named by a
 digest of everything that determines their content.  A directory is built
 under a temporary name beside its final one and renamed into place only when
 complete, so an interrupted or failed run never leaves a half-written entry
-that a later run would trust.  Two processes racing to build the same entry
-both succeed: the first rename wins and the loser's copy is discarded.
+that a later run would trust (a killed one's temporary directory is removed
+by the next build of that entry).  Two processes racing to build the same
+entry both succeed: the first rename wins and the loser's copy is discarded.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,15 +25,17 @@ from typing import Any
 
 from depthbench import output_paths
 from depthbench.errors import ConfigError
+from depthbench.rundir.lock import pid_alive
 
 ENV_VAR = "DEPTHBENCH_CACHE"
 
 
 def cache_root(cache_dir: str = "") -> Path:
     """``data.cache_dir``, else ``$DEPTHBENCH_CACHE``, else ``~/.cache/depthbench``
-    (links resolved; a loop is one ConfigError naming :func:`cache_field`)."""
+    (links resolved; a loop, a file or a path through one is one ConfigError
+    naming :func:`cache_field`; nothing is created)."""
     root = cache_dir or os.environ.get(ENV_VAR) or os.path.join("~", ".cache", "depthbench")
-    return output_paths.resolve(root, cache_field(cache_dir))
+    return usable_dir(output_paths.resolve(root, cache_field(cache_dir)), cache_field(cache_dir))
 
 
 def cache_field(cache_dir: str = "") -> str:
@@ -80,7 +84,16 @@ def digest(*parts: Any, length: int = 16) -> str:
 
 
 def _tmp_sibling(final: Path) -> Path:
-    return final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    """A new temporary name beside ``final``; those of this host's killed processes
+    are removed (another host's, on a shared disk, may be building)."""
+    prefix = f".{final.name}.tmp-{socket.gethostname()}-"
+    for left in final.parent.glob(f"{prefix}*"):
+        if not pid_alive(left.name.removeprefix(prefix).split("-")[0]):
+            if left.is_dir():
+                shutil.rmtree(left, ignore_errors=True)
+            else:
+                left.unlink(missing_ok=True)
+    return final.with_name(f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
 @contextlib.contextmanager

@@ -7,8 +7,9 @@ gives the ``model`` and ``data`` sections; of those only how the model runs
 spec (``sft`` by default: the original's recipe) and its overrides, which
 also give ``train``, ``finetune``, ``parallel`` and ``eval``.
 ``finetune.parent`` names the parent, ``finetune.data_digest`` the prepared
-records, and ``train.steps`` follows from the rows: a run's identity covers
-all three, so it resumes only on the same parent and data.
+records, and ``train.steps`` follows from the rows (an override of it cuts
+the run short: a smoke test): a run's identity covers all three, so it
+resumes only on the same parent and data.
 
 Epoch ``e`` visits the training records in the order
 ``default_rng(seed + e).permutation(n)`` (a fractional last epoch takes the
@@ -40,7 +41,7 @@ import numpy as np
 
 from depthbench import config as config_lib
 from depthbench.errors import ConfigError
-from depthbench.finetune.records import SFTData, prepare_sft
+from depthbench.finetune.records import OPTIONS, SFTData, prepare_sft
 from depthbench.run import RunDir, open_run
 
 WHAT = "finetune"
@@ -50,7 +51,9 @@ RUNTIME_FIELDS = ("model.compute_dtype", "model.remat_policy", "model.attention_
                   "model.impl", "model.scan_unroll", "model.layer_scan", "data.cache_dir",
                   "data.prefetch", "data.worker_count")
 # Fields the command derives: an override of them is refused.
-DERIVED = ("train.steps", "finetune.parent", "finetune.data_digest")
+DERIVED = ("finetune.parent", "finetune.data_digest")
+# How error lines name the records' options: the spec's fields.
+FIELDS = {**{k: f"config.finetune.{k}" for k in OPTIONS}, "seed": "config.finetune.data_seed"}
 
 
 # ------------------------------------------------------------------ rows
@@ -250,19 +253,19 @@ class Plan:
         return int(self.data.manifest["tokenizer"]["eos_id"])
 
 
-def _flat(config: ml_collections.ConfigDict) -> dict:
-    return config_lib.flatten(config.to_dict())
+def _given(overrides: Sequence[str]) -> set[str]:
+    """The fields the overrides set: each a statement, whatever its value (one equal
+    to the spec's default included)."""
+    return {o.removeprefix("--").removeprefix("config.").partition("=")[0].strip()
+            for o in overrides}
 
 
-def _refuse_parent_fields(spec: str, overrides: Sequence[str]) -> None:
-    """An override may not change the parent's model or tokenizer, nor a derived field."""
-    plain, changed = _flat(config_lib.load(spec)), _flat(config_lib.load(spec, overrides))
-    for key in sorted(set(plain) | set(changed)):
-        if plain.get(key) == changed.get(key):
-            continue
+def _refuse_parent_fields(given: set[str]) -> None:
+    """An override may not set the parent's model or tokenizer, nor a derived field."""
+    for key in sorted(given):
         if key in DERIVED:
-            raise ConfigError(f"--config.{key}: set by depthbench finetune (train.steps follows "
-                              "from finetune.epochs and the records)")
+            raise ConfigError(f"--config.{key}: set by depthbench finetune (the parent's "
+                              "directory and the prepared records' digest)")
         if key.startswith(("model.", "data.")) and key not in RUNTIME_FIELDS:
             raise ConfigError(f"--config.{key}: a fine-tuned run keeps its parent's model and "
                               f"tokenizer; of model.* and data.* only "
@@ -297,8 +300,9 @@ def _check_packable(config: ml_collections.ConfigDict) -> None:
 
 
 def with_data(config: ml_collections.ConfigDict, parent: RunDir, *, progress: bool,
-              field: str) -> Plan:
-    """The records prepared with the parent's tokenizer, and the steps they make."""
+              field: str, max_steps: int | None = None) -> Plan:
+    """The records prepared with the parent's tokenizer, and the steps they make
+    (at most ``max_steps``: a ``train.steps`` given cuts the run short)."""
     f, t = config.finetune, config.train
     if f.layout == "packed":
         _check_packable(config)
@@ -306,13 +310,14 @@ def with_data(config: ml_collections.ConfigDict, parent: RunDir, *, progress: bo
                        max_samples=int(f.max_samples) or None,
                        val_fraction=float(f.val_fraction), seed=int(f.data_seed),
                        cache_dir=str(config.data.cache_dir), progress=progress, field=field,
-                       length_field="config.finetune.max_seq_len")
+                       fields=FIELDS)
     _, _, offsets = data.split("train")
     rows = training_rows(offsets, epochs=float(f.epochs), seed=int(t.seed),
                          seq_len=int(t.seq_len), layout=str(f.layout))
     config = ml_collections.ConfigDict(config.to_dict())
     config.finetune.data_digest = data.digest
-    config.train.steps = rows.steps(int(t.batch_size))
+    steps = rows.steps(int(t.batch_size))
+    config.train.steps = min(steps, max_steps) if max_steps else steps
     validation = Validation(str(data.directory), int(t.seq_len),
                             int(data.manifest["tokenizer"]["eos_id"]),
                             f.layout == "packed", int(t.batch_size))
@@ -323,11 +328,13 @@ def from_command(parent_dir: str | Path, records: str | Path, spec: str = "sft",
                  overrides: Sequence[str] = (), *, progress: bool = True) -> Plan:
     """``depthbench finetune PARENT --records FILE [--config SPEC] [overrides]``."""
     parent = open_run(parent_dir, WHAT)
-    _refuse_parent_fields(spec, overrides)
+    given = _given(overrides)
+    _refuse_parent_fields(given)
     recipe = config_lib.load(spec, overrides)
     recipe.finetune.records = str(Path(records).expanduser().absolute())
     recipe.finetune.spec = str(spec)
-    return with_data(from_parent(recipe, parent), parent, progress=progress, field="--records")
+    return with_data(from_parent(recipe, parent), parent, progress=progress, field="--records",
+                     max_steps=int(recipe.train.steps) if "train.steps" in given else None)
 
 
 def from_sweep_run(run_config: ml_collections.ConfigDict, run_dir: str | Path, *,

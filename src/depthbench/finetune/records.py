@@ -15,17 +15,26 @@ a record longer than ``max_seq_len`` keeps its first ``max_seq_len - 1``
 tokens and EOS (one cut before its response is refused).  The entry lives in
 the data cache under a digest of the records' bytes, the tokenizer and every
 option (``<root>/sft/<key>/``: ``manifest.json`` and each split's ``ids``,
-``mask`` and ``offsets`` arrays), built aside and renamed into place.
+``mask`` and ``offsets`` arrays), built aside and renamed into place once
+every record is encoded (a refused record writes nothing); an entry whose
+arrays do not match its manifest is rebuilt.  JSON Lines end at ``\n`` only
+and hold standard JSON; text must be valid Unicode (:func:`unicode_text`):
+each problem is one line naming the file, the record and the line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from depthbench import faults
 from depthbench.data import cache
 from depthbench.digest import file_sha256
 from depthbench.errors import ConfigError
@@ -65,19 +74,39 @@ def _record(raw, where: str, field: str) -> Record:
         if value is not None and not isinstance(value, str):
             raise ConfigError(f"{field}: {where} field {name!r} is {type(value).__name__}, "
                               "not text")
-        values[name] = value or ""
+        values[name] = unicode_text(value or "", f"{field}: {where} field {name!r}")
     return Record(**values)
 
 
-def _json_lines(text: str, path: Path, field: str) -> list:
-    rows = []
-    for n, line in enumerate(text.splitlines(), 1):
+def unicode_text(text: str, where: str) -> str:
+    """``text``, or one line naming ``where`` when it is not valid Unicode: a lone
+    surrogate (JSON's ``"\\ud800"``; bytes that are not UTF-8 on a command line)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConfigError(f"{where} is not valid Unicode (a lone surrogate "
+                          f"U+{ord(text[e.start]):04X} at character {e.start})") from None
+    return text
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def json_lines(text: str, where: Callable[[int], str]) -> list[tuple[int, Any]]:
+    """``(line number, value)`` of each line of JSON Lines ``text`` that is not blank
+    (``where(n)``: how an error names line ``n``).  Lines end at ``\\n`` only: a
+    U+2028 inside a string is text (``json.dumps(..., ensure_ascii=False)``
+    writes it); NaN and Infinity, which JSON lacks, are refused."""
+    out = []
+    for n, line in enumerate(text.split("\n"), 1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{field}: {path}:{n} is not JSON ({e.msg})") from None
-    return rows
+                out.append((n, json.loads(line, parse_constant=_no_constant)))
+            except ValueError as e:  # JSONDecodeError, or a constant
+                raise ConfigError(f"{where(n)} is not JSON ({getattr(e, 'msg', e)}); expected "
+                                  "one JSON object per line") from None
+    return out
 
 
 def _parquet_rows(path: Path, field: str) -> list[dict]:
@@ -102,7 +131,7 @@ def read_records(path: str | Path, field: str = "RECORDS") -> list[Record]:
     if suffix not in SUFFIXES:
         raise ConfigError(f"{field}: {path} is not one of {', '.join(SUFFIXES)}")
     if suffix == ".parquet":
-        rows = _parquet_rows(path, field)
+        rows = [(f"{path} record {i}", raw) for i, raw in enumerate(_parquet_rows(path, field))]
     else:
         try:
             text = path.read_text(encoding="utf-8")
@@ -111,15 +140,19 @@ def read_records(path: str | Path, field: str = "RECORDS") -> list[Record]:
         rows = None
         if suffix == ".json":
             try:
-                whole = json.loads(text)
-                rows = whole if isinstance(whole, list) else [whole]
+                whole = json.loads(text, parse_constant=_no_constant)
+                rows = [(f"{path} record {i}", raw) for i, raw in
+                        enumerate(whole if isinstance(whole, list) else [whole])]
             except json.JSONDecodeError:
                 rows = None  # one record per line, like .jsonl
+            except ValueError as e:  # NaN or Infinity
+                raise ConfigError(f"{field}: {path} is not JSON ({e})") from None
         if rows is None:
-            rows = _json_lines(text, path, field)
+            rows = [(f"{path} record {i} (line {n})", raw) for i, (n, raw) in enumerate(
+                json_lines(text, lambda n: f"{field}: {path} line {n}"))]
     if not rows:
         raise ConfigError(f"{field}: {path} holds no records")
-    return [_record(raw, f"{path} record {i}", field) for i, raw in enumerate(rows)]
+    return [_record(raw, where, field) for where, raw in rows]
 
 
 # ------------------------------------------------------------ the template
@@ -180,28 +213,56 @@ class SFTData:
                 for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
 
 
-def open_sft(directory: str | Path, field: str = "--data") -> SFTData:
-    """A prepared entry (``data sft`` printed its directory); one line if it is not one."""
-    path = Path(directory).expanduser()
+def _entry(path: Path) -> SFTData | str:
+    """The entry at ``path``, checked, or why it is not a whole one (headers and
+    lengths against its manifest, as the token cache checks its arrays)."""
     try:
         manifest = cache.read_json(path / "manifest.json")
     except (OSError, ValueError):
-        raise ConfigError(f"{field}: {str(directory)!r} is not a directory `depthbench data sft` "
-                          "wrote (no readable manifest.json)") from None
-    if manifest.get("format") != FORMAT or manifest.get("kind") != "sft":
-        raise ConfigError(f"{field}: {path} holds another kind of data ({manifest.get('kind')}, "
-                          f"format {manifest.get('format')}); run `depthbench data sft` again")
-    return SFTData(path.resolve(), manifest)
+        return "no readable manifest.json"
+    if not isinstance(manifest, dict) or (manifest.get("kind"), manifest.get("format")) != (
+            "sft", FORMAT):
+        return f"its manifest.json is not a data sft entry of format {FORMAT}"
+    data = SFTData(path.resolve(), manifest)
+    for name in SPLITS:
+        counts = manifest.get("splits", {}).get(name, {})
+        try:
+            ids, mask, offsets = data.split(name)
+        except (OSError, ValueError) as e:  # missing, truncated, not .npy
+            return f"its {name} arrays are unreadable: {' '.join(str(e).split())[:100]}"
+        if not (len(ids) == len(mask) == counts.get("tokens") and len(offsets) == counts.get(
+                "records", -2) + 1 and offsets[0] == 0 and offsets[-1] == len(ids)):
+            return f"its {name} arrays do not match manifest.json"
+    return data
 
 
-def _check(max_seq_len: int, max_samples: int | None, val_fraction: float) -> None:
+def open_sft(directory: str | Path, field: str = "--data") -> SFTData:
+    """A prepared entry (``data sft`` printed its directory); one line if it is not
+    a whole one."""
+    entry = _entry(Path(directory).expanduser())
+    if isinstance(entry, str):
+        raise ConfigError(f"{field}: {str(directory)!r} is not a whole `depthbench data sft` "
+                          f"entry ({entry}); run `depthbench data sft` again")
+    return entry
+
+
+# What the error lines call each option: data sft's (the finetune spec's: config.finetune.*).
+OPTIONS = {"max_seq_len": "--max-seq-len", "max_samples": "--max-samples",
+           "val_fraction": "--val-fraction", "seed": "--seed"}
+
+
+def _check(options: dict, fields: dict[str, str]) -> None:
+    max_seq_len, max_samples = options["max_seq_len"], options["max_samples"]
     if max_seq_len < 2:
-        raise ConfigError(f"--max-seq-len: {max_seq_len}; want at least 2 (one response token "
-                          "and EOS)")
+        raise ConfigError(f"{fields['max_seq_len']}: {max_seq_len}; want at least 2 (one "
+                          "response token and EOS)")
     if max_samples is not None and max_samples < 1:
-        raise ConfigError(f"--max-samples: {max_samples}; want a positive count")
-    if not 0.0 < val_fraction < 1.0:
-        raise ConfigError(f"--val-fraction: {val_fraction}; want a share in (0, 1)")
+        raise ConfigError(f"{fields['max_samples']}: {max_samples}; want a positive count")
+    if not 0.0 < options["val_fraction"] < 1.0:
+        raise ConfigError(f"{fields['val_fraction']}: {options['val_fraction']}; want a share "
+                          "in (0, 1)")
+    if options["seed"] < 0:  # numpy's generators take any integer from 0
+        raise ConfigError(f"{fields['seed']}: {options['seed']}; want an integer >= 0")
 
 
 def _split_sizes(n: int, val_fraction: float, where: Path, field: str) -> tuple[int, int]:
@@ -238,13 +299,15 @@ def _encode(records, tok, max_seq_len: int, where: str, progress: bool, length_f
 def prepare_sft(records_path: str | Path, run_dir: str | Path, *, max_seq_len: int = 512,
                 max_samples: int | None = None, val_fraction: float = 0.02, seed: int = 42,
                 cache_dir: str = "", progress: bool = True, field: str = "RECORDS",
-                length_field: str = "--max-seq-len") -> SFTData:
+                fields: dict[str, str] = OPTIONS) -> SFTData:
     """The cache entry of ``records_path`` tokenised by ``run_dir``'s tokenizer (built
-    if absent; ``field``, ``length_field``: what error lines call the records and
-    ``max_seq_len``)."""
+    if absent or damaged; ``field``, ``fields``: what error lines call the records
+    and the options)."""
     from depthbench.run import open_run
 
-    _check(max_seq_len, max_samples, val_fraction)
+    options = {"max_seq_len": max_seq_len, "max_samples": max_samples,
+               "val_fraction": val_fraction, "seed": seed}
+    _check(options, fields)
     source = Path(records_path).expanduser()
     if not source.is_file():
         raise ConfigError(f"{field}: {str(records_path)!r} is not a file")
@@ -253,34 +316,47 @@ def prepare_sft(records_path: str | Path, run_dir: str | Path, *, max_seq_len: i
     if tok.eos_id < 0:
         raise ConfigError(f"{WHAT}: the tokenizer of {run.path} has no EOS id, which ends "
                           "every response")
-    options = {"max_seq_len": max_seq_len, "max_samples": max_samples,
-               "val_fraction": val_fraction, "seed": seed}
     key = cache.digest("sft", FORMAT, file_sha256(source), tok.sha256, tok.eos_id,
                        tok.vocab_size, options)
-    records = read_records(source, field)  # (bad records: one line before the cache is touched)
+    root = cache.cache_root(cache_dir)
+    final = root / "sft" / key
+    entry = _entry(final) if final.exists() else None
+    if isinstance(entry, SFTData):
+        return entry
+    # Every record encoded before the cache is touched: a refused one writes nothing.
+    records = read_records(source, field)
     order = np.random.default_rng(seed).permutation(len(records))[:max_samples]
     _, n_val = _split_sizes(len(order), val_fraction, source, field)
     split_of = {"val": order[:n_val], "train": order[n_val:]}
-    root = cache.cache_root(cache_dir)
-    final = root / "sft" / key
+    manifest = {"kind": "sft", "format": FORMAT, "digest": key,
+                "source": str(source.resolve()), "source_sha256": file_sha256(source),
+                "records_in_file": len(records), "run": str(run.path), "tokenizer": tok.record(),
+                "template": "alpaca (prepare_commonsense170k.py)", **options, "splits": {}}
+    arrays = {}
+    for name in SPLITS:
+        chosen = [(int(i), records[i]) for i in split_of[name]]
+        ids, mask, offsets, truncated = _encode(chosen, tok, max_seq_len, name, progress,
+                                                fields["max_seq_len"])
+        arrays |= {f"{name}_ids": ids, f"{name}_mask": mask, f"{name}_offsets": offsets}
+        manifest["splits"][name] = {
+            "records": len(chosen), "tokens": int(len(ids)), "supervised_tokens": int(mask.sum()),
+            "truncated": int(truncated), "longest": int(np.max(np.diff(offsets)))}
     with cache.exclusive(root):
-        if (final / "manifest.json").is_file():
-            return open_sft(final)
-        manifest = {"kind": "sft", "format": FORMAT, "digest": key,
-                    "source": str(source.resolve()), "source_sha256": file_sha256(source),
-                    "records_in_file": len(records), "run": str(run.path),
-                    "tokenizer": tok.record(), "template": "alpaca (prepare_commonsense170k.py)",
-                    **options, "splits": {}}
-        with cache.atomic_dir(final) as work:
-            for name in SPLITS:
-                chosen = [(int(i), records[i]) for i in split_of[name]]
-                ids, mask, offsets, truncated = _encode(chosen, tok, max_seq_len, name, progress,
-                                                        length_field)
-                for part, array in (("ids", ids), ("mask", mask), ("offsets", offsets)):
-                    np.save(work / f"{name}_{part}.npy", array)
-                manifest["splits"][name] = {
-                    "records": len(chosen), "tokens": int(len(ids)),
-                    "supervised_tokens": int(mask.sum()), "truncated": int(truncated),
-                    "longest": int(np.max(np.diff(offsets)))}
-            cache.write_json(work / "manifest.json", manifest)
+        entry = _entry(final) if final.exists() else None  # built meanwhile by another?
+        if isinstance(entry, SFTData):
+            return entry
+        if entry is not None:
+            print(f"depthbench: warning: the cache entry {final} is damaged ({entry}); "
+                  "rebuilding it", file=sys.stderr, flush=True)
+            shutil.rmtree(final)
+        try:
+            with cache.atomic_dir(final) as work:  # removed again if a write fails
+                for name, array in arrays.items():
+                    np.save(work / f"{name}.npy", array)
+                cache.write_json(work / "manifest.json", manifest)
+        except OSError as e:
+            if not faults.is_storage_error(e):
+                raise
+            raise faults.storage_error(e, f"{WHAT}: could not write the cache entry {final}",
+                                       "free space and re-run the same command") from e
     return open_sft(final)

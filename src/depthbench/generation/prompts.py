@@ -1,16 +1,18 @@
 """Prompts for ``depthbench generate``: one from the command line, or a
 JSON-lines file of records each holding one in a field, checked before any
-model is loaded.  Each problem is one ConfigError line naming the option,
-the file and the line (an empty prompt, a line that is not a JSON object, a
-record without the field or whose field is not text)."""
+model is loaded (lines read as the instruction records' are:
+:func:`depthbench.finetune.records.json_lines`).  Each problem is one
+ConfigError line naming the option, the file and the line (an empty prompt,
+text that is not valid Unicode, a line that is not a JSON object, a record
+without the field or whose field is not text)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import NamedTuple
 
 from depthbench.errors import ConfigError
+from depthbench.finetune.records import json_lines, unicode_text
 
 
 class Prompt(NamedTuple):
@@ -23,7 +25,7 @@ def from_text(text: str) -> list[Prompt]:
     """``--prompt TEXT``: one prompt."""
     if not text:
         raise ConfigError("--prompt: empty; give the text to continue")
-    return [Prompt({"prompt": text}, text, "--prompt")]
+    return [Prompt({"prompt": text}, unicode_text(text, "--prompt"), "--prompt")]
 
 
 def from_jsonl(path: str, field: str) -> list[Prompt]:
@@ -34,19 +36,12 @@ def from_jsonl(path: str, field: str) -> list[Prompt]:
         what = "is a directory" if file.is_dir() else "does not exist"
         raise ConfigError(f"--prompts: {path!r} {what}; give a JSON-lines file")
     try:
-        lines = file.read_text(encoding="utf-8").splitlines()
+        content = file.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"--prompts: {path!r} is not UTF-8 text (JSON lines)") from None
     out = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for number, record in json_lines(content, lambda n: f"--prompts: {path!r} line {n}"):
         where = f"--prompts: {path!r} line {number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{where} is not JSON ({e.msg}); expected one JSON object per "
-                              "line") from None
         if not isinstance(record, dict):
             raise ConfigError(f"{where} holds a JSON {type(record).__name__}, not an object "
                               f"with a {field!r} field")
@@ -58,7 +53,7 @@ def from_jsonl(path: str, field: str) -> list[Prompt]:
             raise ConfigError(f"{where}: field {field!r} is a {type(text).__name__}, not text")
         if not text:
             raise ConfigError(f"{where}: the prompt ({field!r}) is empty")
-        out.append(Prompt(record, text, where))
+        out.append(Prompt(record, unicode_text(text, f"{where}: the prompt ({field!r})"), where))
     if not out:
         raise ConfigError(f"--prompts: {path!r} holds no prompts")
     return out

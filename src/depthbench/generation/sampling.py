@@ -4,7 +4,10 @@ temperature, optionally from the top-k tokens and/or the top-p nucleus.
 Runs inside the jitted decode programs (the logits never leave the device).
 Each row draws with its own key, ``fold_in(fold_in(key(seed), step), row id)``,
 so a prompt's sample depends on the seed, the step and the prompt's index
-only: not on the batch it shares or where in it it sits.
+only: not on the batch it shares or where in it it sits.  A temperature or
+nucleus too small for float32 behaves as its limit: below
+:data:`MIN_TEMPERATURE` sampling is greedy, and the nucleus always keeps the
+most likely token.
 """
 
 from __future__ import annotations
@@ -14,10 +17,15 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+# float32's smallest normal number: logits over a smaller temperature (or one
+# XLA flushes to 0) are no distribution; its limit, greedy, is taken instead.
+MIN_TEMPERATURE = 2.0 ** -126
+
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
-    """``temperature`` 0 is greedy (argmax); ``top_k`` 0 and ``top_p`` 1 cut nothing."""
+    """``temperature`` 0 (or below :data:`MIN_TEMPERATURE`) is greedy (argmax);
+    ``top_k`` 0 and ``top_p`` 1 cut nothing."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -33,18 +41,20 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < MIN_TEMPERATURE
 
 
 GREEDY = Sampling()
 
 
 def filtered_logits(logits_bv: jax.Array, sampling: Sampling) -> jax.Array:
-    """fp32 logits over the temperature, ``-inf`` outside the top-k tokens and
+    """fp32 logits over the temperature, shifted so that the largest is 0 (a tiny
+    temperature cannot overflow them), ``-inf`` outside the top-k tokens and
     outside the nucleus: the fewest most likely tokens whose probability
     reaches ``top_p`` (a token is kept while the mass before it is below
     ``top_p``; the most likely one always)."""
-    logits = logits_bv.astype(jnp.float32) / sampling.temperature
+    logits = logits_bv.astype(jnp.float32)
+    logits = (logits - jnp.max(logits, axis=-1, keepdims=True)) / sampling.temperature
     if sampling.top_k:
         k = min(int(sampling.top_k), logits.shape[-1])
         kth_b1 = jax.lax.top_k(logits, k)[0][:, -1:]
@@ -54,7 +64,9 @@ def filtered_logits(logits_bv: jax.Array, sampling: Sampling) -> jax.Array:
         probs_bv = jax.nn.softmax(desc_bv, axis=-1)
         before_bv = jnp.cumsum(probs_bv, axis=-1) - probs_bv
         kept_bv = before_bv < sampling.top_p
-        cutoff_b1 = jnp.min(jnp.where(kept_bv, desc_bv, jnp.inf), axis=-1, keepdims=True)
+        # Not kept: the top logit, so the most likely token stays whatever top_p is.
+        cutoff_b1 = jnp.min(jnp.where(kept_bv, desc_bv, desc_bv[:, :1]), axis=-1,
+                            keepdims=True)
         logits = jnp.where(logits < cutoff_b1, -jnp.inf, logits)
     return logits
 

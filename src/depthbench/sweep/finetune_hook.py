@@ -13,7 +13,8 @@ pretraining run are runtime fields: setting them later never blocks resuming
 or skipping the run.
 
 Bad input (records without the fields, a row too short for a record) is a
-ConfigError like any other; another failure is written to
+ConfigError like any other, a full or read-only disk the sweep's one line
+(exit status 4, :mod:`depthbench.faults`); another failure is written to
 ``RUN_DIR/sft/failure.txt``, logged, and the sweep goes on (the run itself
 trained fine).  On several hosts it is skipped with a note (as evaluation
 after training is): run ``depthbench finetune`` per run instead.
@@ -26,6 +27,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from depthbench import faults
 from depthbench.errors import ConfigError
 from depthbench.rundir.io import DamagedFile, read_json
 from depthbench.rundir.names import EVAL_DIR, FAILURE_FILE, FINETUNE_DIR, RESULT_FILE
@@ -90,6 +92,8 @@ def after_run(config, run_dir: str | Path, log: Callable[[str], None], *,
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - recorded; the trained run stays valid
+        if faults.is_storage_error(e):
+            raise  # no room to record it either: the sweep's one line says it
         out.mkdir(parents=True, exist_ok=True)
         (out / FAILURE_FILE).write_text(traceback.format_exc())
         log(f"{run_dir}: fine-tuning FAILED: {type(e).__name__}: {e} (traceback in "

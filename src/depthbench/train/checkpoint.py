@@ -16,8 +16,9 @@ Saves are asynchronous (the device-to-host copy happens before ``save``
 returns, so the next step may donate the state's buffers); :meth:`close`
 waits for the last one.  Orbax writes a step into a temporary directory and
 renames it when complete, so a save interrupted by ``kill -9`` (or by a full
-disk) leaves only a temporary directory, which Orbax ignores, and the
-previous checkpoint untouched.
+disk) leaves only a temporary directory and the previous checkpoint
+untouched; :meth:`close` removes a failed save's (a full disk's), and the
+next start any left (Orbax's ``cleanup_tmp_directories``).
 
 Integrity.  Once a save is finalized, process 0 seals the step
 (:mod:`depthbench.rundir.integrity`).  :meth:`restore_latest` restores the
@@ -46,6 +47,7 @@ import orbax.checkpoint as ocp
 
 from depthbench import faults
 from depthbench.errors import ConfigError
+from depthbench.output_paths import _remove_settled
 from depthbench.rundir.integrity import write_integrity
 from depthbench.rundir.names import DAMAGED_SUFFIX, INTEGRITY_FILE
 from depthbench.rundir.restore import finished_steps, newest_intact
@@ -70,6 +72,7 @@ class _QuietStorageErrors(logging.Filter):
 
 
 _QUIET = _QuietStorageErrors()
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # where Orbax writes a step before renaming it
 _HOOKED = False  # _drop_closed_loop_reports has installed its hook in this process
 
 
@@ -138,7 +141,7 @@ class Checkpoints:
                          if async_save else None)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max(1, int(keep)), create=True, enable_async_checkpointing=async_save,
-            async_options=async_options)
+            async_options=async_options, cleanup_tmp_directories=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         quiet_failed_writes()
         self._saved: int | None = None  # the last step saved by this process (maybe in flight)
@@ -260,3 +263,6 @@ class Checkpoints:
             finally:
                 self.manager.close()
                 logging.getLogger("absl").removeFilter(_QUIET)
+                if self.main:  # every save has ended: a temporary directory left is a failed one
+                    for tmp in self.directory.glob(f"*{TMP_SUFFIX}*"):
+                        _remove_settled(tmp)

@@ -345,12 +345,33 @@ def _as_torch(x: np.ndarray):
 
 def write_model(directory: Path, tensors: dict[str, np.ndarray], command: str) -> None:
     """``directory`` (new) as a distributed checkpoint whose entries are
-    ``model.<key>`` for each of ``tensors``."""
+    ``model.<key>`` for each of ``tensors``.  A write the disk failed raises the
+    disk's OSError (a full disk's rule: :mod:`depthbench.faults`)."""
+    import os
     import warnings
+
+    from depthbench import faults
 
     dcp = require_torch(command)
     state = {"model": {key: _as_torch(x) for key, x in tensors.items()}}
     writer = dcp.FileSystemWriter(directory, single_file_per_rank=True, thread_count=1)
-    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
-        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.save(state, storage_writer=writer, no_dist=True)
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.save(state, storage_writer=writer, no_dist=True)
+    except (Exception, dcp.CheckpointException) as e:  # the latter is a BaseException
+        code = faults.os_error_code(e)
+        if code is None:  # torch's zip writer drops the OS's reason ("[enforce fail at
+            # inline_container.cc]"): ask the disk for as much as the largest tensor needed
+            probe = directory / ".space-probe"
+            try:
+                with open(probe, "wb") as f:
+                    f.write(bytes(min(max(x.nbytes for x in tensors.values()), 1 << 26)))
+                    os.fsync(f.fileno())
+            except OSError as disk:
+                code = disk.errno
+            finally:
+                probe.unlink(missing_ok=True)
+        if code in faults.STORAGE_ERRNOS:
+            raise OSError(code, os.strerror(code), str(directory)) from e
+        raise

@@ -147,13 +147,15 @@ def test_generate_command_writes_completions_deterministic_for_a_seed(tmp_path, 
 def test_prompts_are_json_lines_split_at_newlines_only(tmp_path):
     """U+2028 and U+2029 inside a string (json.dumps with ensure_ascii=False writes
     them raw) are text, not line ends: each record keeps its prompt whole."""
-    from depthbench.generation.prompts import from_jsonl
+    from argparse import Namespace
+
+    from depthbench.cli.generate import read_prompts
 
     texts = ["one\u2028two", "three\u2029four\r", "five"]
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"prompt": t}, ensure_ascii=False) + "\r\n"
                             for t in texts), encoding="utf-8")
-    got = from_jsonl(str(path), "prompt")
+    got = read_prompts(Namespace(prompt=None, prompts=str(path), field="prompt"))
     assert [p.text for p in got] == texts
     assert [p.where.rsplit(" ", 1)[-1] for p in got] == ["1", "2", "3"]
 

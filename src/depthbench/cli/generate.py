@@ -9,6 +9,8 @@ input (one line; nothing written), 4 a full or read-only disk under --out.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import NamedTuple
 
 DEFAULT_NEW_TOKENS = 64
 
@@ -30,16 +32,62 @@ checkpoint is read (a damaged one is skipped with a warning).
 """
 
 
+class Prompt(NamedTuple):
+    record: dict  # what the output line repeats (the file's record, or {"prompt": TEXT})
+    text: str
+    where: str  # how an error names it: "--prompt", "--prompts: 'FILE' line N"
+
+
+def read_prompts(args: argparse.Namespace) -> list[Prompt]:
+    """``--prompt TEXT``, or ``record[--field]`` of each line of ``--prompts`` (JSON
+    Lines read as the instruction records are:
+    :func:`depthbench.finetune.records.json_lines`), checked before any model is
+    loaded: each problem one line naming the option, the file and the line."""
+    from depthbench.errors import ConfigError
+    from depthbench.finetune.records import json_lines, unicode_text
+
+    if args.prompt is not None:
+        if not args.prompt:
+            raise ConfigError("--prompt: empty; give the text to continue")
+        return [Prompt({"prompt": args.prompt}, unicode_text(args.prompt, "--prompt"),
+                       "--prompt")]
+    path, field = args.prompts, args.field
+    file = Path(path).expanduser()
+    if not file.is_file():
+        what = "is a directory" if file.is_dir() else "does not exist"
+        raise ConfigError(f"--prompts: {path!r} {what}; give a JSON-lines file")
+    try:
+        content = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"--prompts: {path!r} is not UTF-8 text (JSON lines)") from None
+    out = []
+    for number, record in json_lines(content, lambda n: f"--prompts: {path!r} line {n}"):
+        where = f"--prompts: {path!r} line {number}"
+        if not isinstance(record, dict):
+            raise ConfigError(f"{where} holds a JSON {type(record).__name__}, not an object "
+                              f"with a {field!r} field")
+        if field not in record:
+            raise ConfigError(f"{where} has no field {field!r} (--field names the prompt's "
+                              f"field; the record has {', '.join(map(repr, record)) or 'none'})")
+        text = record[field]
+        if not isinstance(text, str):
+            raise ConfigError(f"{where}: field {field!r} is a {type(text).__name__}, not text")
+        if not text:
+            raise ConfigError(f"{where}: the prompt ({field!r}) is empty")
+        out.append(Prompt(record, unicode_text(text, f"{where}: the prompt ({field!r})"), where))
+    if not out:
+        raise ConfigError(f"--prompts: {path!r} holds no prompts")
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
     from depthbench import faults
     from depthbench.errors import ConfigError
-    from depthbench.generation import prompts as prompt_io
     from depthbench.output_paths import _storage_error, output_file
 
     # Everything that can be checked without the model first: nothing is loaded
     # (and nothing written) for a bad prompts file or --out.
-    prompts = (prompt_io.from_text(args.prompt) if args.prompt is not None
-               else prompt_io.from_jsonl(args.prompts, args.field))
+    prompts = read_prompts(args)
     out = output_file(args.out, "--out") if args.out else None
 
     from depthbench.evaluation.prefix import prefix_token_id

@@ -7,6 +7,5 @@
   train step, one per batch and length bucket;
 * ``loop``: :func:`~depthbench.generation.loop.generate`, batches of prompts
   to completions (EOS, stop strings, a token budget, the window) with time to
-  first token and prefill/decode throughput;
-* ``prompts``: prompts from the command line or a JSON-lines file, checked.
+  first token and prefill/decode throughput.
 """

@@ -423,6 +423,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         "train.seed",
     ):
         _positive(config, field, allow_zero=True)
+    if config.train.seed >= 1 << 32:  # jax's key takes 32 bits; more would alias another seed
+        raise ConfigError(f"config.train.seed: must be in [0, 2**32 - 1], got {config.train.seed}")
     if config.train.batch_size % config.train.microbatches:
         raise ConfigError(
             f"config.train.microbatches: {config.train.microbatches} must divide "

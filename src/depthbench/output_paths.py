@@ -37,7 +37,8 @@ from depthbench.errors import ConfigError
 from depthbench.rundir.lock import pid_alive
 from depthbench.rundir.names import CONFIG_FILE, RUN_OWN
 
-__all__ = ["LOOP", "built_aside", "check_out", "link_loop", "output_file", "resolve"]
+__all__ = ["LOOP", "built_aside", "check_out", "link_loop", "out_storage_error", "output_file",
+           "remove_settled", "resolve"]
 
 
 LOOP = "is a symbolic-link loop; give a path whose links end somewhere"
@@ -181,13 +182,13 @@ def built_aside(out: Path, command: str, verb: str = "importing") -> Iterator[Pa
             out.rmdir()  # empty (check_out), replaced by the finished directory
         os.replace(work, out)
     except BaseException as e:
-        _remove_settled(work)
+        remove_settled(work)
         if isinstance(e, Exception) and faults.is_storage_error(e):
-            raise _storage_error(e, out, command) from e
+            raise out_storage_error(e, out, command) from e
         raise
 
 
-def _remove_settled(work: Path, quiet: float = 0.3, limit: float = 10.0) -> None:
+def remove_settled(work: Path, quiet: float = 0.3, limit: float = 10.0) -> None:
     """Remove ``work`` and keep it removed: after a failed Orbax save, TensorStore's
     writes still in flight land for a moment (creating their directories again)."""
     deadline = time.monotonic() + limit
@@ -203,7 +204,7 @@ def _remove_settled(work: Path, quiet: float = 0.3, limit: float = 10.0) -> None
         time.sleep(0.01)
 
 
-def _storage_error(e: Exception, out: Path, command: str) -> faults.StorageError:
+def out_storage_error(e: Exception, out: Path, command: str) -> faults.StorageError:
     """A full or read-only disk under the import, as one line naming ``--out``
     (not the hidden directory the run was being built in, which is gone)."""
     hint = ("make it writable and re-run the same command" if faults.os_error_code(e) ==

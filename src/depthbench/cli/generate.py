@@ -83,7 +83,7 @@ def read_prompts(args: argparse.Namespace) -> list[Prompt]:
 def _run(args: argparse.Namespace) -> int:
     from depthbench import faults
     from depthbench.errors import ConfigError
-    from depthbench.output_paths import _storage_error, output_file
+    from depthbench.output_paths import out_storage_error, output_file
 
     # Everything that can be checked without the model first: nothing is loaded
     # (and nothing written) for a bad prompts file or --out.
@@ -124,7 +124,7 @@ def _run(args: argparse.Namespace) -> int:
         except OSError as e:  # a full or read-only disk: one line naming --out, exit 4
             if not faults.is_storage_error(e):
                 raise
-            raise _storage_error(e, out, "generate") from e
+            raise out_storage_error(e, out, "generate") from e
         print(f"wrote {out} ({len(completions)} completions)")
     else:
         for p, c in zip(prompts, completions, strict=True):

@@ -23,8 +23,6 @@ moda's depth keys are the same token's), so their cache is the K/V alone.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -32,8 +30,8 @@ from flax import linen as nn
 from depthbench.model.past_attention import CACHE_AXES, KVCache
 from depthbench.model.residual.protocol.capabilities import PositionState
 
-if TYPE_CHECKING:  # the model calls resume and carry below; these take it
-    from depthbench.model.transformer import Transformer
+# ``model`` below is a :class:`depthbench.model.transformer.Transformer`; it calls
+# resume and carry in its forward, so this module does not import it.
 
 
 # ------------------------------------------------------ inside the model's forward
@@ -66,7 +64,7 @@ def carry(fam, g, state, shape_bt: tuple[int, int], logits_at):
 # ------------------------------------------------------------- prefill and decode
 
 
-def _captures(model: Transformer) -> tuple[str, ...]:
+def _captures(model: nn.Module) -> tuple[str, ...]:
     carries = isinstance(model.family, PositionState)
     return ("kv", "carry") if carries else ("kv",)
 
@@ -76,7 +74,7 @@ def _as_cache_layout(x_lbtkh: jax.Array) -> jax.Array:
     return nn.with_logical_constraint(x_lbtkh.transpose(0, 1, 3, 2, 4), CACHE_AXES)
 
 
-def prefill(model: Transformer, params, tokens_bp: jax.Array, lengths_b: jax.Array,
+def prefill(model: nn.Module, params, tokens_bp: jax.Array, lengths_b: jax.Array,
             size: int) -> tuple[jax.Array, KVCache]:
     """``(logits [B, V] at each row's last prompt token, cache of size slots)``.
 
@@ -93,7 +91,7 @@ def prefill(model: Transformer, params, tokens_bp: jax.Array, lengths_b: jax.Arr
     return logits_bv, KVCache(_constrain(k), _constrain(v), lengths_b, cap.get("carry"))
 
 
-def decode_step(model: Transformer, params, cache: KVCache, tokens_bt: jax.Array
+def decode_step(model: nn.Module, params, cache: KVCache, tokens_bt: jax.Array
                 ) -> tuple[jax.Array, KVCache]:
     """``(logits [B, V] after each row's last new token, cache)``: ``tokens_bt``
     ``[B, T]`` (``T`` usually 1) continue each row at ``cache.lengths_b``; the

@@ -47,7 +47,7 @@ import orbax.checkpoint as ocp
 
 from depthbench import faults
 from depthbench.errors import ConfigError
-from depthbench.output_paths import _remove_settled
+from depthbench.output_paths import remove_settled
 from depthbench.rundir.integrity import write_integrity
 from depthbench.rundir.names import DAMAGED_SUFFIX, INTEGRITY_FILE
 from depthbench.rundir.restore import finished_steps, newest_intact
@@ -265,4 +265,4 @@ class Checkpoints:
                 logging.getLogger("absl").removeFilter(_QUIET)
                 if self.main:  # every save has ended: a temporary directory left is a failed one
                     for tmp in self.directory.glob(f"*{TMP_SUFFIX}*"):
-                        _remove_settled(tmp)
+                        remove_settled(tmp)

@@ -18,7 +18,7 @@ differs between pretraining and fine-tuning is asked of its inputs:
 
 :class:`CorpusInputs` is pretraining: windows of a tokenised corpus and a
 fresh initialisation from the seed.  Fine-tuning's are
-``depthbench.finetune.inputs.FinetuneInputs``.
+``depthbench.finetune.trainer.FinetuneInputs``.
 """
 
 from __future__ import annotations

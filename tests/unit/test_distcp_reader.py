@@ -1,4 +1,4 @@
-"""The distributed-checkpoint reader trusts no pickle (importers/distcp.py, safe_unpickle.py).
+"""The distributed-checkpoint reader trusts no pickle (formats/olmo: distcp, torch_save, unpickle).
 
 A ``.metadata`` or a tensor archive that names anything outside torch's
 checkpoint classes is one line naming it, exit 2, with nothing run and
@@ -20,7 +20,8 @@ import original_outputs as original
 import pytest
 
 from depthbench.cli import main as cli_main
-from depthbench.formats.olmo.distcp import DistCheckpoint, read_torch_save
+from depthbench.formats.olmo.distcp import DistCheckpoint
+from depthbench.formats.olmo.torch_save import read_torch_save
 from depthbench.formats.olmo.unpickle import Refused
 
 

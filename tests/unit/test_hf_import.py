@@ -155,7 +155,7 @@ HF_BAD = [
     ("header_only", lambda d: (d / "model.safetensors").write_bytes(
         (100).to_bytes(8, "little") + b"{"), "is not a readable safetensors file"),
     ("missing_config", lambda d: (d / "config.json").unlink(), "config.json does not exist"),
-    ("config_not_json", lambda d: (d / "config.json").write_text("{"), "is not valid JSON"),
+    ("config_not_json", lambda d: (d / "config.json").write_text("{"), "is not JSON ("),
     ("no_safetensors", lambda d: (d / "model.safetensors").unlink(), "holds no *.safetensors"),
 ]
 

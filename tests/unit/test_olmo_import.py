@@ -121,16 +121,17 @@ BAD = [
     ("missing_metadata", lambda s: (s / "model_and_optim" / ".metadata").unlink(),
      ".metadata does not exist"),
     ("missing_config", lambda s: (s / "config.json").unlink(), "config.json does not exist"),
-    ("config_not_json", lambda s: (s / "config.json").write_text("{model: "), "not valid JSON"),
+    ("config_not_json", lambda s: (s / "config.json").write_text("{model: "), "is not JSON"),
     ("unknown_block", lambda s: _edit_config(s, lambda m: m["block"].update(name="normalized")),
      "'normalized' is not a design the original trained"),
     ("mhc_static", lambda s: _edit_config(s, _mhc_static), "'mhc_static' is not one of"),
     ("qk_norm", lambda s: _edit_config(s, lambda m: m["block"]["sequence_mixer"].update(
         qk_norm={"name": "rms"})), "qk_norm"),
     ("depth_mismatch", lambda s: _edit_config(s, lambda m: m.update(n_layers=3)),
-     "lacks tensor model.blocks.2"),
+     "model.n_layers is 3; the checkpoint holds 2 blocks"),
     ("width_mismatch", lambda s: _edit_config(s, lambda m: m.update(d_model=48)),
-     "has shape"),
+     "model.vocab_size x model.d_model is 61 x 48; the checkpoint's embeddings.weight is "
+     "61 x 32"),
     ("a_depthbench_run", lambda s: _edit_config(s, lambda m: m.update(family="pre_ln")),
      "is a depthbench run directory (its config.json names model.family), not an OLMo-core "
      "checkpoint"),

@@ -167,6 +167,22 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
+def _drop_late_io_callbacks(previous):
+    """A ``sys.unraisablehook`` that drops one kind of noise: a tensorstore read
+    finishing after the asyncio loop that issued it was closed (Orbax closes it
+    when a restore fails) reports ``RuntimeError: Event loop is closed`` as an
+    unraisable error, seven lines of traceback around the one line that already
+    said why the restore failed.  Anything else goes to ``previous``."""
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, RuntimeError) and str(
+                unraisable.exc_value) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    return hook
+
+
 def entry() -> None:
     """Console-script entry point (and ``python -m depthbench``): host-memory
     settings first, before jax starts any thread (:mod:`depthbench.hostmem`; by
@@ -175,4 +191,9 @@ def entry() -> None:
     (:mod:`depthbench.cpu_dots`), then :func:`main`."""
     hostmem.apply_or_exit("depthbench")
     cpu_dots.apply_or_exit("depthbench")
-    sys.exit(main())
+    sys.unraisablehook = _drop_late_io_callbacks(sys.unraisablehook)
+    code = main()
+    if code == EXIT_BAD_INPUT:  # its one line said why; background work it abandoned (an
+        # Orbax restore's reads) is collected at exit, and says nothing worth a traceback
+        sys.unraisablehook = lambda unraisable: None
+    sys.exit(code)

@@ -27,8 +27,12 @@ files.  Supported: any config without a ``rope_scaling`` (or
 (identical logits).  Anything the backbone does not compute (rope scaling,
 biases, another activation, a ``head_dim`` other than ``hidden_size /
 num_attention_heads``) is one line.  Only local paths, and only regular files
-inside the checkpoint directory (:mod:`depthbench.confine`); safetensors are
-read without torch (bfloat16 through ``ml_dtypes``).
+inside the checkpoint directory (:mod:`depthbench.confine`: the index's
+``weight_map`` and the tokenizer files too); config.json is read within the
+JSON bounds and field by field (:class:`_Fields`), and its shape is checked
+against the tensors the safetensors headers declare before anything is built
+or read (:func:`check_declared`); safetensors are read without torch
+(bfloat16 through ``ml_dtypes``).
 
 ``export-hf`` writes a baseline run's newest intact checkpoint as
 ``model.safetensors`` (fp32, written without torch), ``config.json`` (a
@@ -42,6 +46,7 @@ Llama does not: export-olmo writes those in the original's format.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -53,8 +58,8 @@ from depthbench.formats import run_writer
 from depthbench.rundir.names import TOKENIZER_FILES
 
 WEIGHTS = "model.safetensors"
-TOKENIZER_LIMIT = 1 << 30  # bytes of one tokenizer file copied by an export
 INDEX = "model.safetensors.index.json"
+HEADER_LIMIT = 100 << 20  # bytes of a safetensors header (the safetensors library's own cap)
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
 
@@ -68,50 +73,109 @@ def read_hf_config(src: Path) -> dict:
         "*.safetensors")
 
 
-def _rope_theta(hf: dict, where: Path) -> float:
+class _Fields:
+    """Typed reads of a Hugging Face config.json, each failure one line naming
+    the field and what it may be."""
+
+    def __init__(self, data: dict, where: Path, prefix: str = ""):
+        self.data, self.where, self.prefix = data, where, prefix
+
+    def fail(self, name: str, allowed: str) -> ConfigError:
+        return ConfigError(f"import-hf: {self.where}: {self.prefix}{name} must be {allowed}, "
+                           f"got {str(self.data.get(name))[:40]}")
+
+    def get(self, name: str, kinds: type | tuple[type, ...], allowed: str, default: Any = None,
+            ok=lambda value: True) -> Any:
+        value = self.data.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) != (kinds is bool) or not isinstance(value, kinds) or not ok(
+                value):
+            raise self.fail(name, allowed)
+        return value
+
+    def count(self, name: str, default: int | None = None) -> int:
+        value = self.get(name, int, "an integer >= 1", default, lambda v: v >= 1)
+        if value is None:
+            raise ConfigError(f"import-hf: {self.where}: missing integer field {name!r}")
+        return value
+
+    def positive(self, name: str, default: float) -> float:
+        return float(self.get(name, (int, float), "a positive number", default,
+                              lambda v: math.isfinite(v) and v > 0))
+
+    def section(self, name: str) -> _Fields:
+        return _Fields(self.get(name, dict, "an object (or null)", {}), self.where,
+                       f"{self.prefix}{name}.")
+
+
+def _rope_theta(hf: _Fields) -> float:
     """rope_theta from a transformers 4 (``rope_theta``/``rope_scaling``) or 5
     (``rope_parameters``) config; any scaling is refused."""
-    scaling = hf.get("rope_scaling") or {}
-    params = hf.get("rope_parameters") or {}
-    kinds = [scaling.get("rope_type", scaling.get("type"))] if scaling else []
-    kinds += [params.get("rope_type", "default")] if params else []
+    scaling, params = hf.section("rope_scaling"), hf.section("rope_parameters")
+    kinds = [scaling.get("rope_type", str, "text", scaling.get("type", str, "text"))
+             ] if scaling.data else []
+    kinds += [params.get("rope_type", str, "text", "default")] if params.data else []
     for kind in kinds:
         if kind != "default":
-            raise ConfigError(f"import-hf: {where}: rope_scaling of type {kind!r} is not "
+            raise ConfigError(f"import-hf: {hf.where}: rope_scaling of type {kind!r} is not "
                               "supported (only unscaled RoPE: rope_scaling null or rope_type "
                               "'default')")
-    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    return params.positive("rope_theta", hf.positive("rope_theta", 10000.0))
 
 
 def model_fields(hf: dict, where: Path) -> dict[str, Any]:
-    """The depthbench model fields of a Llama config (ConfigError if unsupported)."""
-    arch = hf.get("architectures") or []
-    if hf.get("model_type") != "llama" and "LlamaForCausalLM" not in arch:
-        raise ConfigError(f"import-hf: {where}: model_type {hf.get('model_type')!r} is not "
+    """The depthbench model fields of a Llama config (ConfigError if unsupported),
+    every field it reads checked for its type and range."""
+    f = _Fields(hf, where)
+    arch = f.get("architectures", list, "a list of class names", [],
+                 lambda v: all(isinstance(a, str) for a in v))
+    model_type = f.get("model_type", str, "text")
+    if model_type != "llama" and "LlamaForCausalLM" not in arch:
+        raise ConfigError(f"import-hf: {where}: model_type {model_type!r} is not "
                           "supported; allowed: llama (LlamaForCausalLM)")
-    required = ("hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "vocab_size")
-    missing = [k for k in required if not isinstance(hf.get(k), int)]
-    if missing:
-        raise ConfigError(f"import-hf: {where}: missing integer field {missing[0]!r}")
-    d, n = hf["hidden_size"], hf["num_attention_heads"]
-    kv = hf.get("num_key_value_heads") or n
-    act = hf.get("hidden_act", "silu")
+    d, n = f.count("hidden_size"), f.count("num_attention_heads")
+    depth, d_ff, vocab = (f.count(k) for k in ("num_hidden_layers", "intermediate_size",
+                                               "vocab_size"))
+    kv = f.count("num_key_value_heads", n)
+    act = f.get("hidden_act", str, "text", "silu")
     if act != "silu":
         raise ConfigError(f"import-hf: {where}: hidden_act {act!r} is not supported; allowed: silu")
     for flag in ("attention_bias", "mlp_bias"):
-        if hf.get(flag):
+        if f.get(flag, bool, "true or false", False):
             raise ConfigError(f"import-hf: {where}: {flag}=true is not supported (the backbone "
                               "has no biases)")
-    if d % n or (hf.get("head_dim") not in (None, d // n)):
-        raise ConfigError(f"import-hf: {where}: head_dim {hf.get('head_dim')} must equal "
+    head_dim = f.get("head_dim", int, "an integer", d // n)
+    if d % n or head_dim != d // n:
+        raise ConfigError(f"import-hf: {where}: head_dim {head_dim} must equal "
                           f"hidden_size / num_attention_heads = {d}/{n}")
     if n % kv:
         raise ConfigError(f"import-hf: {where}: num_key_value_heads {kv} must divide "
                           f"num_attention_heads {n}")
-    return {"depth": hf["num_hidden_layers"], "d_model": d, "d_ff": hf["intermediate_size"],
-            "n_heads": n, "n_kv_heads": kv, "vocab_size": hf["vocab_size"],
-            "norm_eps": float(hf.get("rms_norm_eps", 1e-6)), "rope_theta": _rope_theta(hf, where)}
+    return {"depth": depth, "d_model": d, "d_ff": d_ff, "n_heads": n, "n_kv_heads": kv,
+            "vocab_size": vocab, "norm_eps": f.positive("rms_norm_eps", 1e-6),
+            "rope_theta": _rope_theta(f)}
+
+
+def import_record(hf: dict, where: Path, vocab_size: int) -> dict[str, Any]:
+    """What import-hf takes from config.json beside the model: the training length
+    (``max_len``), ``tied``, the special tokens' ids (``tokenizer``: the first
+    of a list) and what it records; each field checked."""
+    f = _Fields(hf, where)
+    max_len = run_writer.length(hf.get("max_position_embeddings"),
+                                f"import-hf: {where}: max_position_embeddings", 2048)
+    tied = f.get("tie_word_embeddings", bool, "true or false", False)
+    ids = {}
+    for kind in ("eos", "bos", "pad"):
+        value = hf.get(f"{kind}_token_id")
+        value = value[0] if isinstance(value, list) and value else value
+        ids[kind] = run_writer.token_id(value, f"import-hf: {where}: {kind}_token_id",
+                                        vocab_size)
+    dtype = f.get("torch_dtype", str, "text", f.get("dtype", str, "text"))
+    return {"max_len": max_len, "tied": tied, "tokenizer": ids,
+            "record": {"architectures": f.get("architectures", list, "a list"),
+                       "tie_word_embeddings": tied, "torch_dtype": dtype,
+                       "max_position_embeddings": hf.get("max_position_embeddings")}}
 
 
 # ------------------------------------------------------------ tensor map
@@ -176,29 +240,28 @@ def _safetensor_files(src: Path) -> list[Path]:
         names = sorted(set(_weight_map(index).values()))
         files = [confine.member(src, name, f"import-hf: {index}: weight_map") for name in names]
     else:
-        files = sorted(p for p in src.glob("*.safetensors") if not p.is_symlink())
-        links = sorted(p for p in src.glob("*.safetensors") if p.is_symlink())
-        if links:
-            raise ConfigError(f"import-hf: {links[0]} is a symbolic link; links are not "
-                              "followed out of a checkpoint (copy the file in)")
+        files = sorted(src.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"import-hf: {src} holds no *.safetensors (pytorch_model.bin is not "
                           "read: it needs torch; re-save with safe_serialization=True)")
     for f in files:
-        if not f.exists():
+        if not f.exists() and not f.is_symlink():
             raise ConfigError(f"import-hf: {f} (listed in {INDEX}) is missing")
         if not confine.is_regular(f):
-            raise ConfigError(f"import-hf: {f} is not a regular file")
+            why = "a symbolic link; links are not followed out of a checkpoint (copy the " \
+                "file in)" if f.is_symlink() else "not a regular file"
+            raise ConfigError(f"import-hf: {f} is {why}")
     return files
 
 
 def _weight_map(index: Path) -> dict[str, str]:
     """``weight_map`` of the safetensors index: tensor name -> file name."""
+    from depthbench.rundir.io import read_json
+
     try:
-        data = json.loads(confine.read_bytes(index, 1 << 26, f"import-hf: {INDEX}"))
-    except (ValueError, RecursionError) as e:
-        raise ConfigError(f"import-hf: {index} is not valid JSON "
-                          f"({' '.join(str(e).split())[:120]})") from None
+        data = read_json(index)
+    except ConfigError as e:
+        raise ConfigError(f"import-hf: {e}") from None
     weights = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weights, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weights.items()):
@@ -209,12 +272,17 @@ def _weight_map(index: Path) -> dict[str, str]:
 
 def _read_bf16(path: Path, name: str) -> np.ndarray:
     """A BF16 tensor (numpy has no bfloat16) via the documented file layout:
-    8-byte little-endian header size, JSON header, then the raw buffer."""
+    8-byte little-endian header size, JSON header, then the raw buffer (the
+    header and the offsets already checked by ``safe_open``)."""
     import ml_dtypes
 
-    with open(path, "rb") as f:
+    from depthbench.rundir.io import loads
+
+    with confine.open_regular(path, "import-hf") as f:
         size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
+        if size > HEADER_LIMIT:
+            raise ValueError(f"a header of {size:,} bytes")
+        header = loads(f.read(size), path)
     info = header[name]
     start, end = info["data_offsets"]
     raw = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + size + start, shape=(end - start,))
@@ -231,32 +299,52 @@ def _safetensors():
     return safe_open, SafetensorError
 
 
-def read_tensors(src: Path, *, progress: bool = False) -> dict[str, np.ndarray]:
-    """Every tensor of the checkpoint as fp32 numpy (no torch).  A file that is
-    not a readable safetensors file (truncated, garbage) is a ConfigError."""
+def _each_tensor(files: list[Path], read: bool, progress: bool = False):
+    """``(name, shape, array or None)`` of every tensor in ``files`` (``read``: the
+    array as fp32 numpy, no torch; else only what the header declares, which
+    ``safe_open`` has checked against the file's size).  A file that is not a
+    readable safetensors file (truncated, garbage) is a ConfigError."""
     from tqdm import tqdm
 
     safe_open, safetensor_error = _safetensors()
-    out = {}
-    files = _safetensor_files(src)
     for path in tqdm(files, desc="reading safetensors", unit="file",
                      disable=not progress or len(files) < 2):
         try:
             with safe_open(str(path), framework="numpy") as f:
                 for name in f.keys():
                     dtype = f.get_slice(name).get_dtype()
-                    if dtype in _DTYPES:
-                        out[name] = f.get_tensor(name).astype(np.float32)
+                    if dtype not in (*_DTYPES, "BF16"):
+                        raise TypeError(f"tensor {name} has dtype {dtype}; allowed: F32, F16, "
+                                        "BF16, F64")
+                    if not read:
+                        yield name, tuple(f.get_slice(name).get_shape()), None
                     elif dtype == "BF16":
-                        out[name] = _read_bf16(path, name).astype(np.float32)
+                        yield name, None, _read_bf16(path, name).astype(np.float32)
                     else:
-                        raise ConfigError(f"import-hf: {path}: tensor {name} has dtype {dtype}; "
-                                          "allowed: F32, F16, BF16, F64")
+                        yield name, None, f.get_tensor(name).astype(np.float32)
+        except TypeError as e:
+            raise ConfigError(f"import-hf: {path}: {e}") from None
         except (safetensor_error, OSError, ValueError, KeyError) as e:
             why = " ".join(str(e).split())[:160] or type(e).__name__
             raise ConfigError(f"import-hf: {path} is not a readable safetensors file "
                               f"({why})") from None
-    return out
+
+
+def read_tensors(src: Path, *, progress: bool = False) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint as fp32 numpy (no torch)."""
+    return {name: x for name, _, x in _each_tensor(_safetensor_files(src), True, progress)}
+
+
+def check_declared(fields: dict[str, Any], tied: bool, src: Path, where: Path) -> None:
+    """config.json's shape against the tensors the checkpoint's headers declare,
+    before anything is built or read (:func:`run_writer.check_declared`)."""
+    present = {name.removeprefix("model."): shape
+               for name, shape, _ in _each_tensor(_safetensor_files(src), False)}
+    run_writer.check_declared(
+        fields, present, tied=tied, block=r"layers\.(\d{1,9})\.", embed="embed_tokens.weight",
+        where=f"import-hf: {where}", names={
+            "depth": "num_hidden_layers", "d_model": "hidden_size", "vocab_size": "vocab_size",
+            "d_ff": "intermediate_size"})
 
 
 def convert(tensors: dict[str, np.ndarray], fields: dict[str, Any], tied: bool, where: Path
@@ -348,27 +436,21 @@ def import_hf(src: str | Path, out: str | Path, *, progress: bool = True) -> dic
     out = output_paths.check_out(out, "import-hf")
     _safetensors()  # before any work: the one line naming the extra
     hf = read_hf_config(src)
-    fields = model_fields(hf, src / "config.json")
+    where = src / "config.json"
+    fields = model_fields(hf, where)
+    extra = import_record(hf, where, fields["vocab_size"])
+    files = {name: path for name in TOKENIZER_FILES
+             if (path := confine.regular_file(src, name, f"import-hf: {name}")) is not None}
+    check_declared(fields, extra["tied"], src, where)
     from depthbench.model.residual.protocol import registry
 
     # A LLaMA decoder is the baseline family, the plain backbone.
     config = run_writer.run_config("import-hf", registry.baseline(), fields, {},
-                                   int(hf.get("max_position_embeddings") or 2048))
-    tied = bool(hf.get("tie_word_embeddings", False))
-    params_np = convert(read_tensors(src, progress=progress), fields, tied, src)
-
-    def first(x):
-        return x[0] if isinstance(x, list) and x else x
-
-    eos, bos, pad = (first(hf.get(k)) for k in ("eos_token_id", "bos_token_id", "pad_token_id"))
-    record = {"source": str(src), "architectures": hf.get("architectures"),
-              "tie_word_embeddings": tied, "torch_dtype": hf.get("torch_dtype", hf.get("dtype")),
-              "max_position_embeddings": hf.get("max_position_embeddings")}
-    files = {name: path for name in TOKENIZER_FILES
-             if (path := confine.regular_file(src, name, f"import-hf: {name}")) is not None}
-    return run_writer.write_run(out, config, params_np, source=("hf", record), files=files,
-                                tokenizer={"eos": eos, "bos": bos, "pad": pad},
-                                optimizer_state=True)
+                                   extra["max_len"])
+    params_np = convert(read_tensors(src, progress=progress), fields, extra["tied"], src)
+    return run_writer.write_run(out, config, params_np,
+                                source=("hf", {"source": str(src), **extra["record"]}),
+                                files=files, tokenizer=extra["tokenizer"], optimizer_state=True)
 
 
 def _save_file():
@@ -419,7 +501,7 @@ def export_hf(run_dir: str | Path, out: str | Path, *, progress: bool = True) ->
         config = llama_config(run.spec, int(run.config.train.seq_len), run.resolved)
         (work / "config.json").write_text(json.dumps(config, indent=1))
         for name, src in files.items():
-            (work / name).write_bytes(confine.read_bytes(src, TOKENIZER_LIMIT, what))
+            confine.copy_file(src, work / name, run_writer.TOKENIZER_LIMIT, f"{what}: {name}")
         if tok_config is not None:
             (work / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=1))
     return {"step": loaded.step, "tensors": len(tensors),

@@ -13,34 +13,101 @@ The directory is built aside and renamed into place only once complete
 parameters arrive as a nested dict of host (numpy) arrays and are moved to
 the devices one leaf at a time, each host copy dropped as soon as its device
 copy exists, so the import never holds two copies of the model.
+
+What an import takes from the checkpoint's own config is checked here for
+both importers: its ``config.json`` is read within the bounds every JSON
+reader keeps (:func:`depthbench.rundir.io.read_json`: a regular file inside
+the checkpoint, its size and nesting capped), its shape against the
+tensors the checkpoint holds before anything is built from it
+(:func:`check_declared`), a training length within :data:`MAX_LENGTH`
+tokens (:func:`length`), a special token an id inside the vocabulary
+(:func:`token_id`); the tokenizer files are copied by
+:func:`depthbench.confine.copy_file` (regular files, at most
+:data:`TOKENIZER_LIMIT` bytes each).
 """
 
 from __future__ import annotations
 
-import json
-import shutil
+import math
+import re
 from pathlib import Path
 from typing import Any
 
+from depthbench import confine
 from depthbench.config import base_config, validate
 from depthbench.errors import ConfigError
 from depthbench.output_paths import built_aside
+from depthbench.rundir.io import read_json
+
+MAX_LENGTH = 1 << 24  # tokens of a training length an import records (16.8M)
+TOKENIZER_LIMIT = 1 << 30  # bytes of one tokenizer file copied by an import or an export
 
 
 def read_source_config(src: Path, command: str, expected: str) -> dict:
     """``src/config.json`` of the checkpoint being imported, as a dict; ConfigError
     (one line) if it is missing (``expected`` says what ``src`` should be), not
-    JSON, or not a JSON object."""
-    path = src / "config.json"
-    if not path.is_file():
-        raise ConfigError(f"{command}: {path} does not exist (expected {expected})")
+    a regular file of the checkpoint's own, too large, not JSON, or not a JSON
+    object."""
+    path = confine.member(src, "config.json", f"{command}: config.json")
     try:
-        saved = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{command}: {path} is not valid JSON ({e})") from None
-    if not isinstance(saved, dict):
-        raise ConfigError(f"{command}: {path} is not a JSON object")
+        saved = read_json(path)
+    except ConfigError as e:  # DamagedFile: "<path>: <what is wrong>"
+        raise ConfigError(f"{command}: {e}") from None
+    if saved is None:
+        raise ConfigError(f"{command}: {path} does not exist (expected {expected})")
     return saved
+
+
+def check_declared(fields: dict[str, Any], present: dict[str, tuple[int, ...]], *, tied: bool,
+                   block: str, embed: str, names: dict[str, str], where: str) -> None:
+    """A checkpoint config's shape (``fields``: depth, d_model, d_ff, n_heads,
+    n_kv_heads, vocab_size) against the tensors the checkpoint holds
+    (``present``: name -> shape), before a model, a tensor list or an array is
+    built from it: as many blocks as it says (``block``: the pattern of a
+    block's tensor names, its index the group), the embedding (``embed``) of
+    ``[vocab_size, d_model]``, and no more backbone parameters than the
+    checkpoint holds elements.  ``names``: each field's name in the config;
+    ``where``: the line's start."""
+    blocks = {int(m.group(1)) for key in present if (m := re.match(block, key))}
+    depth, d, vocab = fields["depth"], fields["d_model"], fields["vocab_size"]
+    if len(blocks) != depth or (blocks and max(blocks) != depth - 1):
+        raise ConfigError(f"{where}: {names['depth']} is {depth:,}; the checkpoint holds "
+                          f"{len(blocks)} blocks, numbered up to {max(blocks, default=-1)}")
+    shape = present.get(embed)
+    if shape != (vocab, d):
+        held = "absent" if shape is None else " x ".join(map(str, shape))
+        raise ConfigError(f"{where}: {names['vocab_size']} x {names['d_model']} is {vocab:,} x "
+                          f"{d:,}; the checkpoint's {embed} is {held}")
+    kv_width = fields["n_kv_heads"] * (d // fields["n_heads"])
+    implied = depth * (2 * d * d + 2 * d * kv_width + 3 * d * fields["d_ff"]) + vocab * d * (
+        1 if tied else 2)
+    held = sum(math.prod(shape) for shape in present.values())
+    if implied > held:
+        raise ConfigError(f"{where}: {names['d_ff']} {fields['d_ff']:,} with its other widths "
+                          f"declares {implied:,} backbone parameters; the checkpoint holds "
+                          f"{held:,} elements")
+
+
+def length(value: Any, field: str, default: int) -> int:
+    """A training length from a checkpoint's config (``field``: where), ``default``
+    when absent: a positive integer up to :data:`MAX_LENGTH`."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_LENGTH:
+        raise ConfigError(f"{field} must be an integer from 1 to {MAX_LENGTH:,} (tokens), got "
+                          f"{str(value)[:40]}")
+    return value
+
+
+def token_id(value: Any, field: str, vocab_size: int) -> int | None:
+    """A special token's id from a checkpoint's config (``field``: where): None
+    when absent or negative (none), else an integer below ``vocab_size``."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value < 0):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value >= vocab_size:
+        raise ConfigError(f"{field} must be a token id from 0 to {vocab_size - 1} (or null), "
+                          f"got {str(value)[:40]}")
+    return value
 
 
 def run_config(name: str, family: str, model_fields: dict[str, Any], residual: dict[str, Any],
@@ -146,7 +213,7 @@ def write_run(out: Path, config, params_np: dict, *, source: tuple[str, dict],
         raise AssertionError(f"converted tree {got} != model tree {want}")
     with built_aside(out, str(config.name)) as work:
         for name, src in files.items():
-            shutil.copy2(src, work / name)
+            confine.copy_file(src, work / name, TOKENIZER_LIMIT, f"{config.name}: {name}")
         params = _to_devices(params_np, setup.param_shardings)
         n_params = state_lib.param_count(params)
         meta = {"train_seconds": 0.0, "timed_tokens": 0, "wall_seconds": 0.0,

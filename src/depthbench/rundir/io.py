@@ -34,7 +34,11 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from depthbench import confine
 from depthbench.errors import ConfigError
+
+JSON_LIMIT = 1 << 26  # bytes of one JSON record or config read (a config is kilobytes)
+JSON_DEPTH = 64  # levels of nesting (a config has under ten)
 
 
 class DamagedFile(ConfigError):
@@ -108,33 +112,80 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write(path, json.dumps(obj, indent=1, default=str) + "\n")
 
 
-def _text(path: epath.Path) -> str | None:
-    """The file's text; None when it does not exist."""
+def _text(path: epath.Path, limit: int | None) -> str | None:
+    """The file's text (at most ``limit`` bytes: None, unbounded); None when it
+    does not exist."""
     try:
-        return path.read_text()
+        if is_local(path):
+            if not os.path.lexists(path):
+                return None
+            with confine.open_regular(path, "", limit) as f:
+                data = f.read() if limit is None else f.read(limit + 1)
+        else:
+            if limit is not None and path.exists() and path.stat().length > limit:
+                raise DamagedFile(path, f"holds {path.stat().length:,} bytes; at most "
+                                  f"{limit:,} are read")
+            data = path.read_bytes()
+        if limit is not None and len(data) > limit:
+            raise DamagedFile(path, f"holds more than {limit:,} bytes")
+        return data.decode()
     except FileNotFoundError:
         return None
     except UnicodeDecodeError:
         raise DamagedFile(path, "is not UTF-8 text") from None
+    except DamagedFile:
+        raise
+    except confine.Unreadable as e:  # a link, a FIFO, too big
+        raise DamagedFile(path, e.reason) from None
     except OSError as e:
         raise DamagedFile(path, f"cannot be read ({e.strerror or e})") from None
 
 
-def read_json(path: str | os.PathLike) -> dict | None:
-    """The JSON object in ``path``; None when there is no such file.
+def _depth(obj: Any) -> int:
+    """How deeply ``obj``'s lists and objects nest (iteratively: no recursion)."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, level)
+            if level <= JSON_DEPTH:
+                stack.extend((v, level + 1) for v in (node.values() if isinstance(node, dict)
+                                                      else node))
+    return deepest
 
-    Raises :class:`DamagedFile` when the file exists but is not a JSON object
-    (writers replace these files atomically, so that is damage, not a write
-    in progress)."""
-    path = as_path(path)
-    text = _text(path)
-    if text is None:
-        return None
+
+def loads(text: str | bytes, where: Any, *, position: bool = True) -> Any:
+    """The JSON document ``text`` (of the file ``where``); :class:`DamagedFile`
+    when it is not JSON (``position``: saying where) or nests deeper than
+    :data:`JSON_DEPTH` levels."""
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise DamagedFile(path, f"is not JSON ({e.msg}: line {e.lineno} column {e.colno})"
-                          ) from None
+        at = f": line {e.lineno} column {e.colno}" if position else ""
+        raise DamagedFile(where, f"is not JSON ({e.msg}{at})") from None
+    except RecursionError:
+        obj = None
+        deep = True
+    except UnicodeDecodeError:
+        raise DamagedFile(where, "is not UTF-8 text") from None
+    else:
+        deep = _depth(obj) > JSON_DEPTH
+    if deep:
+        raise DamagedFile(where, f"nests deeper than {JSON_DEPTH} levels")
+    return obj
+
+
+def read_json(path: str | os.PathLike, limit: int = JSON_LIMIT) -> dict | None:
+    """The JSON object in ``path``; None when there is no such file.
+
+    Raises :class:`DamagedFile` when the file exists but is not a JSON object
+    within the bounds (module docstring; writers replace these files
+    atomically, so that is damage, not a write in progress)."""
+    path = as_path(path)
+    text = _text(path, limit)
+    if text is None:
+        return None
+    obj = loads(text, path)
     if not isinstance(obj, dict):
         raise DamagedFile(path, f"holds a JSON {type(obj).__name__}, not an object")
     return obj
@@ -147,7 +198,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """The rows of a JSON-lines log under the torn-line rule (module docstring);
     [] when there is no such file."""
     path = as_path(path)
-    text = _text(path)
+    text = _text(path, None)  # a log grows with its run: no cap, each line bounded
     if text is None:
         return []
     lines = text.split("\n")  # the last item is "" when the file ends in a newline
@@ -157,11 +208,11 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
             continue
         torn = number == len(lines)  # the last line, and no newline after it
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
+            row = loads(line, path, position=False)
+        except DamagedFile as e:
             if torn:
                 break
-            raise DamagedFile(path, f"line {number} is not JSON ({e.msg})", rows) from None
+            raise DamagedFile(path, f"line {number} {e.reason}", rows) from None
         if not isinstance(row, dict):
             raise DamagedFile(path, f"line {number} holds a JSON {type(row).__name__}, not an "
                               "object", rows)

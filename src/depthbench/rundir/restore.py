@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from depthbench import confine
 from depthbench.errors import ConfigError
 from depthbench.rundir.integrity import check_integrity
 from depthbench.rundir.names import CHECKPOINT_DIR
@@ -37,10 +38,12 @@ class DamagedCheckpoints(ConfigError):
 
 
 def steps_on_disk(directory: Path) -> list[int]:
-    """Step directories present, whether or not Orbax can read them."""
+    """Step directories present, whether or not Orbax can read them (a name of
+    ASCII digits only: a step number)."""
     if not directory.is_dir():
         return []
-    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
+    return sorted(int(p.name) for p in directory.iterdir()
+                  if p.name.isascii() and p.name.isdigit() and len(p.name) < 19 and p.is_dir())
 
 
 def finished_steps(directory: Path) -> set[int]:
@@ -57,7 +60,11 @@ def one_line(e: BaseException) -> str:
 
 
 def step_problem(directory: Path, step: int, finished: set[int]) -> str | None:
-    """Why ``step`` cannot be trusted before reading it (None: it can)."""
+    """Why ``step`` cannot be trusted before reading it (None: it can): a step
+    is read only if it is a directory of the run's own (not a link out of it)
+    that matches its integrity record."""
+    if (directory / str(step)).is_symlink():
+        return "it is a symbolic link (a reader reads only what the run directory holds)"
     reason = check_integrity(directory / str(step))
     if reason is None and step not in finished:
         reason = "Orbax does not list it as a finished checkpoint"
@@ -147,8 +154,9 @@ def read_params(run_dir: Path, abstract_params: Any, step: int | None = None, *,
 
     A step may hold the full train state (item ``state``: only its
     parameters are read, the optimizer state is skipped) or only the
-    parameters (item ``params``, what a converted checkpoint holds)."""
-    directory = run_dir / CHECKPOINT_DIR
+    parameters (item ``params``, what a converted checkpoint holds).  The
+    run's ``checkpoints/`` is read only if it is its own, not a link."""
+    directory = confine.member(run_dir, CHECKPOINT_DIR, "RUN_DIR")
     if not directory.is_dir():
         raise ConfigError(f"RUN_DIR: {str(run_dir)!r} has no {CHECKPOINT_DIR}/ (was the "
                           "run started?)")
@@ -176,17 +184,49 @@ def _params_of(step_dir: Path, abstract_params: Any) -> Any:
         return _read_params(step_dir, abstract_params)
 
 
+def _shape_problem(stored: Any, abstract_params: Any) -> str | None:
+    """Where the parameter tree a step's metadata declares (``stored``) differs
+    from the one the run's config.json implies (None: nowhere): checked before
+    Orbax allocates anything, so a config.json that declares a larger model
+    than its checkpoint holds is one line, not a restore that fails half-way
+    (leaving I/O callbacks to a closed event loop)."""
+    import jax
+
+    def shapes(tree: Any) -> dict[str, tuple]:
+        leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))
+        return {jax.tree_util.keystr(path): tuple(x.shape) for path, x in leaves
+                if hasattr(x, "shape")}
+
+    have, want = shapes(stored), shapes(abstract_params)
+    for key in sorted(want):
+        if key not in have:
+            return f"it holds no parameter {key}, which config.json's model has"
+        if have[key] != want[key]:
+            return (f"it holds parameter {key} of shape {have[key]}, config.json's model "
+                    f"{want[key]}")
+    return None
+
+
 def _read_params(step_dir: Path, abstract_params: Any) -> Any:
     import orbax.checkpoint as ocp
 
-    if (step_dir / "params").is_dir():
+    item = step_dir / "params"
+    if not item.is_dir():
+        item = step_dir / "state"
+        if not item.is_dir():
+            raise ValueError(f"{step_dir} holds neither a 'params' nor a 'state' item")
+    with ocp.PyTreeCheckpointer() as ckptr:
+        stored = ckptr.metadata(item).item_metadata.tree
+    problem = _shape_problem(stored if item.name == "params" else stored.get("params", {}),
+                             abstract_params)
+    if problem is not None:
+        raise ValueError(problem)
+    if item.name == "params":
         with ocp.StandardCheckpointer() as ckptr:
-            return ckptr.restore(step_dir / "params", abstract_params)
-    if not (step_dir / "state").is_dir():
-        raise ValueError(f"{step_dir} holds neither a 'params' nor a 'state' item")
+            return ckptr.restore(item, abstract_params)
     wanted = {"params": abstract_params}
     args = ocp.args.PyTreeRestore(
         item=wanted, restore_args=ocp.checkpoint_utils.construct_restore_args(wanted),
         partial_restore=True)
     with ocp.PyTreeCheckpointer() as ckptr:
-        return ckptr.restore(step_dir / "state", args=args)["params"]
+        return ckptr.restore(item, args=args)["params"]

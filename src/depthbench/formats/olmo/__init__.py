@@ -6,7 +6,9 @@
   as a family and its fields, and written from a run;
 * :mod:`.weights`: where each checkpoint tensor goes in the parameters,
   and back;
-* :mod:`.distcp`: the torch distributed checkpoint, read without torch and
-  written by torch's own writer;
+* :mod:`.distcp`: the torch distributed checkpoint, read without torch
+  (everything its index declares checked first) and written by torch's own
+  writer;
+* :mod:`.torch_save`: one ``torch.save`` archive (a chunk), read without torch;
 * :mod:`.unpickle`: every pickle read with an allow-list, nothing it names run.
 """

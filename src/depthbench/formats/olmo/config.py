@@ -167,8 +167,9 @@ def read_model(saved: dict, options: dict[str, str] | None = None) -> OlmoModel:
         raise ConfigError(f"{WHAT}: config.json: model.block_overrides is not supported for a "
                           f"{name!r} block")
     norm_name = block.sub("layer_norm").opt("name") or "rms"
-    if norm_name not in ({cls.original_norm, "fused_rms"} if cls.original_norm == "rms" else
-                         {cls.original_norm}):
+    allowed = {cls.original_norm, "fused_rms"} if cls.original_norm == "rms" else {
+        cls.original_norm}
+    if not isinstance(norm_name, str) or norm_name not in allowed:
         raise ConfigError(f"{WHAT}: config.json: model.block.layer_norm.name {norm_name!r}: a "
                           f"{name!r} block needs {cls.original_norm!r}")
     reading = cls.from_original(block, saved, options or {})

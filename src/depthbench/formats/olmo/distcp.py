@@ -15,63 +15,85 @@ layout of ``torch.distributed.checkpoint``'s ``FileSystemWriter``:
   (a zip: ``data.pkl``, a pickle naming ``torch._utils._rebuild_tensor_v2``
   and a storage class, and ``data/<key>``, the raw little-endian storage).
 
-Both pickles are read by :mod:`~depthbench.formats.olmo.unpickle` with
-allow-lists of exactly these classes (``INDEX_CLASSES``, ``TENSOR_CLASSES``),
-mapped to stand-ins defined here: torch and olmo_core are never imported,
-and a pickle naming anything else (``os.system``) is one line naming it,
-with nothing run.  A tensor is rebuilt in numpy from its storage bytes, its
-offset and strides checked against the storage's size; sharded entries
-(FSDP) are assembled from their chunks.  :class:`DistCheckpoint` checks that
-every byte range of every model entry lies inside an existing file (a
-truncated or missing ``.distcp`` is found before anything is converted) and
-reads one entry at a time, so memory holds one tensor beyond what the caller
-keeps.  Checkpoints whose chunks are transformed (compressed) by a newer
-writer are refused in one line.
+The index is read by :mod:`~depthbench.formats.olmo.unpickle` with an
+allow-list of exactly these classes (``INDEX_CLASSES``), mapped to
+stand-ins defined here, each record through its declared, validated fields;
+each chunk by :mod:`~depthbench.formats.olmo.torch_save`: torch and
+olmo_core are never imported, and a pickle naming anything else
+(``os.system``) is one line naming it, with nothing run.  Sharded entries
+(FSDP) are assembled from their chunks.  Checkpoints whose chunks are
+transformed (compressed) by a newer writer are refused in one line.
+
+Nothing the index declares is believed before it is checked against what
+the directory holds, all when it is opened, before any tensor is read:
+
+* **confined**: ``.metadata`` and every data file it names are regular files
+  directly inside the directory (:mod:`depthbench.confine`);
+* **bounded**: ``.metadata`` is read only up to :data:`INDEX_LIMIT` bytes; a
+  chunk's elements times its dtype's size must fit in the bytes its record
+  gives it in its file (a ``torch.save`` archive stores its storage
+  uncompressed, beside at most :data:`ARCHIVE_SLACK` bytes of zip
+  structure), so no tensor declares more than the files hold; a chunk's
+  archive yields at most the bytes of its chunk;
+* **covered exactly**: the chunks of a tensor lie inside it, overlap
+  nowhere and together cover it (each element exactly once: a union of
+  boxes, not a sum of their sizes).
+
+:class:`DistCheckpoint` then reads one entry at a time, so memory holds one
+tensor beyond what the caller keeps.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
+import math
+import os
 import pickle
-import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from depthbench import confine
 from depthbench.errors import ConfigError
-from depthbench.formats.olmo.unpickle import Refused, int_tuple, loads, record
+from depthbench.formats.olmo.torch_save import BYTES_LIMIT, Window, dtypes, read_torch_save
+from depthbench.formats.olmo.unpickle import (
+    Constant,
+    Function,
+    Refused,
+    anything,
+    int_tuple,
+    loads,
+    record,
+)
 
 WHAT = "import-olmo"
 MODEL_PREFIX = "model."
+INDEX = ".metadata"
+
+INDEX_LIMIT = 16 << 20  # bytes of .metadata (a few hundred per chunk: 100,000 chunks)
+INDEX_OPS = 4_000_000  # its opcodes (torch's: ~0.4 a byte): a few hundred MB of objects at most
+ARCHIVE_SLACK = 64 << 10  # bytes of a chunk's archive beside its storage (torch's: ~1.6 KiB)
 
 _METADATA = "torch.distributed.checkpoint.metadata"
-_STORAGE_INFO = record("_StorageInfo")
 
 
-def _dtypes() -> dict[str, np.dtype]:
-    import ml_dtypes  # installed with jax
-
-    return {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
-            "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-            "int64": np.dtype(np.int64), "int32": np.dtype(np.int32),
-            "int16": np.dtype(np.int16), "int8": np.dtype(np.int8),
-            "uint8": np.dtype(np.uint8), "bool": np.dtype(np.bool_)}
+# ------------------------------------------------------------- field validators
 
 
-# torch's typed storage classes, as torch.save pickles them, and their dtypes.
-_STORAGES = {"FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",
-             "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
-             "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8",
-             "BoolStorage": "bool"}
+def _typed(kind: type | tuple[type, ...], what: str, optional: bool = False):
+    def check(value: Any) -> Any:
+        if (value is None and optional) or (isinstance(value, kind)
+                                            and not isinstance(value, bool)):
+            return value
+        raise pickle.UnpicklingError(f"{what} is a {type(value).__name__}")
+    return check
 
 
-@dataclasses.dataclass(frozen=True)
-class _Dtype:
-    """A torch dtype (``torch.float32``) or storage class (``torch.FloatStorage``)."""
-
-    name: str
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise pickle.UnpicklingError(f"a byte count is {str(value)[:40]}")
+    return value
 
 
 def _layout(name: Any) -> str:
@@ -95,86 +117,49 @@ def _path(*parts: Any) -> str:
     return "/".join(parts)
 
 
+_STORAGE_INFO = record("_StorageInfo", {
+    "relative_path": _typed(str, "a data file name"), "offset": _count, "length": _count,
+    "transform_descriptors": anything})
+_METADATA_RECORD = record("Metadata", {
+    "state_dict_metadata": _typed(dict, "state_dict_metadata"), "planner_data": anything,
+    "storage_data": _typed(dict, "storage_data", optional=True), "storage_meta": anything,
+    "version": anything})
+_TENSOR = record("TensorStorageMetadata", {
+    "properties": anything, "size": int_tuple, "chunks": _typed(list, "chunks")})
+_CHUNK = record("ChunkStorageMetadata", {"offsets": int_tuple, "sizes": int_tuple})
+_BYTES = record("BytesStorageMetadata")
+_INDEX_KEY = record("MetadataIndex", {
+    "fqn": _typed(str, "an entry name"), "offset": _typed(tuple, "a chunk offset", True),
+    "index": anything})
+_PROPERTIES = record("TensorProperties", {
+    "dtype": _typed(Constant, "a tensor's dtype"), "layout": anything,
+    "requires_grad": anything, "memory_format": anything, "pin_memory": anything},
+    positional=True)
+
 INDEX_CLASSES: dict[tuple[str, str], Any] = {
-    **{(_METADATA, name): record(name) for name in (
-        "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata",
-        "MetadataIndex", "StorageMeta")},
-    (_METADATA, "TensorProperties"): record(
-        "TensorProperties", ("dtype", "layout", "requires_grad", "memory_format", "pin_memory")),
-    (_METADATA, "_MEM_FORMAT_ENCODING"): _memory_format,
+    (_METADATA, "Metadata"): _METADATA_RECORD,
+    (_METADATA, "TensorStorageMetadata"): _TENSOR,
+    (_METADATA, "ChunkStorageMetadata"): _CHUNK,
+    (_METADATA, "BytesStorageMetadata"): _BYTES,
+    (_METADATA, "MetadataIndex"): _INDEX_KEY,
+    (_METADATA, "StorageMeta"): record("StorageMeta", dict.fromkeys(
+        ("checkpoint_id", "save_id", "load_id", "modules"), anything)),
+    (_METADATA, "TensorProperties"): _PROPERTIES,
+    (_METADATA, "_MEM_FORMAT_ENCODING"): Function("_MEM_FORMAT_ENCODING", _memory_format),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _STORAGE_INFO,
     # OLMo-core's writer pickles its own copy of the class (same fields).
     ("olmo_core.distributed.checkpoint.filesystem", "_StorageInfo"): _STORAGE_INFO,
-    ("torch", "Size"): int_tuple,
-    ("torch.serialization", "_get_layout"): _layout,
-    **{("pathlib", name): _path for name in ("Path", "PosixPath", "WindowsPath",
-                                             "PurePosixPath", "PureWindowsPath")},
-    **{("torch", name): _Dtype(name) for name in (
+    ("torch", "Size"): Function("torch.Size", int_tuple),
+    ("torch.serialization", "_get_layout"): Function("_get_layout", _layout),
+    **{("pathlib", name): Function(f"pathlib.{name}", _path) for name in (
+        "Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")},
+    **{("torch", name): Constant(name) for name in (
         "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8",
         "uint8", "bool")},
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class _Storage:
-    data: np.ndarray  # 1-D, the storage's dtype
-
-
-def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_: Any) -> np.ndarray:
-    """``torch._utils._rebuild_tensor_v2(storage, offset, size, stride, ...)`` as a
-    read-only numpy view, every element it addresses inside the storage."""
-    size, stride = int_tuple(size), int_tuple(stride)
-    if not isinstance(storage, _Storage) or not isinstance(offset, int) or len(size) != len(
-            stride):
-        raise pickle.UnpicklingError("a tensor record that is not (storage, offset, size, stride)")
-    data = storage.data
-    reach = sum((n - 1) * s for n, s in zip(size, stride, strict=True))
-    last = offset + reach if all(size) else offset - 1
-    if offset < 0 or last >= data.size:
-        raise pickle.UnpicklingError(f"a tensor reaches element {last} of a storage of "
-                                     f"{data.size}")
-    if not all(size):
-        return np.zeros(size, data.dtype)
-    view = np.lib.stride_tricks.as_strided(data[offset:], shape=size,
-                                           strides=[s * data.itemsize for s in stride])
-    view.flags.writeable = False
-    return view
-
-
-TENSOR_CLASSES: dict[tuple[str, str], Any] = {
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
-    ("collections", "OrderedDict"): dict,  # the (empty) backward hooks
-    **{("torch", name): _Dtype(dtype) for name, dtype in _STORAGES.items()},
-}
-
-
-def read_torch_save(blob: bytes) -> Any:
-    """The object in a ``torch.save`` archive (a zip), without torch: a tensor as a
-    numpy array, or plain Python data (the optimizer's ``param_groups``)."""
-    dtypes = _dtypes()
-    with zipfile.ZipFile(io.BytesIO(blob)) as archive:
-        names = archive.namelist()
-        pkl = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
-        if pkl is None:
-            raise pickle.UnpicklingError("no data.pkl in the archive")
-        prefix = pkl[: -len("data.pkl")]
-        order = (archive.read(prefix + "byteorder").decode() if prefix + "byteorder" in names
-                 else "little")
-        if order not in ("little", "big"):
-            raise pickle.UnpicklingError(f"byte order {order[:20]!r}")
-
-        def storage(pid: Any) -> _Storage:
-            if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
-                    and isinstance(pid[1], _Dtype) and isinstance(pid[2], str)):
-                raise pickle.UnpicklingError(f"persistent id {str(pid)[:60]}")
-            dtype = dtypes[pid[1].name].newbyteorder("<" if order == "little" else ">")
-            raw = archive.read(f"{prefix}data/{pid[2]}")
-            if len(raw) % dtype.itemsize:
-                raise pickle.UnpicklingError("a storage's size is not a whole number of items")
-            return _Storage(np.frombuffer(raw, dtype).astype(dtype.newbyteorder("="),
-                                                             copy=False))
-
-        return loads(archive.read(pkl), TENSOR_CLASSES, persistent_load=storage)
+# ----------------------------------------------------------------- the index
 
 
 def _one_line(e: BaseException) -> str:
@@ -187,8 +172,7 @@ def _refused(path: Path, what: str) -> ConfigError:
                        "hold: refused, nothing in it was run")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Chunk:
+class _Chunk(NamedTuple):
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
     file: str
@@ -196,22 +180,75 @@ class _Chunk:
     length: int
 
 
+class _Entry(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: str | None  # None: a bytes entry
+    chunks: list[_Chunk]
+
+
+def _box_overlap(chunks: list[_Chunk]) -> tuple[_Chunk, _Chunk] | None:
+    """Two chunks whose boxes share an element, if any (every pair, 256 rows at a time)."""
+    boxes = [c for c in chunks if all(c.sizes)]
+    n = len(boxes)
+    if n < 2:
+        return None
+    lo = np.array([c.offsets for c in boxes], dtype=np.int64).reshape(n, -1)
+    hi = lo + np.array([c.sizes for c in boxes], dtype=np.int64).reshape(n, -1)
+    for i in range(0, n, 256):
+        meet = np.all(np.maximum(lo[i:i + 256, None], lo[None]) <
+                      np.minimum(hi[i:i + 256, None], hi[None]), axis=-1)
+        meet &= np.arange(n)[None] > np.arange(i, min(i + 256, n))[:, None]  # each pair once
+        rows, cols = np.nonzero(meet)
+        if len(rows):
+            return boxes[i + rows[0]], boxes[cols[0]]
+    return None
+
+
+def cover_problem(shape: tuple[int, ...], chunks: list[_Chunk]) -> str | None:
+    """Why ``chunks`` do not cover a tensor of ``shape`` exactly once (None: they do):
+    each inside it, no two sharing an element, their sizes adding up to it."""
+    for c in chunks:
+        if len(c.offsets) != len(shape) or len(c.sizes) != len(shape):
+            return (f"the chunk at {c.offsets} has {len(c.sizes)} dimensions, the tensor "
+                    f"{len(shape)}")
+        if any(o + s > n for o, s, n in zip(c.offsets, c.sizes, shape, strict=True)):
+            return f"the chunk at {c.offsets} of {c.sizes} reaches past its shape {shape}"
+    pair = _box_overlap(chunks)
+    if pair is not None:
+        return f"its chunks at {pair[0].offsets} and {pair[1].offsets} overlap"
+    covered = sum(math.prod(c.sizes) for c in chunks)
+    if covered != math.prod(shape):
+        return f"its chunks cover {covered:,} of its {math.prod(shape):,} elements"
+    return None
+
+
 class DistCheckpoint:
-    """The entries of the distributed checkpoint in ``directory``."""
+    """The entries of the distributed checkpoint in ``directory`` (module
+    docstring: everything the index declares is checked when it is opened)."""
 
     def __init__(self, directory: Path):
         self.directory = directory
-        meta_path = directory / ".metadata"
-        if not meta_path.is_file():
-            raise ConfigError(f"{WHAT}: {meta_path} does not exist (expected a torch distributed "
-                              "checkpoint: .metadata and *.distcp)")
+        meta_path = confine.regular_file(directory, INDEX, f"{WHAT}: {INDEX}")
+        if meta_path is None:
+            raise ConfigError(f"{WHAT}: {directory / INDEX} does not exist (expected a torch "
+                              "distributed checkpoint: .metadata and *.distcp)")
+        raw = confine.read_bytes(meta_path, INDEX_LIMIT, f"{WHAT}: {INDEX}")
         try:
-            index = loads(meta_path.read_bytes(), INDEX_CLASSES)
-            entries = dict(index.state_dict_metadata)
-            storage = {(key.fqn, int_tuple(getattr(key, "offset", None) or ())): info
-                       for key, info in dict(getattr(index, "storage_data", None) or {}).items()}
-            self.entries = {fqn: self._entry(fqn, entry, storage) for fqn, entry in
-                            entries.items()}
+            index = loads(raw, INDEX_CLASSES, max_ops=INDEX_OPS)
+            del raw
+            if not isinstance(index, _METADATA_RECORD):
+                raise ValueError(f"the index is a {type(index).__name__}, not a Metadata")
+            storage = {}
+            for key, info in (index.storage_data or {}).items():
+                if not isinstance(key, _INDEX_KEY) or not isinstance(info, _STORAGE_INFO):
+                    raise ValueError("storage_data is not MetadataIndex -> _StorageInfo")
+                storage[(key.fqn, key.offset or ())] = info
+            known = dtypes()
+            self.entries = {}
+            for fqn, entry in (index.state_dict_metadata or {}).items():
+                if not isinstance(fqn, str):
+                    raise ValueError("an entry name is not text")
+                self.entries[fqn] = self._entry(fqn, entry, storage, known)
         except Refused as e:
             raise _refused(meta_path, e.what) from None
         except Exception as e:  # any other failure of an untrusted index means damaged
@@ -219,59 +256,83 @@ class DistCheckpoint:
                               f"({_one_line(e)})") from None
         # model tensors without the prefix: (shape, dtype name)
         self.tensors: dict[str, tuple[tuple[int, ...], str]] = {
-            fqn[len(MODEL_PREFIX):]: (entry[0], entry[1]) for fqn, entry in self.entries.items()
-            if fqn.startswith(MODEL_PREFIX) and entry[1] is not None}
+            fqn[len(MODEL_PREFIX):]: (entry.shape, entry.dtype)
+            for fqn, entry in self.entries.items()
+            if fqn.startswith(MODEL_PREFIX) and entry.dtype is not None}
         if not self.tensors:
             raise ConfigError(f"{WHAT}: {meta_path} lists no model.* tensors")
+        self._sizes: dict[str, int] = {}
         self._check_files([fqn for fqn in self.entries if fqn.startswith(MODEL_PREFIX)])
 
     @staticmethod
-    def _entry(fqn: str, entry: Any, storage: dict) -> tuple:
-        """``(shape, dtype name, [chunks])`` of a tensor entry; ``((), None, [chunk])``
-        of a bytes entry (``storage``: ``{(fqn, chunk offsets): _StorageInfo}``)."""
+    def _entry(fqn: str, entry: Any, storage: dict, known: dict[str, np.dtype]) -> _Entry:
+        """An entry of the index, its chunks' geometry and byte counts checked
+        (``storage``: ``{(fqn, chunk offsets): _StorageInfo}``)."""
 
-        def chunk(offsets: tuple[int, ...], sizes: tuple[int, ...]) -> _Chunk:
+        def chunk(offsets: tuple[int, ...], sizes: tuple[int, ...], nbytes: int | None
+                  ) -> _Chunk:
+            """``nbytes``: the data the chunk holds (None: a bytes entry's, up to
+            BYTES_LIMIT)."""
             info = storage.get((fqn, offsets))
             if info is None:
                 raise ValueError(f"no storage for {fqn} at {offsets}")
-            if getattr(info, "transform_descriptors", None):
+            if info.transform_descriptors:
                 raise ValueError(f"{fqn} is stored transformed "
                                  f"({info.transform_descriptors!r:.40}); not supported")
-            start, length = int(info.offset), int(info.length)
-            name = info.relative_path
-            if start < 0 or length < 0 or not isinstance(name, str) or Path(name).name != name:
+            name, start, length = info.relative_path, info.offset, info.length
+            if name is None or start is None or length is None or os.path.basename(
+                    name) != name or name in ("", ".", ".."):
                 raise ValueError(f"bad storage record for {fqn}")  # (a path out of the folder)
-            return _Chunk(offsets, sizes, info.relative_path, start, length)
+            if nbytes is None and length > BYTES_LIMIT + ARCHIVE_SLACK:
+                raise ValueError(f"{fqn} is a record of {length:,} bytes (at most "
+                                 f"{BYTES_LIMIT:,} are read)")
+            if nbytes is not None and not nbytes <= length <= nbytes + ARCHIVE_SLACK:
+                raise ValueError(f"{fqn}'s chunk at {offsets} declares {nbytes:,} bytes of "
+                                 f"data in a record of {length:,}")
+            return _Chunk(offsets, sizes, name, start, length)
 
-        if entry.kind == "BytesStorageMetadata":
-            return (), None, [chunk((), ())]
-        dtype = entry.properties.dtype
-        if entry.kind != "TensorStorageMetadata" or not isinstance(dtype, _Dtype):
-            raise ValueError(f"entry {fqn} is a {entry.kind}")
-        shape = int_tuple(entry.size)
-        return shape, dtype.name, [chunk(int_tuple(c.offsets), int_tuple(c.sizes))
-                                   for c in entry.chunks]
+        if isinstance(entry, _BYTES):
+            return _Entry((), None, [chunk((), (), None)])
+        if not isinstance(entry, _TENSOR) or not isinstance(entry.properties, _PROPERTIES) or (
+                entry.properties.dtype is None or entry.size is None or entry.chunks is None):
+            raise ValueError(f"entry {fqn} is not a TensorStorageMetadata with a dtype, a size "
+                             "and chunks")
+        dtype = entry.properties.dtype.name
+        if dtype not in known:
+            raise ValueError(f"entry {fqn} has dtype {dtype}")
+        shape = entry.size
+        chunks = []
+        for c in entry.chunks:
+            if not isinstance(c, _CHUNK) or c.offsets is None or c.sizes is None:
+                raise ValueError(f"a chunk of {fqn} is not a ChunkStorageMetadata")
+            chunks.append(chunk(c.offsets, c.sizes, math.prod(c.sizes) * known[dtype].itemsize))
+        why = cover_problem(shape, chunks)
+        if why is not None:
+            raise ValueError(f"entry {fqn} of shape {shape}: {why}")
+        return _Entry(shape, dtype, chunks)
 
     def _check_files(self, fqns: list[str]) -> None:
-        """Every chunk of every entry in ``fqns`` inside an existing data file."""
-        sizes: dict[str, int] = {}
+        """Every chunk of every entry in ``fqns`` inside an existing data file,
+        a regular file in the checkpoint's directory."""
         for fqn in fqns:
-            for c in self.entries[fqn][2]:
-                if c.file not in sizes:
-                    path = self.directory / c.file
-                    sizes[c.file] = path.stat().st_size if path.is_file() else -1
-                if sizes[c.file] < 0:
+            for c in self.entries[fqn].chunks:
+                if c.file not in self._sizes:
+                    path = confine.regular_file(self.directory, c.file,
+                                                f"{WHAT}: {INDEX}: a data file")
+                    self._sizes[c.file] = -1 if path is None else path.stat().st_size
+                if self._sizes[c.file] < 0:
                     raise ConfigError(f"{WHAT}: {self.directory / c.file} (listed in .metadata) "
                                       "is missing")
-                if c.start + c.length > sizes[c.file]:
+                if c.start + c.length > self._sizes[c.file]:
                     raise ConfigError(f"{WHAT}: {self.directory / c.file} is truncated: "
-                                      f"{sizes[c.file]} bytes, .metadata needs "
+                                      f"{self._sizes[c.file]} bytes, .metadata needs "
                                       f"{c.start + c.length} ({fqn})")
 
-    def _blob(self, c: _Chunk) -> bytes:
-        with open(self.directory / c.file, "rb") as f:
-            f.seek(c.start)
-            return f.read(c.length)
+    def _read_chunk(self, c: _Chunk, storage_limit: int) -> Any:
+        path = self.directory / c.file
+        with confine.open_regular(path, f"{WHAT}: {INDEX}: a data file") as f:
+            return read_torch_save(io.BufferedReader(Window(f, c.start, c.length)),
+                                   storage_limit)
 
     def entry(self, fqn: str) -> Any:
         """Entry ``fqn`` (``model.*`` or ``optim.*``): a tensor as numpy in its stored
@@ -282,25 +343,25 @@ class DistCheckpoint:
         path = self.directory / chunks[0].file
         try:
             if dtype is None:
-                return read_torch_save(self._blob(chunks[0]))
+                return self._read_chunk(chunks[0], BYTES_LIMIT)
+            want = dtypes()[dtype]
             out = None
             for c in chunks:
-                part = read_torch_save(self._blob(c))
+                part = self._read_chunk(c, math.prod(c.sizes) * want.itemsize)
                 if not isinstance(part, np.ndarray) or part.shape != c.sizes or str(
-                        part.dtype) != str(_dtypes()[dtype]):
+                        part.dtype) != str(want):
                     raise ValueError(f"chunk at {c.offsets} is not a {dtype} tensor of "
                                      f"shape {c.sizes}")
-                if len(chunks) == 1 and c.sizes == shape:
+                if len(chunks) == 1:
                     return part
-                if out is None:
-                    out = np.zeros(shape, part.dtype)
-                box = zip(c.offsets, c.sizes, strict=True)
-                out[tuple(slice(o, o + s) for o, s in box)] = part
-            if out is None or sum(int(np.prod(c.sizes)) for c in chunks) != out.size:
-                raise ValueError("its chunks do not cover the tensor")
-            return out
+                if out is None:  # its chunks cover it exactly (checked when opened)
+                    out = np.empty(shape, part.dtype)
+                out[tuple(slice(o, o + s) for o, s in zip(c.offsets, c.sizes, strict=True))] = part
+            return np.zeros(shape, want) if out is None else out
         except Refused as e:
             raise _refused(path, e.what) from None
+        except ConfigError:
+            raise
         except Exception as e:
             raise ConfigError(f"{WHAT}: {path}: entry {fqn} cannot be read, the checkpoint is "
                               f"damaged ({_one_line(e)})") from None

@@ -52,7 +52,6 @@ from depthbench.rundir.names import TOKENIZER_FILES
 
 CHECKPOINT_DIR = "model_and_optim"
 EXPORT = "export-olmo"
-TOKENIZER_LIMIT = 1 << 30  # bytes of one tokenizer file copied by an export
 
 
 def model_of(config):
@@ -94,11 +93,23 @@ def tokenizer_files(step: Path) -> dict[str, Path]:
 
 
 def _seq_len(saved: dict) -> int:
+    """The training length config.json records (2048 when it records none)."""
     for section, key in (("dataset", "sequence_length"), ("train_module", "max_sequence_length")):
-        value = (saved.get(section) or {}).get(key)
-        if isinstance(value, int) and value > 0:
-            return value
+        part = saved.get(section)
+        value = part.get(key) if isinstance(part, dict) else None
+        if value is not None:
+            return run_writer.length(value, f"{WHAT}: config.json: {section}.{key}", 2048)
     return 2048
+
+
+def _token_ids(saved: dict, vocab_size: int) -> dict[str, int | None]:
+    """``eos``/``bos``/``pad`` ids of ``dataset.tokenizer`` (each checked)."""
+    dataset = saved.get("dataset")
+    tok = dataset.get("tokenizer") if isinstance(dataset, dict) else None
+    tok = tok if isinstance(tok, dict) else {}
+    return {kind: run_writer.token_id(tok.get(f"{kind}_token_id"), f"{WHAT}: config.json: "
+                                      f"dataset.tokenizer.{kind}_token_id", vocab_size)
+            for kind in ("eos", "bos", "pad")}
 
 
 def _val_tokens(path: str | None, vocab_size: int) -> tuple[str, int]:
@@ -136,16 +147,21 @@ def import_olmo(step_dir: str | Path, out: str | Path, *, progress: bool = True,
     out = output_paths.check_out(out, WHAT)
     saved = read_config(step)
     model = read_model(saved, options)
+    seq_len, ids = _seq_len(saved), _token_ids(saved, model.model_fields["vocab_size"])
     val = _val_tokens(val_tokens, model.model_fields["vocab_size"])
-    ckpt = DistCheckpoint(step / CHECKPOINT_DIR)
+    ckpt = DistCheckpoint(confine.member(step, CHECKPOINT_DIR, f"{WHAT}: {CHECKPOINT_DIR}"))
+    present = {key: shape for key, (shape, _) in ckpt.tensors.items()}
+    run_writer.check_declared(
+        model.model_fields, present, tied=model.tied, block=r"blocks\.(\d{1,9})\.",
+        embed="embeddings.weight", where=f"{WHAT}: config.json", names={
+            "depth": "model.n_layers", "d_model": "model.d_model",
+            "vocab_size": "model.vocab_size", "d_ff": "model.block.feed_forward.hidden_size"})
     reading = model.reading
     config = run_writer.run_config(WHAT, model.family, model.model_fields, reading.residual,
-                                   _seq_len(saved), train=reading.train)
+                                   seq_len, train=reading.train)
     transformer = model_of(config)
-    present = {key: shape for key, (shape, _) in ckpt.tensors.items()}
     params_np = convert(ckpt.read, present, transformer.family, param_shapes(transformer),
                         block=model.block, tied=model.tied, progress=progress)
-    tok = ((saved.get("dataset") or {}).get("tokenizer") or {})
     match = re.fullmatch(r"step(\d+)", step.name)
     record = {"source": str(step), "step": int(match.group(1)) if match else None,
               "block": model.block, "dtypes": sorted({dt for _, dt in ckpt.tensors.values()}),
@@ -154,8 +170,7 @@ def import_olmo(step_dir: str | Path, out: str | Path, *, progress: bool = True,
               "form": reading.choice.record() if reading.choice else None}
     return run_writer.write_run(
         out, config, params_np, source=("olmo", record), files=tokenizer_files(step),
-        tokenizer={"eos": tok.get("eos_token_id"), "bos": tok.get("bos_token_id"),
-                   "pad": tok.get("pad_token_id"), "val_tokens": val},
+        tokenizer={**ids, "val_tokens": val},
         optimizer_state=False)
 
 
@@ -202,8 +217,8 @@ def write_step_dir(directory: Path, saved: dict, tensors: dict,
     if files:
         (directory / "tokenizer").mkdir()
         for name, src in files.items():
-            data = confine.read_bytes(src, TOKENIZER_LIMIT, f"{EXPORT}: {name}")
-            (directory / "tokenizer" / name).write_bytes(data)
+            confine.copy_file(src, directory / "tokenizer" / name, run_writer.TOKENIZER_LIMIT,
+                              f"{EXPORT}: {name}")
 
 
 def export_olmo(run_dir: str | Path, out: str | Path, *, progress: bool = True) -> dict:

@@ -4,8 +4,9 @@ point, so its exit is the user's) whose peak resident memory, read with
 ``resource.getrusage`` in the process itself as it exits, stays under 1 GiB,
 with one line on stderr and exit status 2 (no traceback from background work
 after it).  Each of these inputs declares gigabytes (a 2 GiB ``.metadata``, a
-1 GiB config.json, a zip member inflating to 2 GiB, 10**7 layers, 10**12
-elements, four million opcodes of empty dicts or memo entries) in sparse files or headers.
+1 GiB config.json, a zip member inflating to 2 GiB, a 2 GiB safetensors
+header, 10**7 layers, 10**12 elements, four million opcodes of empty dicts
+or memo entries) in sparse files or headers.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ LARGEST = ("import-olmo: a .metadata of 2 GiB", "import-olmo: a config.json of 1
            "import-olmo: a .metadata of a million empty dicts",
            "import-olmo: a .metadata of four million memo entries",
            "import-hf: num_hidden_layers 10**7, a 2-layer checkpoint",
-           "import-hf: a config.json of 1 GiB", "export-hf: the run's depth 10**7",
+           "import-hf: a config.json of 1 GiB", "import-hf: a header of 2 GiB",
+           "import-hf: a tensor declaring 10**12 elements", "export-hf: the run's depth 10**7",
            "generate: an integrity.json of 1 GiB")
 
 # The child: the console entry point, its own peak RSS printed (KiB, Linux) as it exits.

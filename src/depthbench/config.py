@@ -1,28 +1,11 @@
 """Experiment specs: find a spec, load it, apply command-line overrides, validate.
 
-A spec is a Python module whose ``get_config()`` returns an
-``ml_collections.ConfigDict`` (a sweep spec also has ``get_sweep()``).
-``--config NAME`` names a spec bundled in :mod:`depthbench.configs`
-(``quickstart``, ``micro`` ...); anything else is the path of a spec file.
-``depthbench.configs.base`` defines every field; other specs start from it
-(``from depthbench.configs import base``).  Nothing here names a family.
-
-``model.residual`` holds the chosen family's own fields and nothing else: the
-family declares them, typed and with defaults, in its module
-(``model/residual/protocol/family_config.py``).  A spec sets another family's fields after
-naming it (``c.model.family = "hc"; c.model.residual.hc_n = 8``, or
-:func:`set_family`); an override names the family and its fields in either
-order (``--config.model.residual.hc_n=8 --config.model.family=hc``: the
-family applies first).  Switching family keeps the fields the new family
-shares with the old one and drops the rest, and the new family's other fields
-take their defaults; an override is parsed as its field's declared type, and
-a field the family does not have is one ConfigError naming its fields.
-:func:`from_saved` reads a run directory's ``config.json`` written before
-(every family's fields, ``train.lr_rule = "completep"``).
-
-Every problem with a spec or an override raises :class:`ConfigError` with one
-line naming the field and what is allowed; the CLI prints it and exits 2.
-"""
+``--config NAME`` is a bundled spec (:mod:`depthbench.configs`) or a spec
+file; ``depthbench.configs.base`` defines every field.  ``model.residual``
+holds the chosen family's own fields, declared by the family; switching family
+and overriding its fields follow docs/CONFIG.md.  Every problem with a spec or
+an override is one :class:`ConfigError` line naming the field.  Nothing here
+names a family."""
 
 from __future__ import annotations
 
@@ -102,10 +85,8 @@ def import_spec(spec: str | Path) -> ModuleType:
 
 
 def sibling(spec_file: str, name: str) -> ModuleType:
-    """The spec ``name`` beside ``spec_file`` (for a user's specs that build on each
-    other); a name not beside it is the bundled spec of that name, so a spec kept
-    anywhere can build on ``quickstart``, ``paper_400m``, ... (as
-    ``from depthbench.configs import paper_400m`` does)."""
+    """The spec ``name`` beside ``spec_file``, else the bundled spec of that name
+    (so a spec kept anywhere can build on ``quickstart``, ``paper_400m`` ...)."""
     beside = Path(spec_file).with_name(f"{name}.py")
     if beside.is_file() or name not in _bundled().names():
         if not beside.is_file():
@@ -123,8 +104,7 @@ def base_spec_path() -> Path:
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """The defaults of every field (a fresh ConfigDict; the schema validation,
-    config comparison and spec files start from)."""
+    """The defaults of every field (a fresh ConfigDict)."""
     return importlib.import_module(f"{SPECS}.base").get_config()
 
 
@@ -194,9 +174,9 @@ def _lookup(config: ml_collections.ConfigDict, dotted: str) -> tuple[Any, str]:
 def apply_overrides(
     config: ml_collections.ConfigDict, overrides: Iterable[str] | dict[str, Any]
 ) -> ml_collections.ConfigDict:
-    """Apply ``a.b=value`` strings (or a {dotted: value} dict) to a copy of ``config``;
+    """Apply ``a.b=value`` strings (or a {dotted: value} dict) to a copy of ``config``,
     ``model.family`` first, so that ``model.residual.*`` sets the chosen family's
-    fields (see the module doc), whose others then take their defaults."""
+    fields."""
     config = ml_collections.ConfigDict(config.to_dict())
     items = list(overrides.items() if isinstance(overrides, dict) else map(_split, overrides))
     items.sort(key=lambda item: item[0] != FAMILY)  # stable: the family first
@@ -284,12 +264,10 @@ def set_family(config: ml_collections.ConfigDict, family: str,
 
 
 def from_saved(saved: dict) -> dict:
-    """A config as a run directory's ``config.json`` holds it, as this version
-    reads it: of ``model.residual`` the saved family's own fields (older run
-    directories hold every family's: the others are dropped; a field added
-    since takes the value its family says its absence meant, else its default:
-    ``FamilyConfig.saved_before``), ``train.lr_rule`` by its current name.  Other
-    keys (``resolved`` ...) are kept; ``saved`` is not changed."""
+    """A run directory's saved ``config.json`` as this version reads it: of
+    ``model.residual`` the saved family's own fields (a field added since takes
+    ``FamilyConfig.saved_before``'s value, else its default), ``train.lr_rule`` by
+    its current name.  Other keys are kept; ``saved`` is not changed."""
     out = dict(saved)
     model = out.get("model")
     if isinstance(model, dict) and isinstance(model.get("residual"), dict) and (
@@ -360,8 +338,7 @@ WANDB_MODES = ("", "offline", "online")  # train.wandb: off, or the W&B run's mo
 
 
 def check_wandb_mode(mode) -> str:
-    """``train.wandb``'s value, checked against :data:`WANDB_MODES` (validation
-    calls it, so every command refuses a bad mode when the config is loaded)."""
+    """``train.wandb``'s value, checked against :data:`WANDB_MODES`."""
     if mode not in WANDB_MODES:
         raise ConfigError(f"config.train.wandb: {mode!r} is not one of "
                           f"{', '.join(repr(m) for m in WANDB_MODES)}")
@@ -474,8 +451,7 @@ def _check_lr_rule(config: ml_collections.ConfigDict) -> None:
 
 
 def load(spec: str | Path, overrides: Iterable[str] = ()) -> ml_collections.ConfigDict:
-    """Load a spec (bundled name or file), apply overrides and validate: what every
-    command starts from."""
+    """Load a spec (bundled name or file), apply overrides and validate."""
     try:
         config = import_spec(spec).get_config()
     except ConfigError:

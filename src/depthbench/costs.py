@@ -1,45 +1,10 @@
 """Cost model: parameters, FLOPs, KV cache, residual-state memory and MFU.
 
-Everything here is a function of a :class:`~depthbench.model.spec.ModelSpec`
-and needs no training (spec/analysis.md, "Costs").  The backbone terms are
-the LLaMA decoder's; whatever a residual family adds (hyper-connection
-routing, depth attention, depth keys, extra norms ...) comes only through the
-family's cost terms (``extra_block_params``, ``extra_global_params``,
-``extra_flops_per_token``, ``state_floats_per_token``: the ``CostTerms``
-capability, ``model/residual/protocol/capabilities.py``; pre_ln's for a family that
-declares none), so this module never names a family.
-
-Conventions
------------
-* A multiply-add is 2 FLOPs; only matrix products are counted (norms,
-  softmax, RoPE and activations are ignored, as MaxText and the PaLM
-  appendix do).
-* ``d_model = n_heads * head_dim``, so attention's score and value products
-  are sized by ``d_model`` (GQA shares K/V heads but every query head still
-  scores every key).
-* Causal attention: the full ``T x T`` score product ``Q K^T`` costs
-  ``2 T^2 d`` FLOPs per layer and the value product ``P V`` the same; a causal
-  mask makes half of each useless, so a layer's attention costs
-  ``(2 T^2 d + 2 T^2 d) / 2 = 2 T^2 d`` per sequence, ``2 T d`` per token.
-  This is MaxText's convention (``noncausal_attention_flops / 2``).
-* Every FLOP is counted once.  The LLaMA backbone's weight matmuls come from
-  the *shape's* backbone parameter count (``2 N T``); everything a family
-  adds, the matmuls of its own parameters included (hc's ``W_a``, mhc's
-  ``phi``, moda's depth key/value projection), comes only from the family's
-  ``extra_flops_per_token``.  Family parameters are therefore in
-  :func:`backbone_params` (a parameter count) but never in ``2 N T``: a
-  family's parameter may be used more than once per token (hc projects each
-  of its ``n`` streams) or not at all (moda's last projection).
-* The count agrees with XLA's own count of the compiled forward pass
-  (``tests/unit/test_costs_xla.py``, every registered family): XLA also counts
-  element-wise work (norms, softmax) and the masked, not-yet-valid depth
-  slots that attnres and moda touch (``masked_flops_per_token``), which are
-  not model FLOPs.
-* The paper-400m suite at ``T = 4096`` gives pre_ln prefill (LM head
-  excluded) 2.98 TFLOPs at L16 and 4.33 at L70 (with the head: 3.48 and
-  4.59).  The original benchmark quotes "3.0 -> 4.4 TFLOPs": its 3.0 is the
-  head-excluded number reproduced here; its 4.4 follows from neither form.
-"""
+Everything is a function of a :class:`~depthbench.model.spec.ModelSpec` and
+needs no training.  The backbone terms are the LLaMA decoder's; a family adds
+its own only through its ``CostTerms`` capability
+(``model/residual/protocol/capabilities.py``), so this module never names a
+family.  Formulas and conventions: docs/spec/analysis.md, "Costs"."""
 
 from __future__ import annotations
 
@@ -75,21 +40,15 @@ def backbone_params(spec: ModelSpec) -> int:
 
 def attention_flops(spec: ModelSpec, seq_len: int) -> float:
     """Causal score + value products of all layers for one sequence (forward):
-    ``2 * L * T^2 * d`` (see the module docstring)."""
+    ``2 * L * T^2 * d``."""
     return 2.0 * spec.depth * seq_len * seq_len * spec.d_model
 
 
 def prefill_flops(spec: ModelSpec, seq_len: int) -> float:
     """Forward FLOPs to prefill one sequence of ``seq_len`` tokens, LM head
-    excluded (report it with :func:`lm_head_flops`):
-
-    ``2 * N_shape * T``     every LLaMA backbone weight is used once per token
-                            (``N_shape``: the shape's backbone count, no family
-                            parameters);
-    ``+ 2 * L * T^2 * d``   causal attention scores and values;
-    ``+ T * extra(T)``       the family's own forward work per token, its
-                            parameters' matmuls included.
-    """
+    excluded (:func:`lm_head_flops`): ``2 * N_shape * T + 2 * L * T^2 * d +
+    T * extra(T)``, where ``N_shape`` has no family parameters (their matmuls are
+    in ``extra``)."""
     fam = terms(spec)
     return (
         2.0 * spec.shape.backbone_params * seq_len
@@ -104,24 +63,11 @@ def lm_head_flops(spec: ModelSpec, seq_len: int) -> float:
 
 
 def train_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
-    """Model FLOPs of one training step per token (forward + backward).
-
-    The convention of MaxText's ``calculate_tflops_training_per_device``
-    (src/MaxText/maxtext_utils.py): weight matmuls (QKV, output projection,
-    FFN and the LM head, whose ``embedding_flops`` is ``2 * T * d * V``) are
-    multiplied by 3 for forward and backward; the attention products count
-    ``noncausal_attention_flops = 4 * T^2 * n_heads * head_dim`` per layer,
-    halved "due to causal mask", also times 3.  Per token that is
-
-    ``6 * (N_shape + V * d) + 6 * L * T * d + 3 * extra(T)``
-
-    where ``extra(T)`` is the family's forward FLOPs per token, its own
-    parameters' matmuls included (its backward costs twice its forward, like
-    every matmul).  The input embedding is a gather and costs nothing.
-    ``N_shape`` includes the 2 RMSNorm weights per block, which MaxText
-    leaves out: 12 d FLOPs per token and layer, a relative difference below
-    1e-4 at every suite shape.
-    """
+    """Model FLOPs of one training step per token (forward + backward), as MaxText's
+    ``calculate_tflops_training_per_device`` counts them:
+    ``6 * (N_shape + V * d) + 6 * L * T * d + 3 * extra(T)``.  ``N_shape``
+    includes the 2 RMSNorm weights per block, which MaxText leaves out (below
+    1e-4 relative at every suite shape)."""
     fam = terms(spec)
     weights = 6.0 * (spec.shape.backbone_params + spec.vocab_size * spec.d_model)
     attention = 3.0 * attention_flops(spec, seq_len) / seq_len
@@ -150,9 +96,8 @@ def state_bytes_per_token(spec: ModelSpec, bytes_per_value: int = 2) -> int:
 
 def cost_row(spec: ModelSpec, seq_len: int) -> dict:
     """Every cost of one shape at one sequence length (bf16 memory), with the
-    family's overhead over the plain backbone (pre_ln) at the same shape, as
-    fractions: its parameters over the shape's, its forward work over the
-    backbone's prefill; and its depth layout, if it has one."""
+    family's overhead over pre_ln at the same shape as fractions (parameters;
+    forward work over the backbone's prefill) and its depth layout, if any."""
     fam = terms(spec)
     extra_params = param_count(spec) - spec.shape.total_params
     extra_prefill = seq_len * float(fam.extra_flops_per_token(seq_len))
@@ -186,14 +131,10 @@ _TERA = 1e12
 
 
 def peak_flops(device_kind: str) -> float | None:
-    """bf16 dense peak FLOP/s of one device named by ``jax.Device.device_kind``.
-
-    Matches the strings JAX reports ("TPU v4", "TPU v5 lite" for v5e, "TPU v5"
-    or "TPU v5p", "TPU v6 lite" for v6e, "NVIDIA A100-SXM4-80GB",
-    "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H200" ...), ignoring
-    case and spacing.  Unknown devices (CPU, TPU v4 lite, other GPUs) give
-    ``None``: an MFU is never computed against a guessed peak.
-    """
+    """bf16 dense peak FLOP/s of one device named by ``jax.Device.device_kind``
+    ("TPU v5 lite", "NVIDIA H100 80GB HBM3" ..., case and spacing ignored).
+    ``None`` for an unknown device (CPU, other GPUs): an MFU is never computed
+    against a guessed peak."""
     kind = " ".join(str(device_kind).lower().replace("-", " ").split())
     compact = kind.replace(" ", "")
     if compact.startswith("tpu"):
@@ -222,9 +163,8 @@ def peak_flops(device_kind: str) -> float | None:
 
 
 def mfu(flops_per_sec: float, device_kind: str, n_devices: int) -> float | None:
-    """Model FLOPs utilisation: achieved model FLOP/s summed over ``n_devices``
-    devices of kind ``device_kind``, divided by their summed peak.  ``None``
-    when the device's peak is unknown."""
+    """Achieved model FLOP/s over ``n_devices`` devices' summed peak; ``None`` when
+    the peak is unknown."""
     peak = peak_flops(device_kind)
     if peak is None or n_devices < 1:
         return None

@@ -1,25 +1,9 @@
 """Which library runs XLA:CPU's dots: chosen per CPU vendor by measurement, overridable.
 
-jaxlib 0.10.2 sends a CPU program's dots to YNNPACK by default; with
-``--xla_cpu_experimental_ynn_fusion_type=reduce`` they go to Eigen (and only
-reductions to YNNPACK).  Neither is faster everywhere:
-``python -m bench.cpu_dots`` times the trainer's step under each, side by side,
-and ``bench/results/cpu_dots.md`` records what it found per machine.
-``$DEPTHBENCH_CPU_DOTS`` chooses:
-
-* ``auto`` (the default): the faster one for this CPU's vendor where it was
-  measured (:data:`FASTER`), XLA's default elsewhere;
-* ``eigen``: dots on Eigen;
-* ``ynnpack``: XLA's default, nothing added.
-
-Applied by the command entry points (the ``depthbench`` command, ``python -m
-bench``) before jax starts, as an ``XLA_FLAGS`` entry the processes they start
-inherit; never when ``XLA_FLAGS`` already sets
-``xla_cpu_experimental_ynn_fusion_type`` (your flag wins).  Imported as a
-library (a notebook), nothing is applied: call :func:`apply` before jax's first
-computation, or set ``XLA_FLAGS`` yourself.  The flag changes which GEMM code
-runs, so a run's losses can differ in the last bits between the two.
-"""
+``$DEPTHBENCH_CPU_DOTS`` (``auto``, ``eigen``, ``ynnpack``) becomes an
+``XLA_FLAGS`` entry, added by the command entry points before jax starts
+(:func:`apply_or_exit`); a flag already in ``XLA_FLAGS`` wins.  The choices
+and what each measured: docs/CPU.md."""
 
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
 """What a dry run checks and shows without training (``train --dry-run``,
 ``sweep --dry-run``, ``sweep --list``, and the launchers through them).
 
-Everything that can be known before the first step is checked here: the
-config (already validated when loaded), the run's own start-up checks (the
-same code the trainer runs first: :mod:`depthbench.train.preflight`), the
-``data`` section against this host's files as data preparation checks them
-before reading the corpus through, the mesh against the devices, the batch
-against the mesh, and the run directory against the config it holds.
-Training, data preparation and compilation are not started; what needs the
-whole corpus read or a checkpoint restored is left to the run.
-"""
+Everything knowable before the first step: the config, the run's start-up
+checks (:mod:`depthbench.train.preflight`), the ``data`` section against this
+host's files, the mesh and batch against the devices, the run directory
+against its config.  Nothing that needs the corpus read through, a
+checkpoint restored or a compile."""
 
 from __future__ import annotations
 
@@ -29,12 +25,9 @@ def _data_key(config) -> str:
 
 def data_problems(configs: Iterable, *, files: bool = True) -> list[str]:
     """One line per distinct problem of the configs' ``data`` sections.
-
-    ``files=True`` also checks this host's files as the run's data preparation
-    does before reading them through (``data.paths`` match, a given tokenizer
-    opens, shard headers, the start of each text file:
-    :func:`~depthbench.data.prepare.check_inputs`); ``files=False`` only what
-    holds on any host (a corpus that needs ``data.paths`` has some)."""
+    ``files=True`` also checks this host's files as data preparation does first
+    (:func:`~depthbench.data.prepare.check_inputs`); ``files=False`` only what
+    holds on any host."""
     from depthbench.data.prepare import check_inputs
     from depthbench.data.validate import validate_config
 

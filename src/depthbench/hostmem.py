@@ -1,50 +1,11 @@
 """Host memory for XLA:CPU steps: glibc by default, mimalloc or kept memory when asked.
 
-XLA:CPU allocates an executable's whole temp buffer at every run and frees it
-after (1.1 GiB for the d 256 benchmark step, 2.5 GiB at d 768), from one of
-its async-runner threads (``posix_memalign`` in ``CpuDeviceMemory``).  glibc
-serves a request that large with ``mmap`` from that thread's arena and unmaps
-it on ``free``, so every step page-faults the whole buffer in again, 4 KiB at
-a time, and the kernel's share of the step's CPU time is large
-(bench/results/allocator.md).  ``$DEPTHBENCH_MALLOC`` chooses what to do:
-
-* ``system`` (the default): glibc as configured.  Nothing is changed and the
-  process is never re-executed, so the ``depthbench`` command and
-  ``depthbench.cli.main()`` called from Python run alike.
-* ``mimalloc``: the command runs with the mimalloc allocator (``LD_PRELOAD``
-  of the ``cmeel-mimalloc`` package's library), told never to return freed
-  memory to the kernel (``MIMALLOC_PURGE_DELAY=-1``), to use no transparent
-  huge pages and to commit its arenas whole (:data:`_MIMALLOC_ENV`; a
-  ``MIMALLOC_*`` variable you set wins): the temp buffer is reused, 0 faults
-  per step, and mimalloc's per-thread heaps take no lock that XLA's threads
-  wait on.  The process keeps its peak heap for its life.  An allocator is
-  chosen when a process starts, so the command entry points
-  (:func:`apply_or_exit`: the ``depthbench`` command, ``python -m bench``),
-  asked for it, re-execute the same command line once, in place (same pid),
-  with those variables set, then remove them from the environment, so the
-  processes it starts begin as usual.  Not done when ``$LD_PRELOAD`` is set
-  already (your allocator wins).  The same by hand, as MaxText documents
-  tcmalloc: ``LD_PRELOAD=$(python -c 'from depthbench import hostmem;
-  print(hostmem.mimalloc_library())') MIMALLOC_PURGE_DELAY=-1
-  MIMALLOC_ALLOW_THP=0 MIMALLOC_ARENA_EAGER_COMMIT=1 depthbench ...``.
-* ``keep``: glibc, with three ``mallopt`` settings made in-process before
-  numpy or jax start a thread: one arena (``M_ARENA_MAX = 1``; a thread
-  arena's heap cannot grow past 64 MiB, so glibc maps large requests
-  whatever the next setting says), no ``mmap`` (``M_MMAP_MAX = 0``) and no
-  trimming (``M_TRIM_THRESHOLD = -1``).  0 faults per step too, but XLA's
-  threads then wait on the one arena's lock.
-
-What the default costs the quickstart's CPU step is measured in
-``bench/results/hostmem.md``; what ``mimalloc`` and ``keep`` bought per shape
-(``keep`` slows deep narrow steps: XLA's threads wait on the one arena), and
-the stalls that transparent huge pages gave mimalloc on a VM that hands free
-memory back to its host (hence ``MIMALLOC_ALLOW_THP=0``), in
-``bench/results/allocator.md`` (the dated runs: ``bench/results/peer.md``).
-
-In a notebook, start the kernel with ``LD_PRELOAD=<mimalloc_library()>`` and
-those ``MIMALLOC_*`` settings in its environment, or call :func:`apply` with
-``"keep"`` in the first cell; a notebook's process is never re-executed.
-"""
+XLA:CPU allocates a step's whole temp buffer afresh at every run, and glibc
+maps and unmaps a request that large, so every step page-faults it in again.
+``$DEPTHBENCH_MALLOC`` chooses ``system`` (glibc as configured), ``mimalloc``
+(the command re-executes itself once with it preloaded: :func:`apply_or_exit`)
+or ``keep`` (glibc told to keep freed memory: :func:`apply`).  The modes and
+their costs: docs/CPU.md."""
 
 from __future__ import annotations
 
@@ -166,9 +127,9 @@ def _decide(mode: str) -> tuple[str, str | None]:
 
 def apply(mode: str | None = None) -> str:
     """Apply ``mode`` in this process (``keep``: the ``mallopt`` settings;
-    ``mimalloc``: report whether mimalloc is loaded, which only a process's
-    start decides) and return one line saying what holds.  Never re-executes.
-    Idempotent: the first call decides."""
+    ``mimalloc``: report whether it is loaded, which only a process's start
+    decides) and return one line saying what holds.  Never re-executes; the
+    first call decides."""
     global _status
     mode = setting(mode)  # checked at every call: a bad setting is never passed over
     if _status is None:
@@ -177,13 +138,11 @@ def apply(mode: str | None = None) -> str:
 
 
 def apply_or_exit(prog: str) -> str:
-    """:func:`apply` for a command's first line (the ``depthbench`` command,
-    ``python -m bench``): where ``$DEPTHBENCH_MALLOC=mimalloc`` asks for mimalloc
-    and it is not loaded, re-execute the same command line in place with it
-    (once); in the re-executed process, take the variables this added out of
-    the environment again.  By default nothing is re-executed.  A bad
-    ``$DEPTHBENCH_MALLOC`` is one line on stderr and exit status 2, like every
-    bad input."""
+    """:func:`apply` for a command's first line: where ``mimalloc`` is asked for
+    and not loaded, re-execute the same command line in place with it (once),
+    and in the re-executed process take the added variables out of the
+    environment again.  A bad ``$DEPTHBENCH_MALLOC`` is one line on stderr and
+    exit status 2."""
     global _status
     try:
         mode = setting()

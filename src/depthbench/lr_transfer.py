@@ -1,19 +1,10 @@
 """Does the best learning rate carry across depth?  A sweep's transfer verdicts
 and the report's section "Learning rate across depth".
 
-For every (suite, family) of a sweep that tried two learning rates or more at
-two depths or more: the best learning rate (the finished run with the lowest
-final validation loss) at each depth, how many steps of the family's grid
-(the rates it tried, sorted) lie between the best at the shallowest depth and
-the best at the deepest, and what reusing the shallow depth's best costs at
-the deepest (the loss there at that rate minus the loss at its own best).
-The rate *transfers* when the two bests are at most :data:`TOLERANCE` grid
-step apart and the deepest shape does not diverge at the shallowest's best.
-A best at either end of the grid is flagged: the optimum may lie beyond it.
-A family trained under its own learning-rate rule is labelled
-``+lr_rule`` (:mod:`depthbench.variants`) and has a row of its own beside the
-plain family's, so the table says whether the rule makes the rate transfer.
-"""
+For every (suite, family) that tried two rates or more at two depths or more:
+the best rate per depth, the grid steps between the shallowest's and the
+deepest's, the loss cost of reusing, and the verdict; the rule is in
+docs/LR_TRANSFER.md."""
 
 from __future__ import annotations
 

@@ -1,25 +1,12 @@
 """The one output rule: what a command will write, checked before any work, built aside.
 
-A command that trains for minutes and then finds its ``--out`` is a folder, or
-that meets a symbolic-link loop as a ``RuntimeError`` from deep inside a
-writer, has wasted the work and printed a traceback.  Every output path goes
-through :func:`resolve` first, links resolved: one :class:`ConfigError`
-naming the option (or environment variable) and what is allowed, exit status
-2, nothing written.  It also keeps every command's output off the records of
-a run directory: a path that is, or lies inside, one of the files and folders
-a run's own commands write (``config.json``, ``checkpoints/`` ...:
-``rundir.names.RUN_OWN``) of any directory above it that is a run is refused,
-so ``generate r --out r/config.json`` cannot replace a run's config and an
-export cannot land in ``r/checkpoints/``.
-
-A directory a command builds (an import's run, an export, a fine-tuning's
-first files) is checked by :func:`check_out` (absent or empty, no live
-writer) and built in a hidden sibling (:func:`built_aside`), renamed onto
-``--out`` only once complete: a failure (bad input found late, a full disk,
-Ctrl-C) leaves ``--out`` as it was, a full or read-only disk is one line
-naming ``--out`` (exit status 4, :mod:`depthbench.faults`), and what a killed
-command left is removed by the next one into the same ``--out``.
-"""
+Every output path goes through :func:`resolve` first (links resolved; a link
+loop, or a place among a run directory's own records, ``rundir.names.RUN_OWN``,
+is one :class:`ConfigError` naming the option), so no command trains for
+minutes before finding it cannot write.  A directory a command builds is
+checked by :func:`check_out` and built in a hidden sibling
+(:func:`built_aside`), renamed onto ``--out`` only once complete; the user's
+side of it: docs/TROUBLESHOOTING.md."""
 
 from __future__ import annotations
 

@@ -1,23 +1,11 @@
 """Device mesh, logical axis rules and the shardings derived from them.
 
-One mesh with axes ``('data', 'fsdp', 'tensor')`` serves every run, from one
-CPU core to a TPU pod slice.  The model names every parameter and activation
-dimension logically (``'embed'``, ``'mlp'``, ``'activation_batch'`` ...);
-:func:`axis_rules` maps those names to mesh axes, and everything else (parameter,
-optimizer-state and batch shardings) is derived from that one table:
-
-* ``data``: pure data parallelism (parameters replicated);
-* ``fsdp``: data parallelism whose parameters and optimizer state are
-  sharded along their ``'embed'`` dimension (ZeRO-3 style);
-* ``tensor``: Megatron-style tensor parallelism over heads, the MLP hidden
-  dimension and the vocabulary.
-
-A dimension that the mesh axes do not divide (tiny test models, odd head
-counts) falls back to replication for that dimension only, so every model runs
-on every mesh.  Multi-host runs call :func:`maybe_initialize_distributed`
-before touching any device and feed each host's batch shard through
-:func:`host_batch_to_global`.
-"""
+One mesh with axes ``('data', 'fsdp', 'tensor')`` serves every run (the axes:
+docs/LAUNCH.md, "Memory").  The model names every dimension logically
+(``'embed'``, ``'mlp'``, ``'activation_batch'`` ...); :func:`axis_rules` maps
+those names to mesh axes and every sharding is derived from that one table.
+Multi-host runs call :func:`maybe_initialize_distributed` before touching a
+device and feed each host's batch shard through :func:`host_batch_to_global`."""
 
 from __future__ import annotations
 
@@ -64,8 +52,7 @@ BACKBONE_RULES: tuple[tuple[str, Any], ...] = (
 
 
 def axis_rules() -> tuple[tuple[str, Any], ...]:
-    """The one logical-axis rules table: the backbone's, then every registered
-    family's declarations (MaxText style: one table, assembled)."""
+    """The backbone's rules, then every registered family's declarations."""
     return BACKBONE_RULES + registry.sharding_rules()
 
 
@@ -73,11 +60,9 @@ def axis_rules() -> tuple[tuple[str, Any], ...]:
 
 
 def mesh_shape(sizes: Mapping[str, int], n_devices: int) -> tuple[int, int, int]:
-    """Resolve ``{'data': -1, 'fsdp': 2, 'tensor': 1}`` against ``n_devices``.
-
-    At most one axis may be -1 ("the rest"); the product must equal the
-    number of devices.  Errors name the ``parallel.*`` field.
-    """
+    """Resolve ``{'data': -1, 'fsdp': 2, 'tensor': 1}`` against ``n_devices``: at most
+    one axis -1 ("the rest"), the product equal to the device count; errors name
+    the ``parallel.*`` field."""
     values = [int(sizes[a]) for a in AXES]
     free = [a for a, v in zip(AXES, values, strict=True) if v == -1]
     if len(free) > 1:
@@ -101,11 +86,8 @@ def mesh_shape(sizes: Mapping[str, int], n_devices: int) -> tuple[int, int, int]
 
 
 def make_mesh(sizes: Mapping[str, int], devices: Sequence[Any] | None = None) -> Mesh:
-    """The ('data', 'fsdp', 'tensor') mesh over ``devices`` (default: all).
-
-    Axis types are Auto: the model constrains activations through logical
-    names and XLA's partitioner propagates the rest.
-    """
+    """The mesh over ``devices`` (default: all), axis types Auto: the model
+    constrains activations through logical names, XLA propagates the rest."""
     devices = list(jax.devices() if devices is None else devices)
     shape = mesh_shape(sizes, len(devices))
     return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
@@ -135,12 +117,9 @@ def _axis_size(mesh: Mesh, axes: Any) -> int:
 
 def spec_for(names: Sequence[str | None] | None, shape: Sequence[int], mesh: Mesh,
              rules: Sequence[tuple[str, Any]] | None = None) -> PartitionSpec:
-    """The PartitionSpec of an array with logical dimension ``names``.
-
-    A dimension whose size the mapped mesh axes do not divide is replicated
-    instead (jit refuses uneven argument shardings), so tiny models still run
-    on big meshes; the other dimensions keep their sharding.
-    """
+    """The PartitionSpec of an array with logical dimension ``names``; a dimension
+    the mapped mesh axes do not divide is replicated (jit refuses uneven argument
+    shardings), the others keep theirs."""
     if names is None:
         return PartitionSpec()
     if len(names) != len(shape):
@@ -176,14 +155,10 @@ def param_shardings(boxed_params: Any, mesh: Mesh,
 
 
 def shardings_like(tree: Any, reference: Any, reference_shardings: Any, mesh: Mesh) -> Any:
-    """Shardings for ``tree`` (e.g. an optimizer state) from a reference tree.
-
-    A leaf whose key path ends with the key path of a reference leaf of the
-    same shape (Adam's ``mu['blocks']['mlp']['up']`` ends with the
-    parameter's path) takes that leaf's sharding; every other leaf (step
-    counters, scalars) is replicated.  Works for any optax state without
-    knowing its structure.
-    """
+    """Shardings for ``tree`` (an optimizer state) from a reference tree: a leaf
+    whose key path ends with a same-shaped reference leaf's path (Adam's
+    ``mu['blocks']['mlp']['up']``) takes its sharding, every other leaf is
+    replicated, whatever the optax state's structure."""
     ref = {}
     for (path, leaf), sh in zip(jax.tree_util.tree_flatten_with_path(reference)[0],
                                 jax.tree.leaves(reference_shardings), strict=True):
@@ -242,12 +217,9 @@ def host_batch_to_global(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[st
 
 
 def distributed_reason(environ: Mapping[str, str] | None = None) -> str | None:
-    """Why this process looks like one of several (None on a single host).
-
-    Recognises an explicit coordinator, SLURM jobs with several tasks,
-    multi-host TPU slices and Open MPI launches: the environments whose
-    details ``jax.distributed.initialize()`` detects on its own.
-    """
+    """Why this process looks like one of several (None on a single host): an
+    explicit coordinator, SLURM with several tasks, a multi-host TPU slice or an
+    Open MPI launch, the environments ``jax.distributed.initialize()`` detects."""
     env = os.environ if environ is None else environ
     if env.get("JAX_COORDINATOR_ADDRESS"):
         return "JAX_COORDINATOR_ADDRESS is set"
@@ -308,12 +280,10 @@ def env_process_index(environ: Mapping[str, str] | None = None) -> int | None:
 
 
 def maybe_initialize_distributed(mode: str = "auto") -> bool:
-    """Call ``jax.distributed.initialize()`` once, if ``mode`` (config
-    ``parallel.distributed``) is "on", or "auto" and the environment is
-    multi-host.  Must run before any device is used.  Returns whether it ran.
-
-    CPU collectives go through gloo (without it, CPU processes cannot reduce
-    across each other: the local multi-process rehearsal of a pod)."""
+    """Call ``jax.distributed.initialize()`` once if ``mode`` is "on", or "auto" in a
+    multi-host environment; before any device is used.  Returns whether it ran.
+    CPU collectives go through gloo (without it CPU processes cannot reduce
+    across each other, as in the local multi-process rehearsal)."""
     global _initialized
     if mode not in ("auto", "on", "off"):
         raise ConfigError(f"config.parallel.distributed: {mode!r} is not one of auto, on, off")

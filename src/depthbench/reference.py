@@ -1,18 +1,10 @@
 """Published reference numbers of the original benchmark, as data.
 
-Losses (spec/shapes_and_recipe.md): the final validation loss of its ten
-designs on the ``paper-400m`` suite at L16..L32 (and L42/L70 for
-attnres_full and hc).  ``depthbench report`` draws these beside a
-paper-scale sweep's measured losses so a reproduction can be judged at a
-glance.  Only ``paper-400m`` has published numbers; the other suites have
-none.
-
-Analyses (docs/spec/analysis.md, quoting the original's paper, arXiv
-2609.32534): late-layer interaction fractions at paper-400m L32, mHC's and
-HC's composed stream-mixing rank, Block AttnRes's dead segment.
-docs/REPRODUCE.md puts each beside the command that measures it on the
-original's released models.
-"""
+The final validation losses of its ten designs on ``paper-400m``
+(spec/shapes_and_recipe.md; the only suite with published numbers), which
+``depthbench report`` draws beside a paper-scale sweep, and the analysis
+numbers its paper quotes (docs/spec/analysis.md; docs/REPRODUCE.md puts each
+beside the command that measures it)."""
 
 from __future__ import annotations
 

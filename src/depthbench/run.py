@@ -1,43 +1,13 @@
 """Opening a run directory: the one way every reader does it.
 
-:func:`open_run` reads a run directory (trained, imported or fine-tuned:
-``config.json``, Orbax checkpoints under ``checkpoints/``) into a
-:class:`RunDir`, with no array read yet:
-
-* ``config``: the run's config (an old run's read as :func:`saved_config`
-  reads it) with its model's shape complete: the shape the run recorded
-  when it started (``resolved.shape``; a run directory without one, the
-  shape its config resolves to), written into ``model.depth``, ``d_model``,
-  ``d_ff``, ``n_heads`` and ``n_kv_heads``, so no reader meets a field left at
-  "the suite's value" and resolves it again;
-* ``spec`` (the :class:`ModelSpec`) and ``family``, built once;
-* ``tokenizer`` and ``tokenizer_files()``: the tokenizer the run was
-  trained with and the files an export copies (only regular files inside
-  the directory, or the recorded tokenizer once it opens as one);
-* ``load(step)``: a :class:`Run`, the model with the newest intact (or the
-  given) checkpoint's parameters.
-
-Every reader goes through it: analyze, eval, lm-eval, generate, fine-tuning's
-parent, export-hf, export-olmo, the notebook and the benchmarks
-(:func:`load_run` is ``open_run(d).load()``).
-
-A :class:`Run`'s parameters are restored through
-:func:`depthbench.rundir.restore.read_params`, the integrity-checked restore
-every reader uses: a damaged latest checkpoint is skipped with a warning
-naming it (the newest intact one is read), and a run whose every checkpoint
-is damaged is one ConfigError line.  A checkpoint may hold the full train
-state (only its parameters are read) or only the parameters (what a
-converted checkpoint holds).  They are restored straight into the
-shardings of a mesh built from the run's ``config.parallel`` (or, when this
-host has a different number of devices, an FSDP mesh over all of them).
-
-Every model call is jitted once per (batch, length, capture) and takes the
-scan's ``active`` [L] (False skips a block: identity) and ``order`` [L]
-(position ``i`` runs block ``order[i]``, which keeps its identity, see
-``model.transformer.permute_blocks``) as traced inputs, so the O(L^2) skip
-and swap analyses compile once.  Batches are padded to a multiple of the
-mesh's batch shards and the padding is dropped from the outputs.
-"""
+:func:`open_run` reads a trained, imported or fine-tuned run directory into a
+:class:`RunDir` (its config with the model's shape complete, spec, tokenizer;
+no array read); ``RunDir.load`` gives a :class:`Run`, the model with the newest
+intact checkpoint's parameters (``rundir.restore.read_params``) on the run's
+mesh, or FSDP over this host's devices.  analyze, eval, lm-eval, generate,
+finetune's parent, the exports and the benchmarks all open runs here
+(:func:`load_run` is ``open_run(d).load()``).  In Python: docs/EVAL.md and
+docs/REPRODUCE.md."""
 
 from __future__ import annotations
 
@@ -68,9 +38,10 @@ from depthbench.shapes import complete_shape, recorded_shape
 
 @dataclasses.dataclass(frozen=True)
 class RunDir:
-    """A run directory as a reader sees it before any array is read (see the
-    module docstring): ``path``, ``config`` (its shape complete),
-    ``resolved`` (config.json's "resolved" block), ``spec`` and ``family``."""
+    """A run directory before any array is read.  ``config``'s shape is the one
+    the run recorded (``resolved.shape``), written into ``model.depth``,
+    ``d_model``, ``d_ff``, ``n_heads`` and ``n_kv_heads``, so no reader resolves
+    "the suite's value" again; ``resolved`` is config.json's "resolved" block."""
 
     path: Path
     config: ml_collections.ConfigDict
@@ -88,9 +59,8 @@ class RunDir:
 
     def tokenizer_files(self) -> dict[str, Path]:
         """Name in an exported folder -> file: the tokenizer files the directory
-        holds (an imported run's: regular files, no link), else the tokenizer
-        the run was trained with (``resolved.tokenizer.tokenizer_path``), once it
-        has opened as that tokenizer (so nothing else is ever copied out)."""
+        holds (regular files, no link), else the recorded tokenizer once it has
+        opened as one (so nothing else is ever copied out)."""
         files = {}
         for name in TOKENIZER_FILES:
             path = confine.regular_file(self.path, name, f"{self.path}: {name}")
@@ -160,13 +130,11 @@ def _mesh(config) -> jax.sharding.Mesh:
 
 
 class Run:
-    """A model restored from a run directory.
-
-    Attributes: ``run_dir``, ``config`` (ConfigDict), ``spec`` (ModelSpec),
-    ``family`` (the residual family object), ``params`` (unboxed, sharded on
-    ``mesh``), ``step`` (the checkpoint's step; None for a fresh init),
-    ``resolved`` (config.json's "resolved" block) and ``tokenizer``.
-    """
+    """A model restored from a run directory: ``params`` unboxed and sharded on
+    ``mesh``, ``step`` the checkpoint's (None for a fresh init).  Every model call
+    is jitted once per (batch, length, capture) with the scan's ``active`` and
+    ``order`` traced, so the O(L^2) skip and swap analyses compile once; batches
+    are padded to the mesh's batch shards and the padding dropped."""
 
     def __init__(self, config, *, run_dir: str | Path | None = None, resolved: dict | None = None,
                  step: int | None = None, init_seed: int | None = None,
@@ -243,18 +211,15 @@ class Run:
         return self.spec.depth
 
     def forward(self, params, tokens_bt, active_l, order_l, capture: tuple[str, ...] = ()):
-        """The pure model call behind :meth:`apply`, ``(logits, captured)``
-        (traceable: the analyses ``vmap`` it over many ``active``/``order``
-        rows).  Permutations go through ``permute_blocks`` (what the family
-        moves with a block too)."""
+        """The pure, traceable model call behind :meth:`apply`, ``(logits, captured)``
+        (the analyses ``vmap`` it over ``active``/``order`` rows)."""
         params = permute_blocks(self.family, params, order_l)
         return self.model.apply({"params": params}, tokens_bt, capture=capture,
                                 active=active_l, ident=order_l)
 
     def jit(self, fn, n_batch_args: int = 1, n_other: int = 0):
-        """``jax.jit(fn)`` for ``fn(params, *batch_args, *other)``: parameters in
-        their shardings, batch arguments split over the batch axis, the rest
-        replicated."""
+        """``jax.jit(fn)`` for ``fn(params, *batch_args, *other)``: parameters in their
+        shardings, batch arguments split over the batch axis, the rest replicated."""
         rep = parallel.replicated(self.mesh)
         batch_sh = parallel.batch_sharding(self.mesh)
         return jax.jit(fn, in_shardings=(self.param_shardings, *[batch_sh] * n_batch_args,
@@ -294,15 +259,12 @@ class Run:
 
     def apply(self, tokens_bt, *, active=None, ident=None, capture: tuple[str, ...] = (),
               to_numpy: bool = True):
-        """``(logits [B, T, V] fp32, captured)``: ``captured`` holds what ``capture``
+        """``(logits [B, T, V] fp32, captured)``; ``captured`` holds what ``capture``
         names (``"z"`` ``[L+1, B, T, D]``, ``"lens_logits"``, ``"probe"``: see
-        ``model.transformer.Transformer``).
-
-        ``active`` [L] bool: False replaces the block at that position by the
-        identity.  ``ident`` [L]: a permutation; position ``i`` runs block
-        ``ident[i]`` with all of that block's parameters and its identity.
-        With ``to_numpy=False`` the outputs stay (sharded) jax arrays.
-        """
+        ``model.transformer.Transformer``).  ``active`` [L] bool: False makes that
+        position the identity.  ``ident`` [L]: a permutation; position ``i`` runs
+        block ``ident[i]`` with its parameters and identity.  ``to_numpy=False``
+        keeps (sharded) jax arrays."""
         tokens, b, active_l, order_l = self._prepare(tokens_bt, active, ident)
         with self._context():
             logits, cap = self._fn(tuple(capture))(self.params, tokens, active_l, order_l)
@@ -361,8 +323,7 @@ def load_run(run_dir: str | Path, *, step: int | None = None, options: dict | No
 
 
 def init_run(config_or_run_dir, seed: int = 0, options: dict | None = None) -> Run:
-    """A freshly initialised model (no checkpoint read) of a ConfigDict or of
-    a run directory's config."""
+    """A freshly initialised model of a ConfigDict or of a run directory's config."""
     if isinstance(config_or_run_dir, (str, Path)):
         return open_run(config_or_run_dir).init(seed, options)
     return Run(config_or_run_dir, init_seed=seed, options=options)

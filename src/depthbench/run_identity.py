@@ -1,19 +1,10 @@
 """A run's identity: the fields of its config that say what it computes.
 
 A run directory may be resumed, and a finished run skipped, only by a config
-with the same identity.  The identity is every field of the config except
-
-* the runtime fields (:data:`RUNTIME_FIELDS`: how a run executes, not what
-  it computes -- another mesh after a preemption, another cache, how often
-  it logs), the one hand-kept list of them;
-* ``resolved.*`` (what the run resolved its config to, recorded beside it);
-* ``model.residual.*`` fields of families other than the run's own;
-* ``finetune.*`` of a run that is no fine-tuning (``finetune.parent`` empty):
-  there the section says what a sweep does after the run, not what it computes.
-
-A field missing from a saved config (added to the schema after it was
-written) takes its default, so old run directories keep their identity.
-"""
+with the same identity: every field but the runtime ones
+(:data:`RUNTIME_FIELDS`, the one hand-kept list), ``resolved.*``, other
+families' ``model.residual`` fields and a pretraining run's ``finetune.*``
+(docs/CONFIG.md, "Which config resumes a run")."""
 
 from __future__ import annotations
 
@@ -59,13 +50,10 @@ def _hashable(value: Any) -> Any:
 
 
 def identity(saved: dict) -> dict[str, Any]:
-    """The fields that define the run a config describes, flattened: every field
-    outside RUNTIME_FIELDS and ``resolved.*``, of ``model.residual`` only the
-    chosen family's own.  A field missing from ``saved`` (added to the schema
-    after it was written) takes its default, so old run directories keep their
-    identity; another family's residual fields (which run directories written
-    before per-family configs hold) are no part of it, so changing one
-    family's default never touches another family's runs."""
+    """The identity fields of ``saved``, flattened.  A field missing from ``saved``
+    takes its default, so old run directories keep their identity; other
+    families' residual fields (which old run directories hold) are no part of it,
+    so changing one family's default never touches another family's runs."""
     flat = flatten(from_saved(saved))
     defaults = flatten(base_config().to_dict())
     family = flat.get("model.family", defaults.get("model.family"))

@@ -1,30 +1,11 @@
 """`depthbench report RUN_DIR` for one training run: summary, curves, per-block statistics.
 
-A run directory (``depthbench train --workdir``) holds ``config.json``,
-``metrics.jsonl``, ``layer_stats.jsonl``, checkpoints and, once ended,
-``result.json`` (:mod:`depthbench.rundir.names`).  The report writes into it:
-
-* ``report.md``: the end-of-run summary (or how far an unfinished run got
-  and the checkpoint it resumes from), the loss table at every evaluation,
-  and the per-block statistics at the last step they were logged;
-* ``loss_curves.png``: training loss (and validation loss at evaluations),
-  learning rate and gradient norm against the step;
-* ``layer_stats.png``: the residual stream's per-block statistics over
-  training (``state_rms``, ``update_rms``, ``update_ratio``, and the l2 norm
-  of each block's output and of the loss's gradient on it, ``forward_norm``
-  and ``backward_norm``; see ``train/layer_stats.py``), one line per logged step, read from
-  ``layer_stats.jsonl``, which the trainer writes every
-  ``train.layer_stats_every`` steps.  Runs trained before that file was
-  kept have their statistics in TensorBoard only (``tb/``); their report
-  shows no per-block statistics.
-
-A damaged record is never shown as if it were whole: a ``result.json`` that
-is not JSON is named (the run is not called "not finished"), a damaged
-JSON-lines log is drawn up to the damaged line and named, and damaged
-checkpoints are named with the step the run would resume from (the
-integrity check every reader uses, :mod:`depthbench.rundir.restore`).  Each
-of these is also one warning in :attr:`RunReport.warnings`.
-"""
+Writes ``report.md`` (the end-of-run summary or how far an unfinished run got,
+the loss at every evaluation, the per-block statistics at their last logged
+step), ``loss_curves.png`` and ``layer_stats.png`` (``layer_stats.jsonl``:
+``train/layer_stats.py``) into the run directory.  A damaged ``result.json``,
+log or checkpoint is named, never shown as if whole, and is one warning in
+:attr:`RunReport.warnings`."""
 
 from __future__ import annotations
 

@@ -1,27 +1,11 @@
 """Named variants of a residual family, for sweeps: ``hc+sum_then_norm``.
 
-A sweep entry may name its family with variants appended by ``+``::
-
-    {"model.family": "hc+sum_then_norm", "model.depth": 4, "train.lr": 3e-3}
-
-Each variant is a named set of config overrides.  A family declares its own
-in its config (``capabilities.Variants``: values of its own fields, e.g. hc's
-and mhc's ``sum_then_norm``, moda's ``pre_norm`` and ``unrotated_query``,
-completep's ``depth_mup``); the variants here (:data:`GENERAL`) apply to every
-family.  The run trains the plain family with those overrides; its name shows
-the label (``hc+sum_then_norm-L4-lr3e-03``) and results.csv's ``family``
-column carries it, so the report gives the variant a row of its own beside
-the family's.  The label is the sweep entry's, recorded with the run's
-overrides in ``sweep_run.json``, so it survives re-runs and ``depthbench
-report``.
-
-A variant is a choice the sources disagree on, or a control for a confound
-(spec/residuals.md), like the weight-decay set below.  A family with a
-learning-rate rule (``capabilities.LearningRateRule``) also takes
-``lr_rule``: the same family trained under its rule (``completep+lr_rule``),
-so a sweep compares the rule's learning-rate transfer across depth with the
-plain family's (:mod:`depthbench.lr_transfer`).
-"""
+A sweep entry's ``model.family`` may append variants with ``+``; each is a
+named set of config overrides, declared by the family (``capabilities.Variants``)
+or here for every family (:data:`GENERAL`, :data:`RULE`).  A variant is a
+choice the sources disagree on, or a control for a confound
+(spec/residuals.md).  How they name runs and rows: docs/CONFIG.md, "Variants
+in a sweep"."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""The specs that ship with depthbench, found by name: ``--config quickstart``.
-
-Each module here is an experiment spec: ``get_config()`` returns an
-``ml_collections.ConfigDict`` and a sweep spec also has ``get_sweep()``.
-``base`` defines every field (the schema); the others start from it::
-
-    from depthbench.configs import base
-
-A spec of your own is a file anywhere (``--config path/to/spec.py``) that
-starts from these the same way.  Being modules of the package, they install
-with it: a wheel needs no checkout.
-"""
+"""The specs that ship with depthbench, found by name (``--config quickstart``);
+being modules of the package, they install with it.  ``base`` defines every
+field; what a spec is and how specs build on each other: docs/CONFIG.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """Every default of a depthbench experiment: the schema every spec is checked against.
 
-Other specs start from this one (``from depthbench.configs import base``, then
-``base.get_config()``; ``depthbench.config.base_config()`` is the same) and
-change only what differs.  Every field can be overridden on the command line with
-``--config.section.field=value``.  The defaults describe the CPU-sized
-``micro`` setting: a pre_ln model of the micro suite trained on the bundled
-micro corpus.
-"""
+The defaults describe the CPU-sized ``micro`` setting (a pre_ln model of the
+micro suite on the bundled micro corpus); other specs start from this one
+(docs/CONFIG.md) and override fields with ``--config.section.field=value``."""
 
 import ml_collections
 
@@ -49,10 +45,7 @@ def get_config() -> ml_collections.ConfigDict:
     # depth (model/depth_scan.py); "carries": nn.scan saves every block's carry.
     m.layer_scan = "depth_linear"
     m.impl = "xla"  # routing: "xla" | "pallas" (fused kernels) | "auto" (pallas on 1 TPU/GPU)
-    # The family's own fields (spec/residuals.md), declared with their types and
-    # defaults in its module (``Config``): only the chosen family's are here.
-    # A spec sets another family's after naming it: c.model.family = "hc";
-    # c.model.residual.hc_n = 8 (or depthbench.config.set_family(c, "hc", hc_n=8)).
+    # Only the chosen family's own fields, declared in its module (docs/CONFIG.md).
     m.residual = ml_collections.ConfigDict(registry.get(m.family).config_fields())
 
     # ------------------------------------------------------------------- data

@@ -1,16 +1,9 @@
-"""Evaluate a run right after a sweep trained it, when its spec asks to.
+"""Evaluate a run right after a sweep trained it, when its spec's ``eval.suites`` asks.
 
-A spec sets ``config.eval.suites`` (comma-separated: ``nll-code-stem-math``,
-``commonsense``, ``bbh-reasoning``) and optionally ``eval.data_dir``,
-``eval.limit`` and ``eval.batch_size``; ``depthbench sweep`` then calls
-:func:`maybe_evaluate` after each run it trains (runs already done are
-skipped by the sweep; evaluate those with ``depthbench eval``).  A suite
-whose ``RUN_DIR/eval/<suite>.json`` exists is not redone.  Diverged or preempted runs are not
-evaluated.  Bad input (a missing data file) is a ConfigError like any other;
-an unexpected failure is reported and the sweep goes on (the run itself
-trained fine).  The ``eval.*`` fields are runtime fields: changing them
-never blocks resuming a run.
-"""
+A suite whose JSON exists is not redone and diverged or preempted runs are
+not evaluated (docs/EVAL.md, "In a sweep").  Bad input is a ConfigError like
+any other; an unexpected failure is reported and the sweep goes on (the run
+itself trained fine)."""
 
 from __future__ import annotations
 

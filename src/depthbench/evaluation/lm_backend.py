@@ -1,32 +1,11 @@
 """The ``depthbench`` model backend of lm-evaluation-harness.
 
-    lm_eval --model depthbench --model_args run=RUN_DIR --batch_size 16 --tasks arc_easy
-
-evaluates any run directory (trained, or made by ``import-hf``) through
-:func:`depthbench.load_run` and :class:`~depthbench.evaluation.scoring.Scorer`
-(jitted, sharded over the run's mesh, bucketed shapes).  It subclasses
-lm-eval's ``TemplateLM``, so contexts and continuations are split into tokens
-exactly as lm-eval's own backends split them (trailing spaces of the context
-move to the continuation; an empty context is conditioned on
-``prefix_token_id``).
-
-Registration: the class registers itself as ``depthbench`` when this module
-is imported; ``pyproject.toml`` declares it under the ``lm_eval.models``
-entry-point group, which lm-eval versions with plugin discovery read on their
-own.  lm-eval releases without it (0.4.13 included) run it through
-``depthbench lm-eval ...`` (lm-eval's CLI with this backend registered) or
-``depthbench eval --tasks ...``.
-
-model_args: ``run`` (required), ``batch_size`` (8), ``max_length`` (the run's
-``train.seq_len``), ``max_gen_toks`` (256), ``step`` (latest checkpoint),
-``add_bos_token`` (False; True prepends BOS like HF tokenizers that add it).
-Tokenizer: the run's own (SentencePiece for depthbench runs, ``tokenizer.json``
-for imported ones), with :mod:`depthbench.data.tokenizer`'s policy: ``encode``
-adds no special tokens, so the BOS of ``add_bos_token`` is the one added here.
-Prefix token: BOS when the tokenizer has one and it is a
-Hugging Face tokenizer (as lm-eval's ``hf`` backend), else EOS (depthbench
-runs train on documents joined by EOS, without BOS).
-"""
+Evaluates any run directory through :func:`depthbench.load_run` and
+:class:`~depthbench.evaluation.scoring.Scorer`, subclassing lm-eval's
+``TemplateLM`` so that contexts and continuations split into tokens exactly as
+lm-eval's own backends split them.  It registers itself as ``depthbench`` on
+import.  How to run it, its ``model_args`` and its tokenizer and prefix-token
+policy: docs/EVAL.md, "The lm-eval backend"."""
 
 from __future__ import annotations
 

@@ -1,47 +1,11 @@
 """The completion-only NLL suite for code, STEM and math (``nll-code-stem-math``).
 
-The original benchmark (keyu-wang-2002/DepthBench,
-``eval/run_nll_eval_coding_stem_math.py``) scores six tasks by the negative
-log-likelihood of a reference completion given a prompt.  Only the
-completion's tokens are scored; the prompt is conditioned on.  Formats, as
-the original defines them (``{field}`` is a record field; ``·`` marks where
-the prompt ends and the target starts):
-
-* **mbpp** (code; ``google-research-datasets/mbpp`` "full", test):
-  ``You are an expert Python programmer, and here is your task: {text} Your
-  code should pass these tests:\\n\\n{t0}\\n{t1}\\n{t2}\\n[BEGIN]\\n`` · ``{code}``
-  with a final newline added if missing (``t_i`` = ``test_list``, padded
-  with empty strings to three).
-* **humaneval** (code; ``openai/openai_humaneval``, test): ``{prompt}`` ·
-  ``{canonical_solution}`` (the prompt ends at the body's indentation).
-* **sciq** (STEM; ``allenai/sciq``, test): ``Question: {question}\\nAnswer:``
-  · `` {correct_answer}\\nExplanation: {support}``.
-* **gpqa_diamond** (STEM; ``Idavidrein/gpqa`` "gpqa_diamond", train): the
-  four answers (correct first, then incorrect 1-3, stripped) are shuffled by
-  ``random.Random(seed)`` with ``seed`` the first 8 bytes (big-endian) of
-  SHA-256 of ``Record ID`` (or of the question without one); prompt
-  ``Question: {Question}\\nChoices:\\nA. ..\\nB. ..\\nC. ..\\nD. ..\\nAnswer:`` ·
-  `` {Correct Answer}`` plus ``\\nExplanation: {Explanation}`` when present.
-* **gsm8k** (math; ``openai/gsm8k`` "main", test):
-  ``Question: {question}\\nAnswer:`` · `` {answer}``.
-* **math500** (math; ``HuggingFaceH4/MATH-500``, test):
-  ``Problem:\\n{problem}\\n\\nSolution:`` · `` {solution}`` (``answer`` when
-  there is no solution).
-
-A target gets one leading space when neither the prompt's end nor the
-target's start is whitespace.  Tokenisation is lm-eval's ``_encode_pair``:
-the prompt's trailing whitespace moves to the target, the pair is encoded
-whole, and the target's tokens are those after the prompt's own encoding.
-
-Scores per task: ``nll_sum`` (nats over all target tokens), ``nll_mean =
-nll_sum / num_target_tokens`` and ``perplexity = exp(nll_mean)``; the same,
-token-weighted, per category (coding, stem, math) and over all tasks.
-
-Departure (documented in docs/EVAL.md): the original raises when a target is
-longer than the model's context.  Here such a target is scored in windows of
-``max_length`` tokens with the most left context that fits (``windowed``
-counts them); a pair that fits is scored exactly as the original scores it.
-"""
+Six tasks (mbpp, humaneval, sciq, gpqa_diamond, gsm8k, math500) scored as the
+original's ``eval/run_nll_eval_coding_stem_math.py`` scores them: the NLL of a
+reference completion given a prompt, only the completion's tokens scored, per
+task, category and overall.  The formats, the tokenisation and the one
+departure (a target longer than the context is scored in windows):
+docs/EVAL.md, "The completion-only NLL suite"."""
 
 from __future__ import annotations
 
@@ -163,7 +127,9 @@ def examples(task: NLLTask, docs: list[dict], source: str) -> list[tuple[str, st
 
 def encode_pair(encode: Callable[[str], list[int]], prompt: str, target: str,
                 prefix_id: int) -> tuple[list[int], list[int]]:
-    """lm-eval's split of (prompt, target) into tokens (see the module docstring)."""
+    """lm-eval's ``_encode_pair``: the prompt's trailing whitespace moves to the
+    target, the pair is encoded whole, and the target's tokens are those after
+    the prompt's own encoding (an empty prompt is conditioned on ``prefix_id``)."""
     if not prompt:
         ids = encode(target)
         return ([prefix_id], ids) if not ids or ids[0] != prefix_id else (ids[:1], ids[1:])

@@ -1,11 +1,7 @@
-"""Where evaluation records come from: local files, or the hub through ``datasets``.
-
-``--data-dir DIR`` holds one file per task, ``DIR/<task>.jsonl`` (one JSON
-object per line) or ``DIR/<task>.parquet``, with the fields of the original
-dataset (docs/EVAL.md lists them).  Without ``--data-dir`` the records load
-with ``datasets.load_dataset`` (only where the machine can reach the hub).
-Anything missing is one ConfigError line naming the file or dataset.
-"""
+"""Where evaluation records come from: ``--data-dir DIR`` (``DIR/<task>.jsonl`` or
+``.parquet``, fields as docs/EVAL.md lists them), or the hub through
+``datasets``.  Anything missing is one ConfigError line naming the file or
+dataset."""
 
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
 """The report's downstream section: evaluation results per family and aspect ratio.
 
-For every sweep suite, family and depth the report already picks one run
-(the best learning rate's).  When that run has ``RUN_DIR/eval/<suite>.json``
-files, this module tabulates them, one table per evaluation suite, with the
-same columns (aspect ratios) as the loss table:
-
-* ``nll-code-stem-math``: completion-only ``nll_mean`` (nats per target
-  token; lower is better) over all six tasks and per category;
-* lm-eval suites (``commonsense``, ``bbh-reasoning``, ``--tasks``): the mean
-  over tasks of ``acc`` (higher is better; each task's own ``acc,none``).
-
-and draws ``downstream_vs_aspect.png`` (one panel per evaluation suite, one
-line per family).  With no evaluated run it adds nothing.
-
-A run a sweep fine-tuned (``RUN_DIR/sft/``, ``finetune.records`` in its spec)
-and evaluated has its fine-tuned scores (``RUN_DIR/sft/eval/``) beside the
-zero-shot ones: each table gains a ``stage`` column (zero-shot, fine-tuned)
-and the plot a dashed line per family.
-"""
+Tabulates the ``RUN_DIR/eval/<suite>.json`` files of the run the report picks
+per (suite, family, depth), one table per evaluation suite with the loss
+table's columns, and draws ``downstream_vs_aspect.png``; a run a sweep
+fine-tuned has its ``sft/eval/`` scores beside, in a ``stage`` column.
+docs/EVAL.md, "In a sweep, in the report, on a cluster"."""
 
 from __future__ import annotations
 

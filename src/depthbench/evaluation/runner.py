@@ -1,19 +1,9 @@
 """Evaluate one run directory on a suite; write ``RUN_DIR/eval/<suite>.json``.
 
-Suites:
-
-* ``nll-code-stem-math``: completion-only NLL of six tasks
-  (:mod:`depthbench.evaluation.nll_suite`); needs no lm-eval.
-* ``commonsense``: zero-shot openbookqa, winogrande, arc_challenge,
-  arc_easy, hellaswag, social_iqa, piqa (lm-eval tasks);
-* ``bbh-reasoning``: ten zero-shot BBH tasks (lm-eval tasks);
-* ``--tasks a,b``: any lm-eval tasks (result name ``tasks``, or ``--name``).
-
-The lm-eval suites run ``lm_eval.simple_evaluate`` on the ``depthbench``
-backend with each task's own settings (zero-shot for these task sets, as the
-original benchmark runs them); ``--include-path`` adds task YAMLs (local
-data files), as lm-eval's own flag does.
-"""
+``nll-code-stem-math`` runs here (:mod:`depthbench.evaluation.nll_suite`, no
+lm-eval needed); ``commonsense``, ``bbh-reasoning`` and ``--tasks`` run
+``lm_eval.simple_evaluate`` on the ``depthbench`` backend with each task's own
+settings.  The suites: docs/EVAL.md."""
 
 from __future__ import annotations
 

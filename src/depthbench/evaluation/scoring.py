@@ -1,36 +1,13 @@
 """Completion scoring and greedy generation on a loaded run, in a few compiled shapes.
 
-:class:`Scorer` turns a :class:`~depthbench.run.Run` into the three
-operations an evaluation needs:
-
-* ``loglikelihood(pairs)``: for each ``(context_ids, target_ids)``, the sum
-  of ``log p(target_i | context, target_<i)`` over the target tokens only,
-  whether every target token is the argmax (lm-eval's ``is_greedy``), and the
-  number of target tokens.  The prompt is conditioned on, never scored.
-* ``rolling(ids, prefix_id)``: the log-likelihood of a whole text after one
-  prefix token (lm-eval's ``loglikelihood_rolling``).
-* ``generate(contexts, max_new, stop)``: greedy continuation, cut at the
-  first stop string, at EOS, or after ``max_new`` tokens, decoded with a KV
-  cache (:mod:`depthbench.generation`).
-
-Windows.  A model sees at most ``max_length`` tokens.  When context plus
-target fit in ``max_length + 1`` tokens the input is exactly lm-eval's:
-``(context + target)[-(max_length + 1):][:-1]`` (the context is cut from the
-left).  A longer target is scored in consecutive windows, last one first,
-each predicting up to ``max_length`` target tokens with all the left context
-that fits (the same tokens lm-eval's rolling windows see).
-
-Compiled shapes.  Inputs are right-padded to the next length bucket (powers
-of two from 16, and ``max_length``: ``generation/buckets.py``) and batches to
-a fixed ``batch_size`` (rounded up to the mesh's batch shards), so an
-evaluation compiles at most one program per bucket.  Padding cannot leak:
-attention is causal and padded positions are never read.  Log-softmax and
-the gather of the target ids run inside the jitted call, so ``[B, T, V]``
-logits never leave the device.  Generation prefills each batch into a cache
-of one length bucket and decodes a token per row per step
-(:class:`~depthbench.generation.decoder.Decoder`, greedy: what the suites
-need).
-"""
+:class:`Scorer` gives an evaluation its three operations on a
+:class:`~depthbench.run.Run`: ``loglikelihood`` of targets after contexts (the
+context conditioned on, never scored), ``rolling`` (a whole text after one
+prefix token) and greedy ``generate`` with a KV cache.  Inputs are padded to
+length buckets and a fixed batch, so an evaluation compiles at most one
+program per bucket; a target longer than the window is scored in windows
+(docs/EVAL.md, "Long targets" and "The lm-eval backend").  Padding cannot leak:
+attention is causal and padded positions are never read."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """The report's fine-tuning section: each shape's best run's held-out instruction
-loss before and after its fine-tuning, per family and aspect ratio.
-
-A sweep whose spec sets ``finetune.records`` fine-tunes each finished run
-into ``RUN_DIR/sft/`` (``sweep/finetune_hook.py``); that run's
-``result.json`` holds the held-out loss of the parent (evaluated before the
-first step) and its own at the end.  With no fine-tuned run the section is
-empty.  (Its evaluation suites, zero-shot beside fine-tuned, are in the
-downstream section: ``evaluation/report_section.py``.)
-"""
+loss before and after its fine-tuning (``RUN_DIR/sft/result.json``, written
+when a sweep's spec sets ``finetune.records``: docs/FINETUNE.md), per family
+and aspect ratio.  Empty with no fine-tuned run."""
 
 from __future__ import annotations
 

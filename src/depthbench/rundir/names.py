@@ -1,30 +1,6 @@
-"""The names of what a run directory and a sweep directory hold.
-
-Every module that reads or writes one of these files takes its name from
-here, so a reader and a writer can never disagree about where a record is.
-
-A run directory (``depthbench train --workdir``, one directory of a sweep,
-or ``depthbench import-hf --out``)::
-
-    config.json          the config the run started with, plus "resolved"
-    result.json          written atomically when the run ends
-    metrics.jsonl        one JSON object per logged step
-    layer_stats.jsonl    per-block statistics, one JSON object per logged step
-    tb/                  TensorBoard events (the same scalars and statistics)
-    checkpoints/<step>/  Orbax checkpoints, each sealed by integrity.json
-    checkpoints.damaged/ steps the trainer found damaged and moved aside
-    run.lock             the process training it
-    tokenizer.json       an imported run's tokenizer
-    report.md, loss_curves.png, layer_stats.png    depthbench report
-    analysis/analysis.json                         depthbench analyze
-    eval/<suite>.json                              depthbench eval
-    sweep_run.json, failure.txt                    when a sweep trains it
-    sft/                 the run fine-tuned (a run directory) when a sweep's
-                         spec sets finetune.records
-
-A sweep directory holds one run directory per run, ``sweep.json`` (the
-expanded sweep), ``results.csv`` and the sweep report.
-"""
+"""The names of what a run directory and a sweep directory hold (docs/RUNS.md
+has the layout).  Every reader and writer takes its names from here, so they
+can never disagree about where a record is."""
 
 from __future__ import annotations
 

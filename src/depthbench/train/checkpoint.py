@@ -1,36 +1,13 @@
 """Orbax checkpoints of a run: train state, data-iterator position, run clock.
 
 One ``CheckpointManager`` under ``<workdir>/checkpoints`` keeps the last
-``train.keep_checkpoints`` steps.  Each checkpoint is an
-``ocp.args.Composite`` of
-
-* ``state``: the :class:`~depthbench.train.state.TrainState` pytree (step,
-  parameters, optimizer state, RNG key data), restored straight into the
-  run's shardings (so a run may resume on a different mesh);
-* ``data``: the grain iterator's position, so a resumed run sees exactly the
-  batches it would have seen;
-* ``meta``: small JSON (wall/compute seconds so far), so throughput and wall
-  time in ``result.json`` cover the whole run, not just its last session.
-
-Saves are asynchronous (the device-to-host copy happens before ``save``
-returns, so the next step may donate the state's buffers); :meth:`close`
-waits for the last one.  Orbax writes a step into a temporary directory and
-renames it when complete, so a save interrupted by ``kill -9`` (or by a full
-disk) leaves only a temporary directory and the previous checkpoint
-untouched; :meth:`close` removes a failed save's (a full disk's), and the
-next start any left (Orbax's ``cleanup_tmp_directories``).
-
-Integrity.  Once a save is finalized, process 0 seals the step
-(:mod:`depthbench.rundir.integrity`).  :meth:`restore_latest` restores the
-newest intact step (:func:`depthbench.rundir.restore.newest_intact`, the
-walk every reader uses); damaged steps newer than it are moved to
-``<workdir>/checkpoints.damaged/`` (kept for inspection; a later save of the
-same step must not collide with them) and named in a warning.  If
-checkpoints exist but none restores,
-:class:`~depthbench.rundir.restore.DamagedCheckpoints` (a ``ConfigError``:
-exit status 2, one line) stops the run: restarting from scratch silently
-would throw the run's progress away.
-"""
+``train.keep_checkpoints`` steps, each the train state (restored straight into
+the run's shardings, so a run may resume on another mesh), the grain
+iterator's position (a resumed run sees exactly the batches it would have)
+and the wall/compute seconds so far.  Saves are asynchronous and sealed
+once finalized (:mod:`depthbench.rundir.integrity`); a resume restores the
+newest intact step and sets damaged newer ones aside
+(docs/TROUBLESHOOTING.md)."""
 
 from __future__ import annotations
 
@@ -55,12 +32,10 @@ from depthbench.train.state import TrainState
 
 
 class _QuietStorageErrors(logging.Filter):
-    """Drop Orbax's background-thread tracebacks for a full disk (absl's
-    logger) and asyncio's reports of the same failure in futures no one
-    awaited: the run reports that failure itself, as one line naming the step
-    and directory.
-    Also its note on removing the temporary directory such a failed save left,
-    when the re-run saves that step again (the resume is the expected outcome)."""
+    """Drop Orbax's background-thread tracebacks for a full disk (absl's logger),
+    asyncio's reports of the same failure in futures no one awaited, and Orbax's
+    note on removing such a save's temporary directory: the run reports the
+    failure itself, as one line naming the step and directory."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
@@ -79,12 +54,10 @@ _HOOKED = False  # _drop_closed_loop_reports has installed its hook in this proc
 def _drop_closed_loop_reports() -> None:
     """Stop TensorStore's reports of callbacks into a closed event loop (once per process).
 
-    When a write fails (a full disk), Orbax ends the save's event loop while
-    TensorStore still has writes of the same step in flight; as each finishes,
-    its completion callback finds the loop closed and Python reports the
-    ``RuntimeError('Event loop is closed')`` through ``sys.unraisablehook``:
-    dozens of tracebacks, from other threads, around the run's one line.  Only
-    that report is dropped; the failure itself is the run's StorageError."""
+    When a write fails, Orbax ends the save's event loop while TensorStore still
+    has writes in flight; each completion then reports ``RuntimeError('Event loop
+    is closed')`` through ``sys.unraisablehook``: dozens of tracebacks around the
+    run's one line.  Only that report is dropped."""
     global _HOOKED
     if _HOOKED:
         return
@@ -101,8 +74,7 @@ def _drop_closed_loop_reports() -> None:
 
 
 def quiet_failed_writes() -> None:
-    """Leave a failed Orbax write (a full disk) to the one line its writer says:
-    drop absl's and asyncio's reports of it and the closed-loop reports after it.
+    """Leave a failed Orbax write (a full disk) to the one line its writer says.
     Every Orbax writer calls it (the trainer's checkpoints, the imports' step 0)."""
     absl_logger = logging.getLogger("absl")
     if _QUIET not in absl_logger.filters:
@@ -206,12 +178,10 @@ class Checkpoints:
                        warn: Callable[[str], None] | None = None
                        ) -> tuple[TrainState, dict] | None:
         """Restore the newest intact checkpoint; None when there is none at all.
-
-        Damaged steps newer than the one restored are moved aside (process 0)
-        and reported through ``warn``.  Raises
-        :class:`~depthbench.rundir.restore.DamagedCheckpoints` when step
-        directories exist but none restores (nothing is moved then).
-        """
+        Damaged newer steps are moved to ``checkpoints.damaged/`` (process 0) and
+        reported through ``warn``.  Raises
+        :class:`~depthbench.rundir.restore.DamagedCheckpoints` when step directories
+        exist but none restores (nothing is moved then)."""
         try:
             found = newest_intact(self.directory,
                                   lambda step: self.restore(step, abstract_state, data_arg),

@@ -1,32 +1,10 @@
 """Per-block statistics of the residual stream, forward and backward (``layer_stats.jsonl``).
 
-Every ``train.layer_stats_every`` steps the trainer runs :func:`layer_stats`
-on its first validation batch (the same tokens each time, so the curves
-compare steps, not batches).  Nothing here is family-specific: the family's
-depth states ``z_0 .. z_L`` (``AnalysisProbes.boundary_state``) carry it all.
-
-* ``state_rms[l]``: RMS of ``z_l``; ``update_rms[l]``: RMS of ``z_{l+1} - z_l``
-  (what block ``l`` adds); ``update_ratio[l]``: their ratio (``z_0`` is the
-  embedding's state);
-* the original DepthBench's four statistics (its ``LayerStatsMonitorCallback``
-  over ``LayerStatsCollector``: mean, variance, magnitude ``abs().mean()``
-  and the l2 norm of the whole tensor) of each block's output ``z_{l+1}``
-  (``forward_*``) and of the loss's gradient on that same state
-  (``backward_*``), for ``l = 0 .. L-1``.  The original hooks the block's
-  output tensor in its training step; here the batch is the fixed
-  validation one.
-
-Everything comes from one program: the model run block by block
-(:mod:`depthbench.model.blockwise`) with a zero ``eps_l`` added to each
-block's output depth state through the family's probes (``moved =
-with_boundary_state(state, z + eps)``, a function of ``eps`` alone), straight
-through: the forward keeps the state exactly as computed (``state + (moved -
-stop_gradient(moved))``), the backward sees the injection, so ``d loss /
-d eps_l`` is ``d loss / d z_{l+1}`` of the model as it is.  Where a family's
-injection does not give its state back (attnres: its depth state is a mix
-over sources, not what its blocks pass on) the backward statistics
-are NaN rather than those of another model.
-"""
+What they are and how the gradient on each block's output is taken:
+docs/spec/analysis.md, "Per-block statistics during training".  One program
+runs the model block by block (:mod:`depthbench.model.blockwise`) with a zero
+``eps_l`` injected through the family's probes (``with_boundary_state``), so
+nothing here is family-specific."""
 
 from __future__ import annotations
 
@@ -122,7 +100,7 @@ def depth_states_and_grads(s: TrainSetup, params: Any, batch: dict
 
 
 def layer_stats(s: TrainSetup, params: Any, batch: dict) -> dict[str, jax.Array]:
-    """Every statistic of the module docstring, each a vector over depth states
+    """Every statistic of ``layer_stats.jsonl``, each a vector over depth states
     (``state_rms``) or blocks (the others)."""
     z_l, g_l, exact = depth_states_and_grads(s, params, batch)
     out = residual_stats(z_l)

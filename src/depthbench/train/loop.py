@@ -1,30 +1,11 @@
 """One training run, start to finish: ``run(config, workdir) -> result``.
 
-The run directory holds everything needed to trust and compare the run::
-
-    config.json      the config, plus what it resolved to ("resolved": shape,
-                     tokenizer ids, parameter count, mesh)
-    metrics.jsonl    one JSON object per logged step
-    layer_stats.jsonl  per-block statistics every train.layer_stats_every steps
-    tb/              TensorBoard events (same scalars + per-block statistics)
-    checkpoints/     Orbax checkpoints (state, data position, run clock)
-    result.json      written atomically when the run ends (finished or diverged)
-
-Re-running on the same directory resumes from the latest checkpoint and
-continues exactly (same batches, same RNG, bitwise-equal losses on CPU); a
-directory with a ``result.json`` is not retrained.  SIGTERM/SIGINT save a
-checkpoint at the next step boundary and return ``status="preempted"``
-(no ``result.json``).  A NaN/inf loss or gradient norm, or a loss above
-``train.max_loss``, ends the run with ``diverged: true``.
-
-This module is the loop and its start-up; what a run trains on and starts
-from is its inputs' (:mod:`~depthbench.train.inputs`: a corpus from a fresh
-init, or a fine-tuning's records from a parent run); the run directory (names,
-lock, atomic writes, identity, checkpoint restore) is :mod:`depthbench.rundir`,
-the clock and the result record :mod:`~depthbench.train.record`, signals
-:mod:`~depthbench.train.preemption`, the compile cache
-:mod:`~depthbench.train.compiled`.
-"""
+The loop and its start-up: resuming from the newest intact checkpoint,
+logging, evaluating, checkpointing, stopping at a signal or on divergence
+(the run directory and what a re-run does: docs/RUNS.md).  What a run trains
+on and starts from is :mod:`~depthbench.train.inputs`'; the clock and result
+record :mod:`~depthbench.train.record`'; signals
+:mod:`~depthbench.train.preemption`'."""
 
 from __future__ import annotations
 

@@ -1,30 +1,10 @@
 """Weights & Biases as an optional second metrics sink beside TensorBoard.
 
-``train.wandb`` turns it on: ``""`` (off, the default), ``"offline"`` (W&B
-writes the run into ``RUN_DIR/wandb/``; upload it later with ``wandb sync``)
-or ``"online"``.  It is a runtime field: switching it never blocks resuming.
-Asking for it without the ``wandb`` package is one line naming the extra
-(``pip install 'depthbench[wandb]'``), before anything is written.
-
-What the W&B run holds:
-
-* its config: the run's ``config.json`` (the config and what it resolved to:
-  shape, parameter count, FLOPs per token, mesh);
-* every metrics row under TensorBoard's names (``train/loss``,
-  ``eval/val_loss`` ...) and the per-block statistics as
-  ``layers/<stat>/<index>``, at the training step;
-* its name: the run directory's; its group: the sweep directory's name when
-  a sweep trains the run (``sweep_run.json`` is there), so a sweep's runs
-  are one group; its id: derived from the run directory and its config, so
-  a resumed run continues the same W&B run.  W&B cannot drop rows the way
-  TensorBoard purges them: rows that an interrupted session logged after its
-  last checkpoint are logged again by the resumed session at the same steps
-  (with the same values on CPU, where a resume is exact); online, W&B ignores
-  a step below the run's current one.
-
-The project is ``$WANDB_PROJECT``, else ``depthbench``; the entity and the
-credentials are W&B's own settings (``WANDB_ENTITY``, ``wandb login``).
-"""
+``train.wandb`` (``""``, ``"offline"``, ``"online"``) turns it on; without
+the ``wandb`` package asking for it is one line naming the extra, before
+anything is written.  The W&B run's name is the run directory's, its group
+the sweep's, its id derived from the run directory and config so a resumed
+run continues it.  What it holds and how resumes show: docs/WANDB.md."""
 
 from __future__ import annotations
 

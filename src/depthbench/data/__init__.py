@@ -1,15 +1,8 @@
 """Data: corpora, tokenizers, the tokenised cache and the grain pipeline.
 
-The trainer's view::
-
-    prepared = data.prepare(config)              # cached; raises ConfigError on bad input
-    it = data.train_iterator(config, prepared)   # infinite host-local batches
-    val = data.val_batches(config, prepared)     # fixed list of host-local batches
-    ckpt_args = ocp.args.Composite(state=..., data=data.checkpoint_save_arg(it))
-
-Batches are ``{"inputs": int32 [B_host, T], "targets": int32 [B_host, T]}``.
-See docs/DATA.md for the corpora, their licences and the cache layout.
-"""
+The trainer calls ``prepare(config)`` (cached), ``train_iterator`` (infinite
+host-local batches ``{"inputs", "targets"}: int32 [B_host, T]``),
+``val_batches`` and ``checkpoint_save_arg``.  docs/DATA.md has the rest."""
 
 from depthbench.data.cache import cache_root
 from depthbench.data.pipeline import (

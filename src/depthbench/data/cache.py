@@ -1,14 +1,10 @@
 """The on-disk cache: where prepared data lives, and how it is written safely.
 
-Everything the data pipeline derives (the fetched micro corpus, tokenizers,
-tokenised splits) lives under one cache root, in directories named by a
-digest of everything that determines their content.  A directory is built
-under a temporary name beside its final one and renamed into place only when
-complete, so an interrupted or failed run never leaves a half-written entry
-that a later run would trust (a killed one's temporary directory is removed
-by the next build of that entry).  Two processes racing to build the same
-entry both succeed: the first rename wins and the loser's copy is discarded.
-"""
+Every entry lives under one cache root in a directory named by a digest of
+what determines its content, built under a temporary name and renamed into
+place only when complete: a failed run leaves nothing a later one would
+trust (a killed one's temporary directory is removed by the next build), and
+of two processes racing to build an entry the first rename wins."""
 
 from __future__ import annotations
 

@@ -1,21 +1,9 @@
 """Corpora: where documents come from, behind one small interface.
 
-A text corpus yields documents (``str``); a token corpus yields documents
-already tokenised (1-D integer arrays, without their EOS).  Each corpus has a
-``fingerprint`` that changes whenever its content may have changed (the
-files, their sizes and modification times, and the reading options), which
-keys everything cached from it.
-
-============  ==========================================================
-``micro``     the bundled corpus (``depthbench.data.micro``), the default
-``text``      plain UTF-8 files or globs; a document per file or per
-              blank-line-separated paragraph (``data.split_by``)
-``jsonl``     JSON-lines files; the document is ``data.text_field``
-              (both read by :mod:`depthbench.data.readers`, gzipped or not)
-``tokens``    pre-tokenised ``.npy`` shards (``data.tokens_dtype``),
-              documents separated by ``data.eos_id``
-============  ==========================================================
-"""
+A text corpus yields documents (``str``), a token corpus 1-D integer arrays
+without their EOS (the corpora: docs/DATA.md, "Corpora").  Each has a
+``fingerprint`` that changes whenever its content may have (files, sizes,
+modification times, reading options), which keys everything cached from it."""
 
 from __future__ import annotations
 

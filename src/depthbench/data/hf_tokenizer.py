@@ -1,20 +1,11 @@
 """A Hugging Face ``tokenizer.json`` as a :class:`~depthbench.data.tokenizer_base.Tokenizer`.
 
-Read with the ``tokenizers`` library (no transformers).  ``encode`` adds no
-special tokens, whatever the file's post-processor adds by default (the
-policy in :mod:`depthbench.data.tokenizer`).
-
-Special ids, first found wins:
-
-* EOS: ``eos_token`` given by text (``data tokenize --eos-token``), else
-  ``eos_token`` of ``tokenizer_config.json`` beside the file (what
-  ``PreTrainedTokenizerFast`` would use), else an ``eos_id`` given by number
-  (a run's recorded id), else the first of :data:`EOS_CANDIDATES` in the
-  vocabulary (``<|endoftext|>`` is id 0 in GPT-NeoX's).  None: one
-  ConfigError.
-* BOS and pad: ``tokenizer_config.json``, else the given id; pad falls back
-  to EOS; -1 when there is none.
-"""
+Read with the ``tokenizers`` library (no transformers); ``encode`` adds no
+special tokens (:mod:`depthbench.data.tokenizer`).  EOS, first found:
+``eos_token`` given by text, ``tokenizer_config.json``'s beside the file, an
+``eos_id`` given by number, the first of :data:`EOS_CANDIDATES` in the
+vocabulary; none is one ConfigError.  BOS and pad: ``tokenizer_config.json``,
+else the given id; pad falls back to EOS; -1 when there is none."""
 
 from __future__ import annotations
 

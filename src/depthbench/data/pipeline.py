@@ -1,24 +1,9 @@
 """The grain input pipeline: windows of a flat token array, shuffled, sharded, batched.
 
-A split is one flat array (documents joined by EOS).  Window ``i`` is the
-contiguous run ``tokens[i*T : i*T + T + 1]`` (T = ``train.seq_len``): inputs
-are its first T tokens, targets its last T, and consecutive windows share one
-token so every token is a target exactly once per epoch.
-
-Training order: the window indices of an epoch are shuffled by grain's
-index shuffle with seed ``data.shuffle_seed + epoch``, epochs are
-concatenated into one infinite sequence, and host ``p`` of ``P`` takes
-positions ``p, p+P, p+2P, ...`` of it, batched ``train.batch_size / P`` at a
-time.  Host ``p``'s batch ``b`` therefore holds global positions
-``[b*B, (b+1)*B)`` congruent to ``p``: the global batch is the same for any
-number of hosts, and the hosts partition it.  All of this is index
-arithmetic in a grain ``MapDataset`` (nothing is materialised), so the
-iterator's state is one integer per host and restoring it resumes exactly.
-
-Validation takes a fixed, evenly spaced set of windows of the validation
-split (``data.val_windows`` rounded up to whole global batches, or as many whole
-batches as a small validation split holds).
-"""
+Windows, the epoch shuffle, how hosts partition the global batch and the
+validation windows: docs/DATA.md, "The grain pipeline".  It is all index
+arithmetic in a grain ``MapDataset`` (nothing materialised), so the
+iterator's state is one integer per host and restoring it resumes exactly."""
 
 from __future__ import annotations
 

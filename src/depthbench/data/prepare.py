@@ -1,17 +1,7 @@
-"""``prepare``: corpus -> split -> tokenizer -> tokenised splits, each step cached.
-
-Cache layout (under :func:`depthbench.data.cache.cache_root`)::
-
-    micro/downloads/                  the two package archives
-    micro/<key>/documents.jsonl       the cleaned micro corpus
-    tokenizers/<key>/spm.model        keyed by corpus, split, vocab, sample
-    tokens/<key>/{train,val}.npy      keyed by corpus, split, tokenizer bytes
-    tokens/<key>/meta.json            counts: documents, tokens, bytes
-
-Every entry is built under a temporary name and renamed into place when
-complete, so a failure leaves nothing a later run would trust, and a re-run
-finds everything and returns at once (without reading the corpus).
-"""
+"""``prepare``: corpus -> split -> tokenizer -> tokenised splits, each step cached
+under :func:`depthbench.data.cache.cache_root` (the layout: docs/DATA.md,
+"Tokenised cache").  A re-run finds everything and returns at once, without
+reading the corpus."""
 
 from __future__ import annotations
 
@@ -80,14 +70,11 @@ class _Ids(NamedTuple):
 
 
 def check_inputs(config) -> None:
-    """What :func:`prepare` checks before it reads the corpus through, without
-    writing or fetching anything (a dry run's data check): the data fields and
-    files, a given tokenizer (it opens, its vocabulary fits the model), token
-    shards' headers (valid ``.npy`` files of integers, not all empty) and the
-    first :data:`~depthbench.data.tokenize_inputs.PREFLIGHT_BYTES` of each text
-    or JSON-lines file (its encoding, its JSON, the text field).  What needs the
-    whole corpus (every token id below the vocabulary, every later line) only
-    :func:`prepare` finds."""
+    """What :func:`prepare` checks before it reads the corpus through, writing and
+    fetching nothing (a dry run's data check): the data fields and files, a given
+    tokenizer, token shards' headers and the first
+    :data:`~depthbench.data.tokenize_inputs.PREFLIGHT_BYTES` of each text or
+    JSON-lines file.  What needs the whole corpus only :func:`prepare` finds."""
     validate_config(config)
     _given_tokenizer(config)
     d = config.data

@@ -1,21 +1,8 @@
-"""Input formats: one reader per format, shared by ``data prepare`` and ``data tokenize``.
-
-==========  =============================================================
-text        a UTF-8 file (gzipped when its name ends in ``.gz``): one
-            document per file, or per blank-line-separated paragraph;
-            CRLF and CR read as LF, newlines around a document stripped,
-            whitespace-only documents skipped
-jsonl       JSON lines (gzipped when ``.gz``): each line an object whose
-            ``text_field`` is the document; blank lines skipped
-parquet     a Parquet file's ``text_field`` column, one row group at a time
-==========  =============================================================
-
-Empty and null documents are skipped: they would only add an EOS.  Every
-problem with a file (not UTF-8, not JSON, no such field, not a string, a
-damaged gzip stream, not Parquet) is one
+"""Input formats: one reader per format (text, JSON lines, Parquet), shared by
+``data prepare`` and ``data tokenize`` so a file gives both the same documents
+(docs/DATA.md, "Corpora").  Every problem with a file is one
 :class:`~depthbench.errors.ConfigError` naming the file, the line and the
-setting to change, as :class:`Names` spells it for the command at hand.
-"""
+setting to change, as :class:`Names` spells it for the command at hand."""
 
 from __future__ import annotations
 

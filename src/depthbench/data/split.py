@@ -1,12 +1,7 @@
-"""The validation split: a document is held out by a hash of its content.
-
-A document's split depends only on its bytes and the fraction, not on its
-position, on the other documents or on how the corpus is sharded: adding
-files never moves an old document across the split, duplicates always land
-together (no leakage through copies), and every host computes the same
-split without coordination.  Token documents are hashed as little-endian
-uint32 so a shard's split does not depend on its storage dtype.
-"""
+"""The validation split: a document is held out by a hash of its content, so the
+split needs no coordination and never moves as files are added
+(docs/DATA.md, "Validation split").  Token documents are hashed as
+little-endian uint32, whatever their storage dtype."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """SentencePiece tokenizers: train one on the training split, or load a given model.
 
-Trained models are BPE with byte fallback (no unknown tokens: any byte
-sequence round-trips), identity normalisation and no whitespace collapsing,
-so ``decode(encode(text)) == text`` exactly.  Ids 0-3 are unk, bos, eos, pad.
-
-SentencePiece trains on lines, each with a leading word boundary ("▁").  A
-model that has a piece for the newline byte is therefore applied line by
-line (lines joined by the newline piece), so a word opening a line (every
-line of verse) is tokenised as it was in training, not as a word fragment;
-``decode`` reverses this exactly.
-"""
+Trained models round-trip exactly (BPE with byte fallback, identity
+normalisation; ids 0-3 are unk, bos, eos, pad).  A model with a newline byte
+piece is applied line by line, since SentencePiece trains on lines each with a
+leading word boundary (docs/DATA.md, "Tokenizer")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """Flat on-disk token arrays: written once by streaming, then memory-mapped.
 
-A split is stored as one 1-D ``.npy`` array: every document's tokens
-followed by EOS, documents back to back.  The writer streams (appends
-chunks, then rewrites the header with the final length; numpy reserves room
-in the header for exactly this), so memory stays flat however large the
-corpus, and writes under a temporary name renamed into place on success.
-Readers validate the header against the file size, so a truncated or
-corrupt file is one clear error naming it rather than a crash mid-training.
-"""
+The writer appends chunks and then rewrites the header with the final length
+(numpy reserves room for it), so memory stays flat however large the corpus;
+readers check the header against the file size, so a truncated file is one
+error naming it rather than a crash mid-training."""
 
 from __future__ import annotations
 

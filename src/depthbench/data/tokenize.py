@@ -1,33 +1,11 @@
 """``data tokenize``: text files -> fixed-size token shards, in parallel, streaming, resumable.
 
-Output (``--out DIR``)::
-
-    train_00000.npy ...    1-D uint16/uint32 arrays of exactly ``shard_tokens``
-    val_00000.npy ...      tokens (the last of each split may be shorter)
-    manifest.json          sources, token counts, tokenizer hash, dtype, EOS, shards
-    .work/                 per-unit results while running (removed at the end)
-
-The token stream of a split is every document's ids (``encode`` of
-:mod:`depthbench.data.tokenizer`: no special tokens added) followed by EOS,
-documents in input order; the shards cut that
-stream every ``shard_tokens`` tokens, so a document may continue from one
-shard into the next (the ``tokens`` corpus reads the shards of a glob as one
-stream).  A document is held out for validation when
-:func:`depthbench.data.split.is_validation` of its ids (as ``uint32``) is
-below ``val_fraction``: the rule ``data prepare`` applies to token shards, so
-pointing ``data.paths`` at ``DIR/*.npy`` with the same ``data.val_fraction``
-reproduces exactly this split.
-
-Parallelism and resumption: the inputs are cut into units
-(:mod:`depthbench.data.tokenize_inputs`), each tokenised by one worker into
-``.work/<key>.{train,val}.npy`` and a ``.json`` of counts written last, all
-atomically.  A unit whose ``.json`` exists is done and never redone; its key
-covers the file (path, size, mtime), its range and every option that changes
-tokens.  When all units are done they are concatenated, in unit order, into
-the shards (each written atomically; existing complete shards are kept), so
-the output is byte-identical for any number of workers and after any number
-of kills.  ``manifest.json`` is written last: a directory with it is complete.
-"""
+The inputs are cut into units (:mod:`depthbench.data.tokenize_inputs`), each
+tokenised by one worker into ``DIR/.work/`` atomically, its ``.json`` of
+counts written last (a unit with one is never redone); the units are then
+concatenated in order into the shards, so the output is byte-identical for
+any number of workers and kills, and ``manifest.json`` is written last.  The
+output, the split and resuming: docs/DATA.md, "Tokenising a large corpus"."""
 
 from __future__ import annotations
 

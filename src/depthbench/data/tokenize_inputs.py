@@ -1,28 +1,11 @@
 """The inputs of ``data tokenize``: files cut into work units that stream their documents.
 
-A *unit* is the piece of one input file a worker tokenises on its own:
-
-=============================  =================================================
-``.parquet``                   one row group (the column ``--text-field``)
-``.jsonl`` ``.json`` ``.ndjson``  the lines that *start* in a byte range of
-                               ``chunk_bytes`` (a line crossing the range's end
-                               belongs to the unit it starts in)
-``.jsonl.gz`` ``.txt.gz``      the whole file (gzip cannot seek)
-``.txt`` ``.text`` ``.md``     the whole file: one document
-=============================  =================================================
-
-Each format is read by :mod:`depthbench.data.readers` (the readers ``data
-prepare`` uses), so a file gives the same documents to both commands.  Units
-are numbered in input order (files sorted within each glob, then row group
-or byte offset), and the output is their tokens in that order, so it does
-not depend on how many workers ran them.  Documents are read in batches and
-never more than a batch is held in memory.
-
-:func:`preflight` reads the start of every file (its first
-:data:`PREFLIGHT_BYTES`; a Parquet file's schema) before anything is
-written, so a wrong ``--text-field``, a file that is not JSON lines, not
-UTF-8 or not gzip stops the command at once with nothing on disk.
-"""
+A unit is a Parquet row group, the JSON lines that *start* in a byte range
+of ``chunk_bytes``, or a whole gzipped or text file (gzip cannot seek); each
+is read by :mod:`depthbench.data.readers`, so ``data prepare`` and ``data
+tokenize`` see the same documents.  Units are numbered in input order, so the
+output does not depend on how many workers ran them.  :func:`preflight` reads
+the start of every file before anything is written."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Validation of the ``data`` section (called by ``prepare``, the trainer and the CLI).
-
-Checks everything that can be checked without reading the corpus: choices,
-ranges, that ``data.paths`` names existing files and that a given tokenizer
-exists.  Problems that need the data itself (an empty corpus, a vocabulary
-the text cannot support, windows longer than the validation split) are
-raised by ``prepare``; every one is a ``ConfigError`` naming the field.
-"""
+"""Validation of the ``data`` section without reading the corpus (called by
+``prepare``, the trainer and the CLI); what needs the data itself is
+``prepare``'s.  Every problem is a ``ConfigError`` naming the field."""
 
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
 """``analyze(run, windows) -> dict``: every metric of docs/spec/analysis.md.
 
-The result has one top-level key per metric (``METRICS``; ``depth_weights``
-and ``stream_diversity`` only where the family exposes them through its
-probes) plus ``meta``.  Per-depth series are lists indexed by depth;
-matrices are lists of rows with ``None`` where a pair is undefined.
-
-Work is organised in passes over chunks of windows (one progress bar):
-a captured baseline forward, ``L`` single-block skips (``K`` at a time,
-vectorised with ``vmap``), ``L(L-1)/2`` swaps (likewise), affine stand-ins
-for ``L`` blocks (likewise), and the block Jacobians (VJP rows, ``K`` at a
-time).  A metric is computed only if asked for or needed by one asked for.
-"""
+One top-level key per metric (``METRICS``; ``depth_weights`` and
+``stream_diversity`` only where the family's probes expose them) plus
+``meta``, in the output format of docs/spec/analysis.md.  The work is passes
+over chunks of windows (a captured baseline, ``L`` skips, ``L(L-1)/2`` swaps,
+``L`` affine stand-ins, ``K`` at a time under ``vmap``, and the block
+Jacobians); a metric is computed only if asked for or needed by one that is."""
 
 from __future__ import annotations
 

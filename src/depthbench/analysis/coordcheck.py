@@ -1,29 +1,13 @@
 """A muP-style coordinate check across depth and width (``depthbench coordcheck``).
 
-For each family, depth ``L`` and width ``d`` a fresh model is trained for
-``k`` steps (a handful) at a constant learning rate on the same batches, and
-after every step ``t = 0 .. k`` the residual stream is measured on one fixed
-held-out batch: for every depth state ``z_l`` (``l = 0 .. L``; what the
-analyses use, the family's boundary state, ``capture=("z",)``)
-
-* ``state_rms[t][l]``: the RMS of ``z_l`` after ``t`` updates;
-* ``delta_rms[t][l]``: the RMS of ``z_l(t) - z_l(0)``, how far training has
-  moved it.
-
-A parametrisation whose hyperparameters transfer keeps these the same size
-whatever the depth (or width): flat lines.  The slopes summarise that, on the
-final state ``z_L`` (the readout's input, the one state every depth has):
-``depth_slope`` is ``d log RMS(z_L(k)) / d log L``, fitted over the depths
-at each width with one intercept per width (so widths are never compared with
-each other), ``width_slope`` the same against ``d`` at each depth, and the
-``delta_`` slopes the same for ``z_L(k) - z_L(0)``.  A slope near 0 is flat;
-pre_ln's stream grows with depth at init (about ``sqrt(L)``: slope ~0.5 or
-more), CompleteP's ``1/L`` branch scale keeps it nearly flat.  How to read
-the output: docs/COORDCHECK.md.
-
-Nothing here names a family: the depth states come through the family's
-analysis probes, the learning-rate rule through its ``LearningRateRule``.
-"""
+For each family, depth and width a fresh model trains ``k`` steps at a
+constant learning rate on the same batches, and after every step the RMS of
+each depth state, and how far training moved it, is measured on one fixed
+held-out batch; slopes over depth and width of the final state summarise
+whether they stay flat (what is measured and how to read it:
+docs/COORDCHECK.md).  Nothing here names a family: the depth states come
+through its analysis probes, the learning-rate rule through its
+``LearningRateRule``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """The coordinate check's figure: one row per family, flat lines where sizes transfer.
 
-Columns (those the check's grid allows): the RMS of every depth state
-``z_l`` after the last step against ``l / L`` (one line per depth); the RMS of
-the final state ``z_L`` against depth and how far training moved it
-(``z_L(t) - z_L(0)``), one line per step ``t``, at the widest width; the same
-two against width at the deepest depth.  Axes are log-log, so a flat line is
-a slope of 0 in the table (:mod:`depthbench.analysis.coordcheck`).
-"""
+Columns, as the grid allows: every depth state's RMS after the last step
+against ``l / L``; the final state's RMS and move against depth (widest
+width) and against width (deepest depth), a line per step.  Log-log axes, so
+a flat line is a slope of 0 in the table (docs/COORDCHECK.md)."""
 
 from __future__ import annotations
 

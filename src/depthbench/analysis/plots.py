@@ -1,9 +1,6 @@
-"""PNG plots of an ``analysis.json`` (one run) and of several side by side.
-
-Figures use matplotlib's object API on an Agg canvas (no pyplot state), the
-same way ``depthbench.plots`` draws sweeps.  Each function returns the
-paths it wrote.
-"""
+"""PNG plots of an ``analysis.json`` (one run) and of several side by side, drawn
+as ``depthbench.plots`` draws (object API, Agg canvas); each function
+returns the paths it wrote."""
 
 from __future__ import annotations
 

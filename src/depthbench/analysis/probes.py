@@ -1,16 +1,7 @@
 """Device-side passes over held-out windows: everything reduced to sums before
-it leaves the device.
-
-* :func:`baseline_sums`: one captured forward (every capture) per chunk
-  of windows gives the loss, the logit lens, angular distances, token
-  collapse spectra, stream statistics and the family's probes.
-* :func:`skip_sums`: ``K`` single-block skips at once (``vmap`` over the
-  scan's ``active`` rows) give the causal-score sums and the pruned losses.
-* :func:`swap_losses`: ``K`` block swaps at once (``vmap`` over ``order``).
-
-Token sums are over next-token positions (``T - 1`` per window) for
-losses and the lens, and over all positions for state geometry.
-"""
+it leaves the device (a captured baseline forward, ``K`` skips at once, ``K``
+swaps at once).  Token sums are over next-token positions (``T - 1`` per
+window) for losses and the lens, over all positions for state geometry."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Loss at equal compute (issue 31): what each run of a sweep cost in training
+"""Loss at equal compute (issue 31; docs/EQUAL_COMPUTE.md): each run's training
 FLOPs, its speedup over pre_ln at the same shape, and the aspect ratio that
-wins at equal FLOPs rather than at equal tokens.
-
-:mod:`.curves` holds the arithmetic on loss curves (pure functions);
-:mod:`.section` reads a sweep's runs and writes the report's section and
-the columns it adds to results.csv.
-"""
+wins at equal FLOPs.  :mod:`.curves` is the arithmetic, :mod:`.section` the
+report's section and results.csv columns."""
 
 from depthbench.equal_compute.curves import (
     Curve,

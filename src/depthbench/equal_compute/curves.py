@@ -1,23 +1,10 @@
 """Loss curves against tokens and FLOPs, and what they say at equal cost.
 
 Pure functions of a few numbers, no files (``section.py`` reads the runs):
-
-* :func:`monotone_fit`: the least-squares non-increasing fit of a loss
-  curve (pool adjacent violators), so the noise of one logged batch never
-  decides where a curve crosses a loss.  A decreasing curve is its own fit.
-  A noisy curve (training losses, one batch each) is first averaged with its
-  neighbours (:func:`moving_mean`), or its fit would end on its last batch
-  alone whenever that batch is low.
-* :func:`tokens_to_reach`: the tokens a fitted curve needs to reach a loss:
-  the last point at which it is still at or above it, linear between logged
-  points.  A curve reaches its own final loss at its last point, so the
-  speedup of a run over itself is exactly 1.
-* :func:`speedup`: a baseline's tokens (and FLOPs) to reach a run's final
-  loss over the run's own, and the reverse (the run's tokens to reach the
-  baseline's final loss) for when the baseline never gets there.
-* :func:`equal_budget`: every curve's loss at the largest budget (tokens or
-  FLOPs) that all of them reached.
-"""
+the monotone fit of a curve (so one noisy batch never decides where it
+crosses a loss), the tokens it needs to reach a loss, a run's speedup over a
+baseline and the reverse, and every curve's loss at a shared budget
+(docs/EQUAL_COMPUTE.md, "Which curve")."""
 
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
 """The sweep report's "Loss at equal compute" section and its results.csv columns.
 
-For every finished run of a sweep (definitions in :mod:`.curves`):
-
-* its training FLOPs: the cost model's forward + backward FLOPs per token
-  (:func:`depthbench.costs.train_flops_per_token`: weight matmuls and the LM
-  head x 6, causal attention, the family's own work x 3) times its tokens;
-* its loss curve against tokens and FLOPs, read from ``metrics.jsonl``: the
-  validation losses when every finished run was evaluated at two steps or
-  more, otherwise the training losses (logged every ``train.log_every``
-  steps), so that all runs are compared on one kind of curve;
-* its speedup over pre_ln: pre_ln's tokens (FLOPs) to reach the run's final
-  fitted loss on the curve of pre_ln's best run at the same shape, over the
-  run's own; or why there is none (pre_ln never reaches it, no finished
-  pre_ln run at that shape), with the reverse speedup in its place when
-  pre_ln never reaches it;
-* per family, each shape's loss at the largest FLOPs budget all its shapes
-  reached (their best learning rate's runs), so the aspect ratio that wins
-  at equal FLOPs stands beside the one that wins at equal tokens.
-"""
+Per finished run: its training FLOPs, its loss curve against tokens and FLOPs
+(validation when every run was evaluated twice or more, else training), its
+speedup over pre_ln's best run at the same shape, and per family each shape's
+loss at the largest FLOPs budget all its shapes reached.  What each means:
+docs/EQUAL_COMPUTE.md; the arithmetic: :mod:`.curves`."""
 
 from __future__ import annotations
 

@@ -1,30 +1,12 @@
 """A fine-tuning's plan: its config, the records each training row holds, and
 those rows as batches (docs/FINETUNE.md).
 
-The parent run (any family; trained, or made by import-hf or import-olmo)
-gives the ``model`` and ``data`` sections; of those only how the model runs
-(:data:`RUNTIME_FIELDS`) and where data is cached come from the fine-tuning
-spec (``sft`` by default: the original's recipe) and its overrides, which
-also give ``train``, ``finetune``, ``parallel`` and ``eval``.
-``finetune.parent`` names the parent, ``finetune.data_digest`` the prepared
-records, and ``train.steps`` follows from the rows (an override of it cuts
-the run short: a smoke test): a run's identity covers all three, so it
-resumes only on the same parent and data.
-
-Epoch ``e`` visits the training records in the order
-``default_rng(seed + e).permutation(n)`` (a fractional last epoch takes the
-start of its order), laid into rows of ``seq_len`` positions (a record of
-``n`` tokens is ``n - 1`` positions): ``padded``, one record per row, or
-``packed``, as many whole records as fit, in order.  A batch is
-``batch_size`` consecutive rows (the rows past the end are empty), read
-through grain (host ``p`` of ``P`` takes rows ``p, p + P, ...``), so a resumed
-run continues with the batch it would have seen.  A row holds its records
-one after another: inputs ``ids[:-1]``, targets ``ids[1:]``, loss mask
-``m[1:]``, then padding (``pad_id``, mask off); a packed row also carries
-``segments`` (1, 2, ... per record) and ``positions`` (each record from 0).
-Validation is every held-out record once, its loss the mean over all
-supervised tokens.
-"""
+The parent run gives the ``model`` and ``data`` sections (but how the model
+runs, :data:`RUNTIME_FIELDS`); the fine-tuning spec and its overrides give the
+rest.  ``finetune.parent``, ``finetune.data_digest`` and ``train.steps`` (from
+the rows) are part of the run's identity, so it resumes only on the same
+parent and data.  Batches are read through grain, so a resumed run continues
+with the batch it would have seen."""
 
 from __future__ import annotations
 
@@ -81,7 +63,9 @@ class RowPlan:
 
 
 def epoch_order(n_records: int, epochs: float, seed: int) -> np.ndarray:
-    """The records in the order the run visits them, epochs concatenated."""
+    """The records in the order the run visits them, epochs concatenated: epoch
+    ``e`` is ``default_rng(seed + e).permutation(n)``, a fractional last epoch
+    the start of its order."""
     whole, part = int(epochs), epochs - int(epochs)
     orders = [np.random.default_rng(seed + e).permutation(n_records) for e in range(whole)]
     if part > 0:
@@ -130,7 +114,11 @@ def training_rows(offsets: np.ndarray, *, epochs: float, seed: int, seq_len: int
 
 
 class RowReader:
-    """Row indices -> a host batch of one split's records (``plan`` lays them out)."""
+    """Row indices -> a host batch of one split's records (``plan`` lays them out).
+    A row holds its records one after another (inputs ``ids[:-1]``, targets
+    ``ids[1:]``, loss mask ``m[1:]``), then padding (``pad_id``, mask off); a
+    packed row also carries ``segments`` (1, 2, ... per record) and
+    ``positions`` (each record from 0)."""
 
     def __init__(self, directory: str, split: str, plan: RowPlan, seq_len: int, pad_id: int,
                  packed: bool):

@@ -1,26 +1,13 @@
 """Instruction records: read from local files, rendered with the original's
 template and label mask, tokenised with a run's tokenizer and cached
-(``depthbench data sft``; docs/FINETUNE.md, docs/DATA.md).
+(``depthbench data sft``).
 
-Commonsense170K and Alpaca name a record's fields alike: ``instruction``,
-``input`` (optional context, often empty) and ``output`` (the response;
-Commonsense170K's ``answer`` is not read, as the original's
-``prepare_commonsense170k.py`` reads only the three).  A ``.json`` file holds a
-list of records or one per line; ``.jsonl``/``.ndjson`` one per line;
-``.parquet`` one per row.  As that script (@3a6423a) does, the records are
-shuffled with ``seed`` (then cut to ``max_samples``), the first
-``val_fraction`` held out, each rendered with the Alpaca template and encoded
-as ``prompt + response + [EOS]`` with a label mask over the response and EOS;
-a record longer than ``max_seq_len`` keeps its first ``max_seq_len - 1``
-tokens and EOS (one cut before its response is refused).  The entry lives in
-the data cache under a digest of the records' bytes, the tokenizer and every
-option (``<root>/sft/<key>/``: ``manifest.json`` and each split's ``ids``,
-``mask`` and ``offsets`` arrays), built aside and renamed into place once
-every record is encoded (a refused record writes nothing); an entry whose
-arrays do not match its manifest is rebuilt.  JSON Lines end at ``\n`` only
-and hold standard JSON; text must be valid Unicode (:func:`unicode_text`):
-each problem is one line naming the file, the record and the line.
-"""
+The fields read, the template, the shuffle and split, the truncation rule and
+the cache entry: docs/DATA.md, "Instruction records for fine-tuning", and
+docs/FINETUNE.md.  The entry (``<root>/sft/<key>/``) is built aside and
+renamed into place once every record is encoded, so a refused record writes
+nothing; one whose arrays do not match its manifest is rebuilt.  Each problem
+with a record is one line naming the file, the record and the line."""
 
 from __future__ import annotations
 

@@ -3,17 +3,10 @@ loop into a run directory (docs/FINETUNE.md).
 
 :func:`finetune` checks the run directory, then hands the plan to
 :func:`depthbench.train.loop.run` with :class:`FinetuneInputs`: the records'
-rows and the parent's parameters, those of its newest intact checkpoint (a
-damaged latest step skipped with a warning, as every reader does) with a new
-optimizer state, step 0 and the run's RNG from ``train.seed``.  Checkpoints,
-resume, preemption, divergence and logs are pretraining's.  The parent step
-read is recorded in ``config.json`` (``resolved.finetune.parent_step``) and
-read again by a run stopped before its first checkpoint; the held-out loss
-is evaluated before the first step (logged at step 0) and ``result.json``
-gains a ``finetune`` block.  A ``--workdir`` that is not empty and holds no
-run, or another run, is refused before anything is written; one holding this
-fine-tuning resumes it (or, finished, is returned as recorded).
-"""
+rows and the parent's newest intact parameters with a fresh optimizer state,
+step 0 and the RNG from ``train.seed``.  The parent step read is recorded in
+``resolved.finetune.parent_step`` and read again by a run stopped before its
+first checkpoint."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""Sweeps: expand a sweep spec into runs, train them in order, keep results.csv.
-
-A sweep directory holds one subdirectory per run, named from its overrides
-(``hc-L8-lr3e-03``), ``sweep.json`` (the expanded sweep) and ``results.csv``
-(one row per run, rewritten atomically after every run).  One job per module:
-
-* :mod:`~depthbench.sweep.expand`: a spec into validated runs, and run selection;
-* :mod:`~depthbench.sweep.results`: a run's status from its directory,
-  results.csv, the manifest and the per-run record;
-* :mod:`~depthbench.sweep.execute`: claiming, training and recording runs;
-* :mod:`~depthbench.sweep.transfer`: the learning rate tuned at one depth and
-  reused at the others (``--transfer-lr-from``), in two phases.
-
-The run directory itself (its file names, lock, atomic writes, identity)
-is :mod:`depthbench.rundir`, shared with the trainer and every reader.
-"""
+"""Sweeps: expand a sweep spec into runs, train them in order, keep results.csv
+(the directory's layout: docs/RUNS.md).  One job per module: expand, results,
+execute, transfer; the run directory itself is :mod:`depthbench.rundir`."""
 
 from depthbench.sweep.execute import SweepOutcome, default_runner, run_sweep
 from depthbench.sweep.expand import Run, Sweep, expand, parse_shard

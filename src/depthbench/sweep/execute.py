@@ -91,14 +91,9 @@ def run_sweep(sweep: Sweep, workdir: str | os.PathLike, *, runs: Sequence[Run] |
               stale_after: float = 600.0, log: Callable[[str], None] | None = None
               ) -> SweepOutcome:
     """Train ``runs`` (default: every run of ``sweep``) in order under ``workdir``.
-
-    Finished runs are skipped, interrupted ones resumed (by the runner),
-    diverged ones recorded, failures (the runner raised) recorded in the run's
-    ``failure.txt`` and the sweep goes on.  With ``lock`` each run is claimed
-    with a :class:`RunLock`; runs held by another process are retried once at
-    the end.  ``lock=False`` is for a multi-host job in which every process
-    trains the same run together.  results.csv is rewritten after every run.
-    """
+    With ``lock`` each run is claimed with a :class:`RunLock` and runs held by
+    another process are retried once at the end; ``lock=False`` is for a
+    multi-host job in which every process trains the same run together."""
     workdir = as_path(workdir)
     runs = list(sweep.runs if runs is None else runs)
     outcome = SweepOutcome(selected=[r.name for r in runs])

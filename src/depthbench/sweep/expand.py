@@ -1,16 +1,10 @@
 """Expanding a sweep spec into runs: each run's name, overrides and validated config.
 
-A sweep spec is an experiment spec whose ``get_config()`` gives the shared
-settings and whose ``get_sweep()`` returns one override dict per run
-(``{"model.family": "hc", "model.depth": 8, "train.lr": 3e-3}``).  Overrides
-from the command line apply to every run (a family's field,
-``model.residual.*``, to the runs whose family has it); a run's own overrides win, and
-overriding a swept field on the command line is an error (it would silently
-do nothing).  ``--shard i/N``, ``--run NAME`` and ``--only I`` select runs.
-A family may carry variants (``"hc+sum_then_norm"``, :mod:`depthbench.variants`):
-the run trains the plain family with the variants' overrides, and its name and
-results row keep the label.
-"""
+``get_sweep()`` returns one override dict per run (docs/CONFIG.md).
+Command-line overrides apply to every run (a family's field only to the runs
+whose family has it); a run's own overrides win, and overriding a swept field
+on the command line is an error (it would silently do nothing).  ``--shard
+i/N``, ``--run NAME`` and ``--only I`` select runs."""
 
 from __future__ import annotations
 

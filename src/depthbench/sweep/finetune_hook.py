@@ -1,24 +1,11 @@
 """The sweep's fine-tuning switch: a spec with ``finetune.records`` set fine-tunes
-each finished run and evaluates the result.
+each finished run into ``RUN_DIR/sft/`` and evaluates the result
+(docs/FINETUNE.md, "In a sweep").
 
-For every run the sweep finds finished (trained now or before), not
-diverged: ``RUN_DIR/sft/`` is fine-tuned (``depthbench finetune``'s plan
-and trainer: the recipe of ``finetune.spec``, ``sft`` by default, with the
-spec's own ``finetune``, ``parallel`` and ``eval`` sections) and then
-evaluated with the suites of ``eval.suites``, as the run itself is
-(``evaluation/after_training.py``), into ``RUN_DIR/sft/eval/``; the report
-sets the two side by side.  A fine-tuning already finished and evaluated is
-not redone; one interrupted resumes.  The ``finetune.*`` fields of a
-pretraining run are runtime fields: setting them later never blocks resuming
-or skipping the run.
-
-Bad input (records without the fields, a row too short for a record) is a
-ConfigError like any other, a full or read-only disk the sweep's one line
-(exit status 4, :mod:`depthbench.faults`); another failure is written to
-``RUN_DIR/sft/failure.txt``, logged, and the sweep goes on (the run itself
-trained fine).  On several hosts it is skipped with a note (as evaluation
-after training is): run ``depthbench finetune`` per run instead.
-"""
+Bad input is a ConfigError and a full disk the sweep's one line (exit status
+4); another failure is written to ``RUN_DIR/sft/failure.txt`` and the sweep
+goes on (the run itself trained fine).  On several hosts it is skipped with a
+note: run ``depthbench finetune`` per run instead."""
 
 from __future__ import annotations
 

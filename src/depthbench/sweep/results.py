@@ -1,21 +1,11 @@
 """A sweep directory's results: each run's status read from its directory,
 results.csv (rebuilt atomically), the manifest, and the per-run record.
 
-The state of a run is read from its directory, never from memory, so any
-number of sweep processes (``--shard i/N`` or not) can share one directory:
-
-* ``result.json`` present: done (or diverged, as it records) -- skipped;
-  present but not JSON: damaged (the trainer refuses it, naming the file);
-* the run lock held by a live process: running elsewhere -- skipped now,
-  looked at again at the end;
-* ``failure.txt`` present: the trainer raised -- retried by the next sweep;
-* otherwise pending; an interrupted run resumes from its checkpoints
-  (the trainer does that).
-
-``sweep_run.json`` records the config a run was started with; resuming or
-skipping a run whose config has since changed is refused (one line naming
-the fields), so a results table never mixes two recipes under one name.
-"""
+A run's state is read from its directory, never from memory (``result.json``:
+done or diverged; a live lock: running elsewhere; ``failure.txt``: retried;
+else pending), so any number of sweep processes can share one directory.
+``sweep_run.json`` records the config a run started with, so a results table
+never mixes two recipes under one name."""
 
 from __future__ import annotations
 

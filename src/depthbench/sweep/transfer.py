@@ -1,19 +1,12 @@
 """A sweep that tunes the learning rate at one depth and reuses it at the others
-(``depthbench sweep --transfer-lr-from L``).
+(``depthbench sweep --transfer-lr-from L``; docs/LR_TRANSFER.md).
 
-The spec's grid is expanded as usual; its runs fall into *groups*: the same
-suite and overrides but for ``model.depth`` and ``train.lr`` (a family, a
-variant, a seed ...).  Phase 1 trains every rate of each group at depth
-``L``; phase 2 trains, at each other depth of the group, only the run whose
-rate was best at ``L`` (lowest final validation loss).  The phases are
-planned from what the run directories hold, so re-running the command skips
-finished runs and starts phase 2 for each group as soon as its phase 1 is
-finished (runs of other shards included); a group whose phase-1 runs all
-diverged gets no phase 2.  The runs are the grid's own (same names,
-directories and results), so a full sweep can later fill in the rest.
-:mod:`depthbench.lr_transfer` says, from a full grid, for which families the
-reuse is safe.
-"""
+Runs fall into groups (the same overrides but for ``model.depth`` and
+``train.lr``); phase 1 trains every rate of a group at depth ``L``, phase 2
+each other depth at the best of them.  Both phases are planned from what the
+run directories hold, so a re-run skips finished runs and starts a group's
+phase 2 as soon as its phase 1 is done; the runs are the grid's own, so a
+full sweep can later fill in the rest."""
 
 from __future__ import annotations
 

@@ -1,23 +1,12 @@
 """The model run block by block, for what replaces or differentiates one block.
 
-``model.transformer.Transformer`` runs its blocks inside one ``nn.scan``;
-the usefulness score (an affine map substituted for a block), the block
-Jacobian and the trainer's backward layer statistics (the loss's gradient on
-each block's output, ``train/layer_stats.py``) need to cut in between two
-blocks.  :class:`Blockwise` rebuilds the
-same forward pass from the same parameters (the backbone's own ``Block``
-module applied to each block's slice of the stacked parameters under
-``lax.scan``), and reaches the residual state only through the family's
-analysis probes (``capabilities.AnalysisProbes``): ``boundary_state`` (``z``,
-one vector per token) and ``with_boundary_state`` (a state whose next
-boundary is a given ``z``).
-
-So for every family, "replace block ``l`` by ``z -> z W + b``" means: the
-state after position ``l`` is ``with_boundary_state(state, z_l W + b)``,
-and the block Jacobian of position ``l`` is ``d z_{l+1} / d z_l`` with
-``z_l`` injected through ``with_boundary_state`` (see each family's method
-for what that means for its state; attnres replaces its newest source).
-"""
+The usefulness score, the block Jacobian and the backward layer statistics
+need to cut in between two blocks, which ``Transformer``'s one ``nn.scan``
+cannot.  :class:`Blockwise` rebuilds the same forward from the same
+parameters (the backbone's ``Block`` on each block's slice under
+``lax.scan``) and reaches the state only through the family's probes:
+``boundary_state`` and ``with_boundary_state`` (docs/spec/analysis.md, "How
+depthbench computes them")."""
 
 from __future__ import annotations
 

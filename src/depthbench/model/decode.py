@@ -1,25 +1,12 @@
 """Prefill and decode steps with a KV cache, for every residual family.
 
-* :func:`prefill`: the prompts (right-padded ``[B, P]``, each row's length
-  given) through the model's own forward, returning each row's last logits
-  and a :class:`~depthbench.model.past_attention.KVCache` of ``S`` slots;
-* :func:`decode_step`: one (or ``T``) new token(s) per row at the position
-  the row stands at, attending to the cache; returns the logits and the cache
-  with the new keys written.
-
-Both are pure functions of the parameters (jit them once per shape: the
-generation layer, ``depthbench.generation``, keeps one program per batch and
-length bucket).  Padding past a row's length never leaks: attention is
-causal in the prefill, and the cache's slots past a row's length are masked
-until the row writes them.
-
-What the cache holds per family comes from the family itself: every family
-gets each layer's attention keys and values; one whose state at a token
-depends on earlier tokens other than through attention declares
-``capabilities.PositionState`` and its carry rides in the cache.  The
-built-in families' states are per token (hc's streams, attnres's bank and
-moda's depth keys are the same token's), so their cache is the K/V alone.
-"""
+:func:`prefill` runs right-padded prompts through the model's own forward
+into a :class:`~depthbench.model.past_attention.KVCache`; :func:`decode_step`
+attends one (or ``T``) new token(s) per row to it.  Both are pure (jit once
+per shape).  Padding never leaks: the prefill is causal and cache slots past
+a row's length are masked until written.  The cache holds every layer's K/V,
+plus the carry of a family declaring ``capabilities.PositionState`` (no
+built-in one: their states are per token)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """ModelSpec: the static, hashable description of one model.
 
-Flax modules take a ``ModelSpec`` rather than a ConfigDict, so that they are
-hashable (jit-static) and independent of how the experiment was written.  It
-holds the :class:`~depthbench.shapes.Shape` (depth, widths, heads, vocabulary)
-and the numerics; the residual family's own fields (``config.model.residual``)
-ride along as sorted ``(name, value)`` pairs, which the family reads as its
-typed config (``family.cfg``, see ``model/residual/protocol/family_config.py``); a field left
-out takes the family's declared default, so a spec made from a bare shape
-carries none.  ``analysis`` holds the analysis switches a family declares
-(``capabilities.AnalysisOptions``), set when a run is analysed and empty in
-training.
-"""
+Flax modules take a ``ModelSpec`` rather than a ConfigDict, so they are
+jit-static and independent of how the experiment was written: the
+:class:`~depthbench.shapes.Shape`, the numerics, the family's own fields as
+sorted ``(name, value)`` pairs (a field left out takes the family's default)
+and ``analysis``, the analysis switches a family declares (empty in training)."""
 
 from __future__ import annotations
 

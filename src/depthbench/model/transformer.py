@@ -1,15 +1,11 @@
 """The LLaMA-style decoder with a pluggable residual family.
 
-Blocks run under ``nn.scan`` over stacked per-block parameters (leading
-logical axis 'layers'), wrapped in ``nn.remat``, so compile time does not
-grow with depth.  The scan's inputs are each block's execution position,
-its identity (original index) and an ``active`` flag: an analysis skips a
-block by clearing its flag and permutes blocks by gathering the stacked
-parameters (:func:`permute_blocks`) and passing the permuted identities.
-Nothing here knows which family runs; the family's four protocol functions
-(see ``residual/protocol/base.py``) do all the residual work, and the capabilities it
-declares (``residual/protocol/capabilities.py``) are asked for with ``isinstance``.
-"""
+Blocks run under ``nn.scan`` over stacked parameters, wrapped in
+``nn.remat``, so compile time does not grow with depth; each step carries its
+position, its identity and an ``active`` flag, which is how analyses skip and
+permute blocks (:func:`permute_blocks`).  Nothing here knows which family
+runs: its protocol functions (``residual/protocol/base.py``) do the residual
+work, its capabilities are asked for with ``isinstance``."""
 
 from __future__ import annotations
 

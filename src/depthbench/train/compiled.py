@@ -1,18 +1,11 @@
 """The compiled functions of a run, memoised by what they are built from.
 
-Running the same model and recipe again in one process (a resume, a sweep
-retry, the tests) reuses the jitted init, train, eval and layer-statistics
-functions instead of compiling them again.
-
-The cache key is not a hand-kept list of fields: the functions are built
-from a view of the config that records every field read while building them
-(the model's spec, the optimizer and schedule settings, the batch and
-sequence shapes, the mesh), and a later config reuses them when it agrees
-on each of those fields and runs on the same devices.  A field nothing reads
-while building (the seed, the data paths, how often to log) cannot change
-the compiled program, so it never forces a new compilation, and a field a
-builder starts reading tomorrow is in the key without anyone listing it.
-"""
+A resume, a sweep retry or a test in the same process reuses the jitted
+functions.  The key is no hand-kept list: the functions are built from a view
+of the config that records every field read while building them, and a later
+config reuses them when it agrees on each of those and runs on the same
+devices; a field nothing reads (the seed, how often to log) never forces a
+compilation, and one a builder starts reading is in the key unlisted."""
 
 from __future__ import annotations
 
@@ -124,9 +117,8 @@ def _build(config) -> tuple:
 
 
 def compiled(config) -> tuple:
-    """Setup and jitted functions (init, train, eval, layer stats) for
-    ``config`` on its mesh, memoised: running the same model and recipe again
-    in one process (a resume, a sweep retry, tests) compiles nothing new."""
+    """Setup and jitted functions (init, train, eval, layer stats) for ``config``
+    on its mesh, memoised."""
     devices = tuple(d.id for d in jax.devices())
     for entry in _COMPILED:
         if _matches(entry, config, devices):

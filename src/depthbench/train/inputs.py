@@ -1,25 +1,10 @@
 """What a run trains on and where its parameters start: the trainer's one seam.
 
-The loop (:mod:`~depthbench.train.loop`) is the same for every run; what
-differs between pretraining and fine-tuning is asked of its inputs:
-
-* ``prepare(progress)``: make the data ready (cached); its ``vocab_size``;
-* ``resolved()``: what ``config.json``'s "resolved" block records about them
-  (``tokenizer`` always: every reader finds the run's tokenizer there), and
-  ``files()``: files copied beside it (name in the run -> file);
-* ``train_iterator()``: an infinite (or long enough) grain iterator of
-  host-local batches, checkpointed with the model;
-* ``val_batches()``: the fixed host-local validation batches, and
-  ``val_loss(losses)``: the validation loss from their per-batch losses;
-* ``initial_state(s, seed, init_fn)``: the state of a run with no checkpoint;
-* ``evaluate_first``: whether the loop evaluates that state before the first
-  step (logged at step 0), and ``result_fields(workdir)``: entries
-  ``result.json`` adds.
-
-:class:`CorpusInputs` is pretraining: windows of a tokenised corpus and a
-fresh initialisation from the seed.  Fine-tuning's are
-``depthbench.finetune.trainer.FinetuneInputs``.
-"""
+The loop is the same for every run; what differs between pretraining
+(:class:`CorpusInputs`: a tokenised corpus, a fresh init from the seed) and
+fine-tuning (``finetune.trainer.FinetuneInputs``) is asked of an
+:class:`Inputs`: its data, the "resolved" block and files it records, its
+batches, its first state and what ``result.json`` adds."""
 
 from __future__ import annotations
 

@@ -1,22 +1,9 @@
 """What a run logs: ``metrics.jsonl``, ``layer_stats.jsonl`` and TensorBoard
-events (tensorboardX).
+events (tensorboardX), and W&B through :mod:`~depthbench.train.wandb_sink`.
 
-``metrics.jsonl`` holds one JSON object per logged step (step, loss, lr,
-grad_norm, tokens, tokens_per_sec, mfu and, at eval steps, val_loss);
-``layer_stats.jsonl`` one per ``train.layer_stats_every`` steps (step, and
-per statistic a list over blocks or depth states: ``state_rms``,
-``update_rms``, ``update_ratio``, see ``train/step.py:layer_stats``).  The
-TensorBoard events hold the same scalars under ``train/`` and ``eval/`` and
-the per-block statistics under ``layers/<stat>/<index>``; with ``train.wandb``
-set, Weights & Biases gets the same scalars under the same names
-(:mod:`~depthbench.train.wandb_sink`).
-
-A resumed run continues from its checkpoint step, so anything logged after
-that step by the interrupted session is dropped: each log is rewritten
-without those rows (:class:`~depthbench.rundir.io.JsonlLog`), and
-TensorBoard is told to purge events from that step on.  The files then read
-as one uninterrupted run.
-"""
+A resumed run rewrites each log without the rows the interrupted session
+wrote after its checkpoint step (:class:`~depthbench.rundir.io.JsonlLog`) and
+tells TensorBoard to purge them, so the files read as one uninterrupted run."""
 
 from __future__ import annotations
 

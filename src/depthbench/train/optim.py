@@ -1,23 +1,12 @@
 """The optimizer of the recipe: AdamW, warmup + cosine schedule, clipping.
 
-spec/shapes_and_recipe.md: AdamW with betas (0.9, 0.95), eps 1e-8, weight
-decay 0.1 on every weight except those a family exempts (hyper-connection
-static routing); linear warmup from 0 over 10% of the steps, then cosine to
-0.1 x peak; gradient clipping at global norm 1.0.  ``train.schedule =
-"linear"`` decays linearly instead (the original's fine-tuning recipe: 3%
-warmup, then linear to 0).  Every number is a
-``train.*`` config field; ``train.no_decay`` names the set of parameters
-without decay (:data:`NO_DECAY_SETS`; the recipe's by default).  A family's
-depth rule (its ``LearningRateRule``, applied when ``train.lr_rule =
-"family"``) may scale each leaf's learning rate and Adam's epsilon
-(CompleteP: both on the block parameters only, as the original benchmark's
-``examples/pretrain_preln_mup.py@aba1f65`` groups them).
-
-The chain is spelled out (rather than ``optax.adamw``) so that a family's
-per-parameter learning-rate multipliers (CompleteP's depth rule) can scale
-each leaf's whole step, decay included; without multipliers it is exactly
-``clip_by_global_norm + optax.adamw`` (tested).
-"""
+The numbers are spec/shapes_and_recipe.md's, each a ``train.*`` field
+(``train.schedule = "linear"``: the original's fine-tuning recipe;
+``train.no_decay``: :data:`NO_DECAY_SETS`).  The chain is spelled out rather
+than ``optax.adamw`` so that a family's depth rule (its ``LearningRateRule``,
+when ``train.lr_rule = "family"``) can scale each leaf's whole step, decay
+included, and Adam's epsilon; without one it is exactly
+``clip_by_global_norm + optax.adamw`` (tested)."""
 
 from __future__ import annotations
 

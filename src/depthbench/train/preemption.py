@@ -1,9 +1,5 @@
-"""Preemption: SIGTERM/SIGINT become a flag the training loop checks at each step.
-
-A preempted VM or ``scancel`` sends SIGTERM; a person presses Ctrl-C.  Either
-way the loop saves a checkpoint at the next step boundary and the run ends
-with ``status="preempted"``, resumable by the same command.
-"""
+"""Preemption: SIGTERM/SIGINT become a flag the training loop checks at each step,
+so it checkpoints at the next step boundary and ends ``"preempted"``."""
 
 from __future__ import annotations
 

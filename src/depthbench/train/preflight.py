@@ -1,11 +1,6 @@
-"""What a run checks before it writes anything, in one place.
-
-``train`` runs these checks first; ``train --dry-run``, ``sweep --dry-run``
-and a sweep before its first run run the same ones, so a dry run refuses what
-the run would refuse (``--config.train.wandb=cloud``, a cache that is a file,
-a launch environment with a malformed process count) instead of passing it.
-Each is one :class:`~depthbench.errors.ConfigError`; nothing is written.
-"""
+"""What a run checks before it writes anything, in one place: ``train`` and every
+dry run run the same checks, so a dry run refuses what the run would.  Each
+is one :class:`~depthbench.errors.ConfigError`; nothing is written."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """The train state and how it is laid out on the mesh.
 
-:class:`TrainState` is a plain pytree (step, fp32 master parameters, optimizer
-state, RNG key data) so that Orbax saves and restores it as is.
-:func:`setup` builds, from a config and a mesh, everything static about a
-run: the model, its family, the optimizer, the logical rules and the
-shardings of every state leaf (derived from the parameters' logical names,
-see ``depthbench.parallel``).  :func:`init_state` creates the state directly
-in its sharded layout (no host-side copy of the parameters).
-"""
+:class:`TrainState` is a plain pytree that Orbax saves as is; :func:`setup`
+builds everything static about a run (model, optimizer, rules, the sharding
+of every state leaf); :func:`init_state` creates the state directly in its
+sharded layout (no host-side copy)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,12 @@
 """The jitted train step and eval step (the layer-statistics probe: ``layer_stats.py``).
 
-Every function is ``jax.jit`` with explicit ``in_shardings`` /
-``out_shardings`` over the run's mesh; the train step donates the state.
-Gradient accumulation splits the global batch into ``microbatches`` and runs
-them through ``lax.scan`` with an fp32 gradient accumulator laid out like the
-parameters, so one compiled body serves any number of micro-batches.
-The model runs in its compute dtype (``model.compute_dtype``) on fp32 master
-parameters; the loss and every reduction are fp32.
-
-A packed batch (fine-tuning) carries ``segments`` and ``positions``: the
-model keeps its documents apart.  A batch with a ``mask`` (the label mask, aligned with
-``targets``) is scored only where the mask is set: the loss is the mean over
-the supervised tokens of the whole batch, whatever the micro-batches (each
-micro-batch's masked mean weighted by its share of those tokens).  Without a
-mask every token counts, as it always did.
-"""
+Explicit shardings over the run's mesh; the train step donates the state.
+Micro-batches run under ``lax.scan`` with an fp32 gradient accumulator, so
+one compiled body serves any number of them.  The model computes in
+``model.compute_dtype`` on fp32 master parameters; the loss and every
+reduction are fp32.  A batch with a ``mask`` is scored only where it is set:
+the mean over the whole batch's supervised tokens, whatever the
+micro-batches."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""`depthbench analyze RUN_DIR`: depth analyses of a trained run (docs/spec/analysis.md).
-
-Writes RUN_DIR/analysis/analysis.json (one key per metric plus "meta") and
-PNG plots beside it; with --compare, draws one metric of several analysed
-runs side by side.  Exit status: 0 ok, 2 bad input.
-"""
+"""`depthbench analyze RUN_DIR`: depth analyses of a trained run (docs/spec/analysis.md)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""`depthbench coordcheck`: does the residual stream keep its size across depth and width?
-
-Trains each (family, depth, width) a few steps at a constant learning rate on
-the same batches and measures the RMS of every depth state and of how far
-training moved it; prints the log-log slopes against depth and width (flat,
-near 0, means the size transfers), draws the figure, and with --json FILE
-writes every number (docs/COORDCHECK.md says how to read them).  Exit
-status: 0 ok, 2 bad input.
-"""
+"""`depthbench coordcheck`: does the residual stream keep its size across depth and width?"""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """`depthbench costs`: FLOPs, KV cache and residual-state memory per shape.
 
-No training needed: every number is :mod:`depthbench.costs` applied to the
-shapes of a suite (or of the shape rule at a budget) for one residual family
-or all of them.
-"""
+Every number is :mod:`depthbench.costs` applied to the shapes; no training."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""``depthbench eval RUN_DIR --suite S | --tasks a,b``: downstream evaluation of a run.
-
-Writes ``RUN_DIR/eval/<suite>.json`` and prints a summary.  Exit status: 0 ok,
-2 bad input (one line: unknown suite or task, missing data file, empty target).
-"""
+"""``depthbench eval RUN_DIR --suite S | --tasks a,b``: downstream evaluation of a run."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """``depthbench export-hf RUN_DIR --out DIR``: a run of the baseline family (the
 plain LLaMA decoder) as a Hugging Face ``LlamaForCausalLM`` checkpoint (see
-:mod:`depthbench.formats.hf`).
-
-Exit status: 0 exported, 2 bad input (one line: another family, a directory that
-is not a run, a non-empty --out), 4 a full or read-only disk (one line naming
---out, which is left as it was).
-"""
+:mod:`depthbench.formats.hf`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """``depthbench export-olmo RUN_DIR --out STEP_DIR``: a run of a family the original
 DepthBench trained as a checkpoint in its release format (OLMo-core's
-config.json and distributed checkpoint; see :mod:`depthbench.formats.olmo.step_dir`).
-
-Exit status: 0 exported, 2 bad input (one line: a family or configuration the
-original never trained, no torch, a directory that is not a run, a non-empty
---out), 4 a full or read-only disk (one line naming --out, left as it was).
-"""
+config.json and distributed checkpoint; see :mod:`depthbench.formats.olmo.step_dir`)."""
 
 from __future__ import annotations
 

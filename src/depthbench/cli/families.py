@@ -1,8 +1,4 @@
-"""`depthbench families`: the registry of residual families and their overheads.
-
-Reads everything from each family's class attributes and cost terms, so a
-newly registered family appears here without any change to this file.
-"""
+"""`depthbench families`: the registry of residual families and their overheads."""
 
 from __future__ import annotations
 

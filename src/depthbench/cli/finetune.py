@@ -1,9 +1,5 @@
 """``depthbench finetune PARENT_RUN --records FILE --workdir DIR``: supervised
-fine-tuning of a run, the original DepthBench's recipe, into a new run directory.
-
-Exit status as ``train``'s: 0 finished, preempted (resumable) or already done;
-2 bad input; 3 diverged; 4 disk full or read-only.
-"""
+fine-tuning of a run, the original DepthBench's recipe, into a new run directory."""
 
 from __future__ import annotations
 

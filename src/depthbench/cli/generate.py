@@ -1,10 +1,5 @@
 """``depthbench generate RUN_DIR --prompt TEXT | --prompts FILE.jsonl``: text from a
-run, decoded with a KV cache.
-
-Prints each prompt with its completion (or writes them to ``--out``), then
-time to first token, prefill and decode tokens/s.  Exit status: 0 ok, 2 bad
-input (one line; nothing written), 4 a full or read-only disk under --out.
-"""
+run, decoded with a KV cache."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """``depthbench import-hf PATH --out RUN_DIR``: a local Hugging Face Llama
-checkpoint as a pre_ln run directory (see :mod:`depthbench.formats.hf`).
-
-Exit status: 0 imported, 2 bad input (one line: unsupported config, missing
-file, a non-empty --out), 4 a full or read-only disk (one line naming --out,
-which is left as it was).
-"""
+checkpoint as a pre_ln run directory (see :mod:`depthbench.formats.hf`)."""
 
 from __future__ import annotations
 

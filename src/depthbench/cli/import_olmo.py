@@ -1,11 +1,6 @@
 """``depthbench import-olmo STEP_DIR --out RUN_DIR``: a checkpoint the original
 DepthBench released (OLMo-core distributed checkpoint) as a run directory of the
-family it trained (see :mod:`depthbench.formats.olmo.step_dir`).
-
-Exit status: 0 imported, 2 bad input (one line: a design or option depthbench
-cannot map, a missing or damaged file, a checkpoint pickle naming a class a torch
-checkpoint does not hold, a non-empty --out).
-"""
+family it trained (see :mod:`depthbench.formats.olmo.step_dir`)."""
 
 from __future__ import annotations
 

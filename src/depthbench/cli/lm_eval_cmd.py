@@ -1,18 +1,6 @@
 """``depthbench lm-eval ARGS...``: lm-eval's own command line with the ``depthbench``
 model registered (for lm-eval releases that do not read the ``lm_eval.models``
-entry point, 0.4.13 included).
-
-Everything after ``lm-eval`` goes to lm-eval unchanged; its exit status is
-returned.  With ``--model depthbench`` the model args are checked (known names,
-counts that are counts) and the run (``--model_args run=DIR[,step=N]``) is
-loaded first, through the integrity-checked restore: an unknown or bad model
-arg, a batch no memory holds, a missing or damaged run is one
-``depthbench: error:`` line and exit status 2 before lm-eval starts.  What
-lm-eval's own argument and task checks reject (an unknown task, no task, an
-unreadable config file: the errors its ``config`` and ``_cli`` modules raise
-before anything is evaluated) becomes one line and exit status 2 as well;
-an error raised anywhere else in lm-eval keeps its traceback.
-"""
+entry point, 0.4.13 included)."""
 
 from __future__ import annotations
 

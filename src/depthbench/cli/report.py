@@ -1,16 +1,4 @@
-"""`depthbench report DIR`: tables and plots of a sweep directory, or of one run.
-
-For a sweep, writes DIR/report.md, DIR/results.csv (refreshed from the run
-directories, with the equal-compute columns appended: docs/EQUAL_COMPUTE.md),
-DIR/loss_vs_aspect.png, DIR/training_curves.png, DIR/costs_vs_aspect.png and
-DIR/loss_vs_flops.png, and prints the loss table.  For a run directory
-(`depthbench train --workdir DIR`), writes DIR/report.md, DIR/loss_curves.png
-and DIR/layer_stats.png (see depthbench.run_report) and prints the summary.
-A damaged record (a result.json, config.json, sweep_run.json or log that
-cannot be read; damaged checkpoints) is named on stderr, one
-`depthbench: warning:` line each, and marked in the report.  Exit status:
-0 ok, 2 no such directory, or neither a sweep nor a run in it.
-"""
+"""`depthbench report DIR`: tables and plots of a sweep directory, or of one run."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """`depthbench shapes`: the shapes of a suite, or of the shape rule at a budget.
 
-Also home of what ``costs`` shares with it: the ``--suite | --budget``
-selection of shapes.  ``fmt_count`` and ``table`` live in
-:mod:`depthbench.formatting` (re-exported here for ``cli/costs.py``).
-"""
+Also the ``--suite | --budget`` selection ``costs`` shares."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""`depthbench sweep`: train every run of a sweep spec into one directory.
-
-Exit status: 0 when every selected run is finished (done or diverged, or
-held by another sweep process), 1 when a run failed (its traceback is in the
-run's failure.txt; the next sweep retries it), 2 bad input.
-"""
+"""`depthbench sweep`: train every run of a sweep spec into one directory."""
 
 from __future__ import annotations
 

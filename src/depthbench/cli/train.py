@@ -1,8 +1,4 @@
-"""``depthbench train``: train one model into a run directory (resumable).
-
-Exit status: 0 finished, preempted (resumable) or already done; 2 bad input;
-3 diverged (``result.json`` records the step); 4 disk full or read-only.
-"""
+"""``depthbench train``: train one model into a run directory (resumable)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Option values checked when the command line is parsed (argparse ``type=``).
-
-Each helper turns the option's text into its value or raises
-``argparse.ArgumentTypeError`` with what is allowed; the command's parser
-prints that as its one ``depthbench: error: --option: ...`` line (exit
-status 2) before anything is loaded or written.  Checks that need the
-option's context (a suite's depths, a run's steps) stay with the command.
-"""
+"""Option values checked when the command line is parsed (argparse ``type=``):
+what is not allowed is the parser's one ``depthbench: error: --option: ...``
+line (exit status 2) before anything is loaded or written.  Checks that need
+the option's context (a suite's depths, a run's steps) stay with the command."""
 
 from __future__ import annotations
 

@@ -1,40 +1,15 @@
 """The paper's main suite: ten designs x 7 aspect ratios x 4 learning rates at ~400M.
 
-spec/shapes_and_recipe.md: the paper-400m table (L 16, 20, 24, 28, 32, 42, 70;
-aspect ratios 76 .. 9.1), vocabulary 50280, batch 512 x 2048 tokens (~1M per
-step), 20 tokens per parameter (8B tokens, 7630 steps), AdamW (0.9, 0.95,
-eps 1e-8, weight decay 0.1), 10% linear warmup from 0, cosine to 0.1 x peak,
-clipping at 1.0, bf16 compute and bf16 weights with no fp32 master copy (the
-original's precision, below); the peak learning rate is swept over {5e-4,
-1e-3, 2e-3, 5e-3} per design and shape (280 runs).
-
-Precision as the original trained (docs/ORIGINAL.md "Precision"): its model
-is built in bf16 (``torch_dtype`` bfloat16) and trained under DDP, which keeps
-no fp32 master copy, so AdamW updates bf16 weights with bf16 moments; only
-modules built with an explicit fp32 dtype stay fp32 (Liger mHC's ``b`` and
-gates, AttnRes's queries and key norms).  Here: ``model.param_dtype`` bf16
-(matrices, embeddings, head, norm gains, mhc's ``phi``, moda's depth K/V
-projection; the optimizer's moments follow the parameters), every other
-family parameter fp32; gradients are summed over microbatches in fp32 (the
-original reduces them in fp32), then cast to the parameter's dtype for AdamW.
-The one departure: hc's routing parameters, which the original may have
-built in bf16, are fp32 here (family parameters are fp32 unless a family
-says otherwise).
-
-The data are pre-tokenised shards (.npy, uint16, GPT-NeoX vocabulary, EOS id
-0; ``depthbench data tokenize`` makes them, docs/DATA.md) given on the command
-line, both splits; the other paper specs reuse ``paper_config``:
-
     launch/tpu_sweep.sh --config paper_400m --workdir gs://BUCKET/400m \\
         --tpu NAME --zone ZONE --stage-data gs://BUCKET/fineweb_edu \\
         -- --config.data.paths='/tmp/depthbench-data/*.npy'
     depthbench sweep --config paper_400m --workdir runs/400m \\
         --config.data.paths='/data/fineweb_edu/*.npy' --shard 0/8
 
-Plain text instead: --config.data.corpus=text --config.data.paths='/data/*.txt'
-(a SentencePiece model of the vocabulary size is trained first, or give one
-with --config.data.tokenizer).
-"""
+The recipe of spec/shapes_and_recipe.md (280 runs, 8B tokens each) on
+pre-tokenised GPT-NeoX shards (docs/DATA.md), with the original's precision:
+bf16 weights and no fp32 master copy (docs/ORIGINAL.md, "Precision").  The
+other paper specs reuse ``paper_config``."""
 
 import math
 

@@ -5,16 +5,8 @@ What ``depthbench finetune`` uses by default::
     depthbench finetune runs/preln-L24 --records commonsense_170k.json \\
         --workdir runs/preln-L24-sft
 
-The parent run gives the model and the tokenizer (only how the model runs
-may change: the recipe computes in bf16); this spec gives the rest.  From
-the original's sft_llama_base.py and its README: AdamW at 1e-4 (about a
-tenth of the pretraining rate), weight decay 0.1, betas (0.9, 0.95), eps
-1e-8, 3% warmup then linear decay to 0, 3 epochs, batches of 128 sequences
-of 512 tokens, clipping at 1.0, bf16 compute; the loss only on each
-response and its EOS.  ``train.steps`` follows from the records, the layout
-and ``finetune.epochs``.  Any field can be overridden
-(``--config.finetune.layout=packed``, ``--config.train.batch_size=32``).
-"""
+The parent run gives the model and tokenizer, this spec the rest (the
+recipe's table: docs/FINETUNE.md, "The recipe")."""
 
 from depthbench.configs import base
 

@@ -1,9 +1,6 @@
-"""The SHA-256 of a file's bytes, streamed: the one file digest of the package.
-
-Checkpoint integrity records, a tokenizer's identity (cache keys, shard
-manifests) and the pinned archives of the micro corpus all use it.  Imports
-nothing of depthbench, so data/ and train/ may both import it.
-"""
+"""The SHA-256 of a file's bytes, streamed: the one file digest of the package
+(integrity records, tokenizer identity, the micro corpus's archives).  Imports
+nothing of depthbench, so data/ and train/ may both import it."""
 
 from __future__ import annotations
 

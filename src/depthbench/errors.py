@@ -1,8 +1,5 @@
 """Bad input and exit statuses: what every module raises and every command returns.
-
-Imported by every module that can reject input; imports nothing from the
-package, so it sits below everything in the import graph.
-"""
+Imports nothing from the package, so it sits below everything."""
 
 from __future__ import annotations
 

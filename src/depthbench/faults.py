@@ -1,11 +1,7 @@
-"""Failures of the machine, not of the input: a full disk, a file-size or
-quota limit, a read-only filesystem.
-
-They are reported like bad input, as one line naming the file and the
-operating system's reason, but with their own exit status
-(:data:`EXIT_STORAGE`), since re-running after freeing space resumes the run
-rather than needing a different command.
-"""
+"""Failures of the machine, not of the input: a full disk, a file-size or quota
+limit, a read-only filesystem.  One line naming the file and the system's
+reason, like bad input, but with their own exit status (:data:`EXIT_STORAGE`):
+re-running after freeing space resumes, no other command is needed."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""How numbers, names and tables are read and written for people: parameter
-counts ('400M'), learning rates ('3e-03'), run names from overrides
-('hc-L8-lr3e-03', a stable, filesystem-safe directory name) and aligned text
-tables.
-
-The library (reports, sweeps, the trainer) and the command line share these;
-nothing here knows about configs, models or runs.
-"""
+"""How numbers, names and tables are read and written for people: counts ('400M'),
+learning rates ('3e-03'), run names from overrides ('hc-L8-lr3e-03', stable
+and filesystem-safe) and aligned text tables.  Nothing here knows about
+configs, models or runs."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """Sweep plots (PNG): loss vs aspect ratio, training curves, loss vs training FLOPs,
 costs vs aspect ratio.
 
-Drawn with matplotlib's object API on an Agg canvas (no pyplot, no global
-backend switch), written through bytes so a sweep directory may be a bucket.
-Every function returns True when it wrote a figure and False when there was
-nothing to draw.
-"""
+Matplotlib's object API on an Agg canvas (no pyplot, no global backend),
+written through bytes so a sweep directory may be a bucket.  Every function
+returns whether it wrote a figure."""
 
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
 """A run's prefill and decode programs: jitted, sharded like the train step,
 one per batch and length bucket.
 
-:class:`Decoder` wraps :func:`depthbench.model.decode.prefill` and
-:func:`~depthbench.model.decode.decode_step` for a loaded
-:class:`~depthbench.run.Run`: parameters in their shardings, the batch over
-the mesh's batch axes, the cache by its logical axes (``CACHE_AXES``: batch
-over data and fsdp, kv heads over tensor), the next token chosen inside the
-program (:mod:`~depthbench.generation.sampling`), so neither logits nor cache
-ever leave the device.  A batch is padded to a multiple of the mesh's batch
-shards; a decode step donates the cache it is given (written in place).
-
-Programs are compiled ahead of the first call of each shape and the seconds
-it took are kept apart (``compile_seconds``), so throughput measured on the
-calls excludes compilation.
-"""
+:class:`Decoder` wraps :mod:`depthbench.model.decode` for a loaded run: the
+cache laid out by its logical axes (``CACHE_AXES``), the next token chosen
+inside the program, so neither logits nor cache leave the device; a decode
+step donates its cache.  Programs are compiled ahead of each shape's first
+call and the seconds kept apart (``compile_seconds``), so measured
+throughput excludes compilation."""
 
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
 """Prompts to completions: batches through a :class:`Decoder`, each row ended
 by EOS, a stop string, its token budget or the window, timed.
 
-Each batch is prefilled into a cache of one length bucket (the longest
-prompt plus the token budget, at most the window), then decoded one token
-per row per step until every row has ended.  The next step is dispatched
-before the tokens of the last one are read, so the host's work (decoding
-text, checking stop strings) overlaps the device's; a batch thus runs one
-step past its end, whose tokens are dropped.
-
-:class:`Timing` keeps what ``depthbench generate`` reports: time to first
-token (a batch's prefill, dispatch to first token on the host), prefill
-tokens/s (prompt tokens over prefill time) and decode tokens/s (tokens the
-decode steps produced for live rows over their time); compilation is timed
-apart (``Decoder.compile_seconds``).
-"""
+Each batch is prefilled into a cache of one length bucket, then decoded a
+token per row per step; the next step is dispatched before the last one's
+tokens are read, so the host's work (text, stop strings) overlaps the
+device's and a batch runs one step past its end (those tokens are dropped).
+:class:`Timing` keeps what ``depthbench generate`` reports, compilation apart."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """How the next token is chosen from the logits: greedy, or sampled with a
 temperature, optionally from the top-k tokens and/or the top-p nucleus.
 
-Runs inside the jitted decode programs (the logits never leave the device).
-Each row draws with its own key, ``fold_in(fold_in(key(seed), step), row id)``,
-so a prompt's sample depends on the seed, the step and the prompt's index
-only: not on the batch it shares or where in it it sits.  A temperature or
-nucleus too small for float32 behaves as its limit: below
-:data:`MIN_TEMPERATURE` sampling is greedy, and the nucleus always keeps the
-most likely token.
-"""
+Each row draws with ``fold_in(fold_in(key(seed), step), row id)``, so a
+prompt's sample depends on the seed, the step and its index only, not on its
+batch.  At float32's limits: below :data:`MIN_TEMPERATURE` sampling is greedy,
+and the nucleus always keeps the most likely token."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Experiment specs: find a spec, load it, apply command-line overrides, validate.
 
-``--config NAME`` is a bundled spec (:mod:`depthbench.configs`) or a spec
-file; ``depthbench.configs.base`` defines every field.  ``model.residual``
-holds the chosen family's own fields, declared by the family; switching family
-and overriding its fields follow docs/CONFIG.md.  Every problem with a spec or
-an override is one :class:`ConfigError` line naming the field.  Nothing here
+``--config NAME`` is a bundled spec or a spec file; ``configs/base.py`` defines
+every field, and ``model.residual`` the chosen family's (docs/CONFIG.md).
+Every problem is one :class:`ConfigError` line naming the field.  Nothing here
 names a family."""
 
 from __future__ import annotations

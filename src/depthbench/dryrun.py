@@ -1,11 +1,7 @@
 """What a dry run checks and shows without training (``train --dry-run``,
-``sweep --dry-run``, ``sweep --list``, and the launchers through them).
-
-Everything knowable before the first step: the config, the run's start-up
-checks (:mod:`depthbench.train.preflight`), the ``data`` section against this
-host's files, the mesh and batch against the devices, the run directory
-against its config.  Nothing that needs the corpus read through, a
-checkpoint restored or a compile."""
+``sweep --dry-run``, ``sweep --list``, and the launchers through them): the
+config, the run's start-up checks, the data against this host's files, the mesh
+and batch against the devices, the run directory against its config."""
 
 from __future__ import annotations
 

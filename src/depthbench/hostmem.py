@@ -1,11 +1,9 @@
 """Host memory for XLA:CPU steps: glibc by default, mimalloc or kept memory when asked.
 
-XLA:CPU allocates a step's whole temp buffer afresh at every run, and glibc
-maps and unmaps a request that large, so every step page-faults it in again.
-``$DEPTHBENCH_MALLOC`` chooses ``system`` (glibc as configured), ``mimalloc``
-(the command re-executes itself once with it preloaded: :func:`apply_or_exit`)
-or ``keep`` (glibc told to keep freed memory: :func:`apply`).  The modes and
-their costs: docs/CPU.md."""
+glibc maps and unmaps each step's large temp buffer, so every step page-faults
+it in again.  ``$DEPTHBENCH_MALLOC`` chooses ``system``, ``mimalloc`` (the
+command re-executes itself once with it preloaded: :func:`apply_or_exit`) or
+``keep`` (:func:`apply`); the modes and their costs: docs/CPU.md."""
 
 from __future__ import annotations
 

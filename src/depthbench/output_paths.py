@@ -1,12 +1,10 @@
 """The one output rule: what a command will write, checked before any work, built aside.
 
-Every output path goes through :func:`resolve` first (links resolved; a link
-loop, or a place among a run directory's own records, ``rundir.names.RUN_OWN``,
-is one :class:`ConfigError` naming the option), so no command trains for
-minutes before finding it cannot write.  A directory a command builds is
-checked by :func:`check_out` and built in a hidden sibling
-(:func:`built_aside`), renamed onto ``--out`` only once complete; the user's
-side of it: docs/TROUBLESHOOTING.md."""
+Every output path goes through :func:`resolve` first (a link loop, or a place
+among a run directory's own records, is one :class:`ConfigError`); a directory
+a command builds is checked by :func:`check_out` and built in a hidden sibling
+(:func:`built_aside`), renamed onto ``--out`` once complete
+(docs/TROUBLESHOOTING.md)."""
 
 from __future__ import annotations
 

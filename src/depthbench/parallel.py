@@ -1,11 +1,8 @@
 """Device mesh, logical axis rules and the shardings derived from them.
 
-One mesh with axes ``('data', 'fsdp', 'tensor')`` serves every run (the axes:
-docs/LAUNCH.md, "Memory").  The model names every dimension logically
-(``'embed'``, ``'mlp'``, ``'activation_batch'`` ...); :func:`axis_rules` maps
-those names to mesh axes and every sharding is derived from that one table.
-Multi-host runs call :func:`maybe_initialize_distributed` before touching a
-device and feed each host's batch shard through :func:`host_batch_to_global`."""
+One ``('data', 'fsdp', 'tensor')`` mesh serves every run (docs/LAUNCH.md,
+"Memory"); the model names every dimension logically and :func:`axis_rules`
+maps those names to mesh axes, the one table every sharding derives from."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """Opening a run directory: the one way every reader does it.
 
-:func:`open_run` reads a trained, imported or fine-tuned run directory into a
-:class:`RunDir` (its config with the model's shape complete, spec, tokenizer;
-no array read); ``RunDir.load`` gives a :class:`Run`, the model with the newest
-intact checkpoint's parameters (``rundir.restore.read_params``) on the run's
-mesh, or FSDP over this host's devices.  analyze, eval, lm-eval, generate,
-finetune's parent, the exports and the benchmarks all open runs here
-(:func:`load_run` is ``open_run(d).load()``).  In Python: docs/EVAL.md and
-docs/REPRODUCE.md."""
+:func:`open_run` reads a run directory into a :class:`RunDir` (config with the
+shape complete, spec, tokenizer; no array read); ``RunDir.load`` gives a
+:class:`Run`, the model at the newest intact checkpoint on the run's mesh.
+:func:`load_run` is ``open_run(d).load()`` (docs/EVAL.md, docs/REPRODUCE.md)."""
 
 from __future__ import annotations
 

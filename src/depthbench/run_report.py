@@ -1,11 +1,8 @@
 """`depthbench report RUN_DIR` for one training run: summary, curves, per-block statistics.
 
-Writes ``report.md`` (the end-of-run summary or how far an unfinished run got,
-the loss at every evaluation, the per-block statistics at their last logged
-step), ``loss_curves.png`` and ``layer_stats.png`` (``layer_stats.jsonl``:
-``train/layer_stats.py``) into the run directory.  A damaged ``result.json``,
-log or checkpoint is named, never shown as if whole, and is one warning in
-:attr:`RunReport.warnings`."""
+Writes ``report.md``, ``loss_curves.png`` and ``layer_stats.png`` into the run
+directory (docs/RUNS.md).  A damaged record is named, never shown as if whole,
+and is one warning in :attr:`RunReport.warnings`."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """Named variants of a residual family, for sweeps: ``hc+sum_then_norm``.
 
-A sweep entry's ``model.family`` may append variants with ``+``; each is a
-named set of config overrides, declared by the family (``capabilities.Variants``)
-or here for every family (:data:`GENERAL`, :data:`RULE`).  A variant is a
-choice the sources disagree on, or a control for a confound
-(spec/residuals.md).  How they name runs and rows: docs/CONFIG.md, "Variants
-in a sweep"."""
+Each is a named set of config overrides, declared by the family
+(``capabilities.Variants``) or here for every family (:data:`GENERAL`,
+:data:`RULE`): a choice the sources disagree on, or a control for a confound
+(docs/CONFIG.md, "Variants in a sweep")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""``analyze(run, windows) -> dict``: every metric of docs/spec/analysis.md.
-
-One top-level key per metric (``METRICS``; ``depth_weights`` and
-``stream_diversity`` only where the family's probes expose them) plus
-``meta``, in the output format of docs/spec/analysis.md.  The work is passes
-over chunks of windows (a captured baseline, ``L`` skips, ``L(L-1)/2`` swaps,
-``L`` affine stand-ins, ``K`` at a time under ``vmap``, and the block
-Jacobians); a metric is computed only if asked for or needed by one that is."""
+"""``analyze(run, windows) -> dict``: every metric of docs/spec/analysis.md, in its
+output format.  The work is passes over chunks of windows (a captured baseline,
+then skips, swaps and affine stand-ins ``K`` at a time under ``vmap``, and the
+block Jacobians); a metric is computed only if asked for or needed by one."""
 
 from __future__ import annotations
 

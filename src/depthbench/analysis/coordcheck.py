@@ -1,13 +1,9 @@
 """A muP-style coordinate check across depth and width (``depthbench coordcheck``).
 
-For each family, depth and width a fresh model trains ``k`` steps at a
-constant learning rate on the same batches, and after every step the RMS of
-each depth state, and how far training moved it, is measured on one fixed
-held-out batch; slopes over depth and width of the final state summarise
-whether they stay flat (what is measured and how to read it:
-docs/COORDCHECK.md).  Nothing here names a family: the depth states come
-through its analysis probes, the learning-rate rule through its
-``LearningRateRule``."""
+Fresh models train a few steps at a constant learning rate and the size of
+every depth state, and of how far training moved it, is measured after each
+step (docs/COORDCHECK.md).  Nothing here names a family: states come through
+its analysis probes, the learning-rate rule through its ``LearningRateRule``."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """A Hugging Face ``tokenizer.json`` as a :class:`~depthbench.data.tokenizer_base.Tokenizer`.
 
 Read with the ``tokenizers`` library (no transformers); ``encode`` adds no
-special tokens (:mod:`depthbench.data.tokenizer`).  EOS, first found:
-``eos_token`` given by text, ``tokenizer_config.json``'s beside the file, an
-``eos_id`` given by number, the first of :data:`EOS_CANDIDATES` in the
-vocabulary; none is one ConfigError.  BOS and pad: ``tokenizer_config.json``,
-else the given id; pad falls back to EOS; -1 when there is none."""
+special tokens.  Where its EOS, BOS and pad ids come from: docs/DATA.md,
+"Tokenizers and special tokens"."""
 
 from __future__ import annotations
 

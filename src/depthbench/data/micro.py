@@ -1,11 +1,9 @@
 """The bundled ``micro`` corpus: real English text from the package index, cleaned once.
 
-Wikipedia article summaries and Shakespeare's works (sources and licences:
-docs/DATA.md, "The micro corpus"), the plays cut at blank lines into passages
-of up to ``PASSAGE_CHARS`` so the held-out split samples every source.
-Lines are wrapped at sentence ends below ``LINE_CHARS`` (SentencePiece skips
-training lines above 4192 bytes).  Written once to
-``<cache>/micro/<key>/documents.jsonl``."""
+Sources and licences: docs/DATA.md, "The micro corpus".  Plays are cut into
+passages of up to ``PASSAGE_CHARS`` so the held-out split samples every
+source; lines are wrapped below ``LINE_CHARS`` (SentencePiece skips training
+lines above 4192 bytes)."""
 
 from __future__ import annotations
 

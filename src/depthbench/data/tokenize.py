@@ -1,11 +1,9 @@
 """``data tokenize``: text files -> fixed-size token shards, in parallel, streaming, resumable.
 
-The inputs are cut into units (:mod:`depthbench.data.tokenize_inputs`), each
-tokenised by one worker into ``DIR/.work/`` atomically, its ``.json`` of
-counts written last (a unit with one is never redone); the units are then
-concatenated in order into the shards, so the output is byte-identical for
-any number of workers and kills, and ``manifest.json`` is written last.  The
-output, the split and resuming: docs/DATA.md, "Tokenising a large corpus"."""
+Each unit (:mod:`depthbench.data.tokenize_inputs`) is tokenised by one worker
+into ``DIR/.work/``, its counts written last (a unit with them is never
+redone), then the units are concatenated in order into the shards: the output
+is byte-identical for any number of workers and kills (docs/DATA.md)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """The inputs of ``data tokenize``: files cut into work units that stream their documents.
 
-A unit is a Parquet row group, the JSON lines that *start* in a byte range
-of ``chunk_bytes``, or a whole gzipped or text file (gzip cannot seek); each
-is read by :mod:`depthbench.data.readers`, so ``data prepare`` and ``data
-tokenize`` see the same documents.  Units are numbered in input order, so the
-output does not depend on how many workers ran them.  :func:`preflight` reads
-the start of every file before anything is written."""
+A unit is a Parquet row group, the JSON lines that *start* in a byte range, or
+a whole gzipped or text file, read by :mod:`depthbench.data.readers` as ``data
+prepare`` reads it.  Units are numbered in input order, so the output does not
+depend on how many workers ran them."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """The one tokenizer interface over a SentencePiece model and a Hugging Face tokenizer.json.
 
-Every consumer (data prepare, tokenize and show, the analyses, eval and the
-lm-eval backend) opens tokenizers through :func:`open_tokenizer`, with one
-special-token policy: ``encode`` never adds special tokens, the data pipeline
-ends every document with EOS explicitly, scoring adds what it needs.  So a
-corpus tokenised by one command and scored by another gives the same ids
-(docs/DATA.md, "Tokenizers and special tokens")."""
+Every consumer opens tokenizers through :func:`open_tokenizer`, with one
+special-token policy (``encode`` adds none), so a corpus tokenised by one
+command and scored by another gives the same ids (docs/DATA.md, "Tokenizers
+and special tokens")."""
 
 from __future__ import annotations
 

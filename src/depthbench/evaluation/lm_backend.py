@@ -1,11 +1,8 @@
-"""The ``depthbench`` model backend of lm-evaluation-harness.
-
-Evaluates any run directory through :func:`depthbench.load_run` and
-:class:`~depthbench.evaluation.scoring.Scorer`, subclassing lm-eval's
-``TemplateLM`` so that contexts and continuations split into tokens exactly as
-lm-eval's own backends split them.  It registers itself as ``depthbench`` on
-import.  How to run it, its ``model_args`` and its tokenizer and prefix-token
-policy: docs/EVAL.md, "The lm-eval backend"."""
+"""The ``depthbench`` model backend of lm-evaluation-harness (docs/EVAL.md, "The
+lm-eval backend"): any run directory through :func:`depthbench.load_run` and the
+:class:`~depthbench.evaluation.scoring.Scorer`, a ``TemplateLM`` so contexts and
+continuations split into tokens as lm-eval's own backends split them.
+Registers itself as ``depthbench`` on import."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """The completion-only NLL suite for code, STEM and math (``nll-code-stem-math``).
 
-Six tasks (mbpp, humaneval, sciq, gpqa_diamond, gsm8k, math500) scored as the
-original's ``eval/run_nll_eval_coding_stem_math.py`` scores them: the NLL of a
-reference completion given a prompt, only the completion's tokens scored, per
-task, category and overall.  The formats, the tokenisation and the one
-departure (a target longer than the context is scored in windows):
-docs/EVAL.md, "The completion-only NLL suite"."""
+Six tasks scored as the original's ``eval/run_nll_eval_coding_stem_math.py``
+scores them: the NLL of a reference completion given a prompt.  The formats,
+the tokenisation and the one departure: docs/EVAL.md, "The completion-only NLL
+suite"."""
 
 from __future__ import annotations
 

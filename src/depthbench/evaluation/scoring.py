@@ -1,13 +1,9 @@
 """Completion scoring and greedy generation on a loaded run, in a few compiled shapes.
 
-:class:`Scorer` gives an evaluation its three operations on a
-:class:`~depthbench.run.Run`: ``loglikelihood`` of targets after contexts (the
-context conditioned on, never scored), ``rolling`` (a whole text after one
-prefix token) and greedy ``generate`` with a KV cache.  Inputs are padded to
-length buckets and a fixed batch, so an evaluation compiles at most one
-program per bucket; a target longer than the window is scored in windows
-(docs/EVAL.md, "Long targets" and "The lm-eval backend").  Padding cannot leak:
-attention is causal and padded positions are never read."""
+:class:`Scorer` gives an evaluation ``loglikelihood`` (targets after contexts),
+``rolling`` and greedy ``generate``.  Inputs are padded to length buckets and a
+fixed batch, one program per bucket; padding cannot leak (causal attention,
+padded positions never read).  Windows and buckets: docs/EVAL.md."""
 
 from __future__ import annotations
 

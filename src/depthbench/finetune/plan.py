@@ -1,12 +1,9 @@
 """A fine-tuning's plan: its config, the records each training row holds, and
 those rows as batches (docs/FINETUNE.md).
 
-The parent run gives the ``model`` and ``data`` sections (but how the model
-runs, :data:`RUNTIME_FIELDS`); the fine-tuning spec and its overrides give the
-rest.  ``finetune.parent``, ``finetune.data_digest`` and ``train.steps`` (from
-the rows) are part of the run's identity, so it resumes only on the same
-parent and data.  Batches are read through grain, so a resumed run continues
-with the batch it would have seen."""
+The parent gives the ``model`` and ``data`` sections (but how the model runs,
+:data:`RUNTIME_FIELDS`), the spec and overrides the rest; the parent, the data
+digest and the steps are in the run's identity, so it resumes only on them."""
 
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """Instruction records: read from local files, rendered with the original's
 template and label mask, tokenised with a run's tokenizer and cached
-(``depthbench data sft``).
+(``depthbench data sft``; docs/DATA.md, "Instruction records for fine-tuning").
 
-The fields read, the template, the shuffle and split, the truncation rule and
-the cache entry: docs/DATA.md, "Instruction records for fine-tuning", and
-docs/FINETUNE.md.  The entry (``<root>/sft/<key>/``) is built aside and
-renamed into place once every record is encoded, so a refused record writes
-nothing; one whose arrays do not match its manifest is rebuilt.  Each problem
-with a record is one line naming the file, the record and the line."""
+The cache entry is renamed into place only once every record is encoded, so a
+refused record writes nothing; each problem is one line naming the file, the
+record and the line."""
 
 from __future__ import annotations
 

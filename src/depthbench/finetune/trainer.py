@@ -1,12 +1,8 @@
 """``depthbench finetune``: a plan (:mod:`.plan`) trained by the one trainer
-loop into a run directory (docs/FINETUNE.md).
-
-:func:`finetune` checks the run directory, then hands the plan to
-:func:`depthbench.train.loop.run` with :class:`FinetuneInputs`: the records'
-rows and the parent's newest intact parameters with a fresh optimizer state,
-step 0 and the RNG from ``train.seed``.  The parent step read is recorded in
-``resolved.finetune.parent_step`` and read again by a run stopped before its
-first checkpoint."""
+loop into a run directory (docs/FINETUNE.md), with :class:`FinetuneInputs`:
+the records' rows and the parent's newest intact parameters, a fresh optimizer
+state, step 0.  The parent step read is recorded in
+``resolved.finetune.parent_step``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """A run's prefill and decode programs: jitted, sharded like the train step,
-one per batch and length bucket.
-
-:class:`Decoder` wraps :mod:`depthbench.model.decode` for a loaded run: the
-cache laid out by its logical axes (``CACHE_AXES``), the next token chosen
-inside the program, so neither logits nor cache leave the device; a decode
-step donates its cache.  Programs are compiled ahead of each shape's first
-call and the seconds kept apart (``compile_seconds``), so measured
-throughput excludes compilation."""
+one per batch and length bucket.  The next token is chosen inside the
+program, so neither logits nor cache leave the device; a decode step donates
+its cache; compilation is timed apart (``compile_seconds``)."""
 
 from __future__ import annotations
 

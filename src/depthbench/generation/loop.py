@@ -1,11 +1,7 @@
 """Prompts to completions: batches through a :class:`Decoder`, each row ended
-by EOS, a stop string, its token budget or the window, timed.
-
-Each batch is prefilled into a cache of one length bucket, then decoded a
-token per row per step; the next step is dispatched before the last one's
-tokens are read, so the host's work (text, stop strings) overlaps the
-device's and a batch runs one step past its end (those tokens are dropped).
-:class:`Timing` keeps what ``depthbench generate`` reports, compilation apart."""
+by EOS, a stop string, its token budget or the window, timed.  The next step
+is dispatched before the last one's tokens are read, so the host's work
+overlaps the device's (a batch runs one step past its end, dropped)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""The model run block by block, for what replaces or differentiates one block.
-
-The usefulness score, the block Jacobian and the backward layer statistics
-need to cut in between two blocks, which ``Transformer``'s one ``nn.scan``
-cannot.  :class:`Blockwise` rebuilds the same forward from the same
-parameters (the backbone's ``Block`` on each block's slice under
-``lax.scan``) and reaches the state only through the family's probes:
-``boundary_state`` and ``with_boundary_state`` (docs/spec/analysis.md, "How
-depthbench computes them")."""
+"""The model run block by block, for what replaces or differentiates one block
+(usefulness, the block Jacobian, the backward layer statistics), which
+``Transformer``'s one ``nn.scan`` cannot cut into.  Same parameters, the
+backbone's own ``Block``; the state only through the family's probes
+(docs/spec/analysis.md, "How depthbench computes them")."""
 
 from __future__ import annotations
 

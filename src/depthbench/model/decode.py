@@ -1,12 +1,9 @@
 """Prefill and decode steps with a KV cache, for every residual family.
 
-:func:`prefill` runs right-padded prompts through the model's own forward
-into a :class:`~depthbench.model.past_attention.KVCache`; :func:`decode_step`
-attends one (or ``T``) new token(s) per row to it.  Both are pure (jit once
-per shape).  Padding never leaks: the prefill is causal and cache slots past
-a row's length are masked until written.  The cache holds every layer's K/V,
-plus the carry of a family declaring ``capabilities.PositionState`` (no
-built-in one: their states are per token)."""
+Both are pure (jit once per shape); padding never leaks (the prefill is causal,
+cache slots past a row's length are masked until written).  The cache holds
+every layer's K/V, plus the carry of a family declaring
+``capabilities.PositionState`` (no built-in one: their states are per token)."""
 
 from __future__ import annotations
 

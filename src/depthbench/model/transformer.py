@@ -1,11 +1,9 @@
 """The LLaMA-style decoder with a pluggable residual family.
 
-Blocks run under ``nn.scan`` over stacked parameters, wrapped in
-``nn.remat``, so compile time does not grow with depth; each step carries its
-position, its identity and an ``active`` flag, which is how analyses skip and
-permute blocks (:func:`permute_blocks`).  Nothing here knows which family
-runs: its protocol functions (``residual/protocol/base.py``) do the residual
-work, its capabilities are asked for with ``isinstance``."""
+Blocks run under ``nn.scan`` over stacked parameters, so compile time does not
+grow with depth; each step carries its position, identity and ``active`` flag,
+which is how analyses skip and permute blocks.  Nothing here knows which
+family runs: its protocol (``residual/protocol/base.py``) does the residual work."""
 
 from __future__ import annotations
 

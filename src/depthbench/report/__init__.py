@@ -1,11 +1,8 @@
 """Turn a sweep directory into tables: per family, loss at each aspect ratio.
 
-For every (suite, family, depth) the best learning rate's run (finished, not
-diverged, lowest final validation loss) fills the tables, beside the
-published losses for paper-400m; ``write_report`` writes report.md,
-results.csv and the plots.  A run with damaged records is marked damaged and
-named in one warning, never shown from results.csv as if whole.  One
-submodule per job, each saying which."""
+Every (suite, family, depth) is shown by its best learning rate's run, beside
+the published losses for paper-400m; a run with damaged records is marked and
+named in one warning, never shown as if whole.  One submodule per job."""
 
 from depthbench.report.document import markdown
 from depthbench.report.rows import load_rows, parse_csv

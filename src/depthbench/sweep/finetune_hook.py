@@ -1,11 +1,8 @@
 """The sweep's fine-tuning switch: a spec with ``finetune.records`` set fine-tunes
-each finished run into ``RUN_DIR/sft/`` and evaluates the result
-(docs/FINETUNE.md, "In a sweep").
-
-Bad input is a ConfigError and a full disk the sweep's one line (exit status
-4); another failure is written to ``RUN_DIR/sft/failure.txt`` and the sweep
-goes on (the run itself trained fine).  On several hosts it is skipped with a
-note: run ``depthbench finetune`` per run instead."""
+each finished run into ``RUN_DIR/sft/`` and evaluates it (docs/FINETUNE.md,
+"In a sweep").  A failure other than bad input or a full disk goes to
+``RUN_DIR/sft/failure.txt`` and the sweep goes on; on several hosts it is
+skipped with a note."""
 
 from __future__ import annotations
 

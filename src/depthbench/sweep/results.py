@@ -1,11 +1,7 @@
-"""A sweep directory's results: each run's status read from its directory,
-results.csv (rebuilt atomically), the manifest, and the per-run record.
-
-A run's state is read from its directory, never from memory (``result.json``:
-done or diverged; a live lock: running elsewhere; ``failure.txt``: retried;
-else pending), so any number of sweep processes can share one directory.
-``sweep_run.json`` records the config a run started with, so a results table
-never mixes two recipes under one name."""
+"""A sweep directory's results: each run's status read from its directory (never
+from memory, so any number of sweep processes can share one), results.csv
+(rebuilt atomically), the manifest, and the per-run record that keeps a
+results table from mixing two recipes under one name."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """A sweep that tunes the learning rate at one depth and reuses it at the others
-(``depthbench sweep --transfer-lr-from L``; docs/LR_TRANSFER.md).
-
-Runs fall into groups (the same overrides but for ``model.depth`` and
-``train.lr``); phase 1 trains every rate of a group at depth ``L``, phase 2
-each other depth at the best of them.  Both phases are planned from what the
-run directories hold, so a re-run skips finished runs and starts a group's
-phase 2 as soon as its phase 1 is done; the runs are the grid's own, so a
-full sweep can later fill in the rest."""
+(``depthbench sweep --transfer-lr-from L``; docs/LR_TRANSFER.md).  Both phases
+are planned from what the run directories hold, so a re-run skips finished
+runs and starts a group's phase 2 once its phase 1 is done."""
 
 from __future__ import annotations
 

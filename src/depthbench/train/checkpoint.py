@@ -1,13 +1,9 @@
 """Orbax checkpoints of a run: train state, data-iterator position, run clock.
 
-One ``CheckpointManager`` under ``<workdir>/checkpoints`` keeps the last
-``train.keep_checkpoints`` steps, each the train state (restored straight into
-the run's shardings, so a run may resume on another mesh), the grain
-iterator's position (a resumed run sees exactly the batches it would have)
-and the wall/compute seconds so far.  Saves are asynchronous and sealed
-once finalized (:mod:`depthbench.rundir.integrity`); a resume restores the
-newest intact step and sets damaged newer ones aside
-(docs/TROUBLESHOOTING.md)."""
+The state is restored straight into the run's shardings (a run may resume on
+another mesh) and the iterator where it stood (the same batches); saves are
+asynchronous and sealed once finalized; a resume takes the newest intact step
+and sets damaged newer ones aside (docs/RUNS.md, docs/TROUBLESHOOTING.md)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""The compiled functions of a run, memoised by what they are built from.
-
-A resume, a sweep retry or a test in the same process reuses the jitted
-functions.  The key is no hand-kept list: the functions are built from a view
-of the config that records every field read while building them, and a later
-config reuses them when it agrees on each of those and runs on the same
-devices; a field nothing reads (the seed, how often to log) never forces a
-compilation, and one a builder starts reading is in the key unlisted."""
+"""The compiled functions of a run, memoised by what they are built from: a view
+of the config records every field read while building them, and a later config
+reuses them when it agrees on those and runs on the same devices.  A field
+nothing reads never forces a compilation; the key is no hand-kept list."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """One training run, start to finish: ``run(config, workdir) -> result``.
 
-The loop and its start-up: resuming from the newest intact checkpoint,
-logging, evaluating, checkpointing, stopping at a signal or on divergence
-(the run directory and what a re-run does: docs/RUNS.md).  What a run trains
-on and starts from is :mod:`~depthbench.train.inputs`'; the clock and result
-record :mod:`~depthbench.train.record`'; signals
-:mod:`~depthbench.train.preemption`'."""
+Resuming, logging, evaluating, checkpointing, stopping at a signal or on
+divergence (what a re-run does: docs/RUNS.md).  What a run trains on is its
+:mod:`~depthbench.train.inputs`."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""The optimizer of the recipe: AdamW, warmup + cosine schedule, clipping.
-
-The numbers are spec/shapes_and_recipe.md's, each a ``train.*`` field
-(``train.schedule = "linear"``: the original's fine-tuning recipe;
-``train.no_decay``: :data:`NO_DECAY_SETS`).  The chain is spelled out rather
-than ``optax.adamw`` so that a family's depth rule (its ``LearningRateRule``,
-when ``train.lr_rule = "family"``) can scale each leaf's whole step, decay
-included, and Adam's epsilon; without one it is exactly
+"""The optimizer of the recipe (spec/shapes_and_recipe.md): AdamW, warmup + cosine
+schedule, clipping.  The chain is spelled out rather than ``optax.adamw`` so a
+family's depth rule (``LearningRateRule``) can scale each leaf's whole step,
+decay included, and Adam's epsilon; without one it is exactly
 ``clip_by_global_norm + optax.adamw`` (tested)."""
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The jitted train step and eval step (the layer-statistics probe: ``layer_stats.py``).
 
-Explicit shardings over the run's mesh; the train step donates the state.
-Micro-batches run under ``lax.scan`` with an fp32 gradient accumulator, so
-one compiled body serves any number of them.  The model computes in
-``model.compute_dtype`` on fp32 master parameters; the loss and every
-reduction are fp32.  A batch with a ``mask`` is scored only where it is set:
-the mean over the whole batch's supervised tokens, whatever the
-micro-batches."""
+The train step donates the state; micro-batches run under ``lax.scan`` with an
+fp32 gradient accumulator (one body for any number of them).  Compute in
+``model.compute_dtype`` on fp32 master parameters, every reduction fp32; a
+``mask`` scores only the batch's supervised tokens."""
 
 from __future__ import annotations
 

@@ -106,9 +106,6 @@ def base_config() -> ml_collections.ConfigDict:
     return importlib.import_module(f"{SPECS}.base").get_config()
 
 
-# ---------------------------------------------------------------- overrides
-
-
 def _parse_value(field: str, text: str, kind: type | None) -> Any:
     """Parse ``text`` into a value of type ``kind`` (the field's declared type, or
     the type of its current value; None: a Python literal, else the text)."""
@@ -298,9 +295,6 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
-
-
-# --------------------------------------------------------------- validation
 
 
 def _check_known_keys(

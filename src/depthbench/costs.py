@@ -17,8 +17,6 @@ def terms(spec: ModelSpec) -> CostTerms:
     """The cost terms of ``spec``'s family at its shape."""
     return cost_terms(family_of(spec))
 
-# ----------------------------------------------------------------- parameters
-
 
 def param_count(spec: ModelSpec) -> int:
     """Trainable parameters of the instantiated model (any family)."""
@@ -33,9 +31,6 @@ def backbone_params(spec: ModelSpec) -> int:
     extras).  The input embedding, LM head, final norm and the family's
     global parameters are excluded (Kaplan et al. 2020 count)."""
     return spec.shape.backbone_params + spec.depth * terms(spec).extra_block_params()
-
-
-# ---------------------------------------------------------------------- FLOPs
 
 
 def attention_flops(spec: ModelSpec, seq_len: int) -> float:
@@ -79,9 +74,6 @@ def model_flops_per_step(spec: ModelSpec, seq_len: int, tokens_per_step: int) ->
     return train_flops_per_token(spec, seq_len) * tokens_per_step
 
 
-# --------------------------------------------------------------------- memory
-
-
 def kv_cache_bytes(spec: ModelSpec, seq_len: int, bytes_per_value: int = 2) -> int:
     """K and V of every layer for one sequence: ``2 * L * T * n_kv * head_dim *
     bytes`` (grouped-query attention caches only the ``n_kv`` shared heads)."""
@@ -117,8 +109,6 @@ def cost_row(spec: ModelSpec, seq_len: int) -> dict:
         "layout": fam.layout(),
     }
 
-
-# ------------------------------------------------------------------------ MFU
 
 # Dense (no 2:4 sparsity) bf16 peak FLOP/s per chip, i.e. per JAX device.
 # TPU: Google Cloud TPU system-architecture pages (cloud.google.com/tpu/docs/

@@ -59,8 +59,6 @@ def table(headers: list[str], rows: list[list[str]], align: str = "") -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
-# ------------------------------------------------------------- run names
-
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 
 

@@ -91,8 +91,6 @@ def verdicts(rows: Sequence[dict]) -> list[Transfer]:
     return [v for v in found if v is not None]
 
 
-# ------------------------------------------------------------------ section
-
 HEADERS = ("family", "rates tried", "best rate by depth", "grid steps apart",
            "loss cost of reusing", "verdict")
 

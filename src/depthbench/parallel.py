@@ -53,9 +53,6 @@ def axis_rules() -> tuple[tuple[str, Any], ...]:
     return BACKBONE_RULES + registry.sharding_rules()
 
 
-# ------------------------------------------------------------------ the mesh
-
-
 def mesh_shape(sizes: Mapping[str, int], n_devices: int) -> tuple[int, int, int]:
     """Resolve ``{'data': -1, 'fsdp': 2, 'tensor': 1}`` against ``n_devices``: at most
     one axis -1 ("the rest"), the product equal to the device count; errors name
@@ -99,9 +96,6 @@ def describe(mesh: Mesh) -> dict:
     return {"shape": dict(mesh.shape), "devices": int(mesh.size),
             "device_kind": mesh.devices.flat[0].device_kind,
             "platform": mesh.devices.flat[0].platform, "processes": jax.process_count()}
-
-
-# ----------------------------------------------------- logical -> sharding
 
 
 def _axis_size(mesh: Mesh, axes: Any) -> int:
@@ -208,9 +202,6 @@ def host_batch_to_global(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[st
     return {k: jax.make_array_from_process_local_data(batch_sharding(mesh, np.ndim(v)),
                                                       np.asarray(v))
             for k, v in batch.items()}
-
-
-# ------------------------------------------------------------- multi-host
 
 
 def distributed_reason(environ: Mapping[str, str] | None = None) -> str | None:

@@ -41,7 +41,6 @@ def save_figure(fig: Figure, path, dpi: int = DPI):
     return path
 
 
-
 def _aspect_axis(ax, ars: Sequence[float], depths: Sequence[int] | None = None) -> None:
     ax.set_xscale("log")
     ticks = sorted(set(ars))
@@ -59,9 +58,6 @@ def _aspect_axis(ax, ars: Sequence[float], depths: Sequence[int] | None = None) 
     else:
         ax.set_xticklabels([f"{a:.3g}" for a in ticks])
     ax.minorticks_off()
-
-
-# ---------------------------------------------------------- loss vs aspect
 
 
 def loss_vs_aspect(summary: dict, references: dict, path: str | epath.Path) -> bool:
@@ -115,9 +111,6 @@ def loss_vs_aspect(summary: dict, references: dict, path: str | epath.Path) -> b
         ax.legend(handles, labels, fontsize=8, ncol=2 if len(labels) > 8 else 1)
     save_figure(fig, path)
     return True
-
-
-# ---------------------------------------------------------- training curves
 
 
 def load_curves(workdir: epath.Path, summary: dict) -> list[dict]:
@@ -238,9 +231,6 @@ def loss_vs_flops(curves: Sequence[dict], budgets: dict, path: str | epath.Path,
     _shared_ylim([p[0] for p in panels], tail)
     save_figure(fig, path)
     return True
-
-
-# -------------------------------------------------------------------- costs
 
 
 def costs_vs_aspect(cost_rows: Sequence[dict], path: str | epath.Path) -> bool:

@@ -169,7 +169,6 @@ class Run:
         other._fns = {}
         return other
 
-    # ------------------------------------------------------------ restore
     def context(self):
         """The mesh and logical axis rules a traced model call needs."""
         return self._context()
@@ -195,13 +194,11 @@ class Run:
         """The parameters as nested dicts of host (numpy) arrays, in their dtypes."""
         return jax.tree.map(np.asarray, jax.device_get(self.params))
 
-    # ------------------------------------------------------------ tokenizer
     @cached_property
     def tokenizer(self):
         """``encode(str) -> list[int]``, ``decode(ids) -> str``, ``eos_id``, ``vocab_size``."""
         return run_tokenizer(self.run_dir, self.resolved)
 
-    # ------------------------------------------------------------ model calls
     @property
     def depth(self) -> int:
         return self.spec.depth

@@ -29,9 +29,6 @@ def is_run_dir(path: Path) -> bool:
     return (path / CONFIG_FILE).is_file() and not (path / MANIFEST).exists()
 
 
-# --------------------------------------------------------------- reading
-
-
 def _rows(path: Path, damage: list[io.DamagedFile]) -> list[dict]:
     """A JSON-lines log's rows; a damaged log's rows before the damage (named in ``damage``)."""
     try:
@@ -52,9 +49,6 @@ def layer_stats(run_dir: Path, damage: list[io.DamagedFile] | None = None
                 out.setdefault(stat, {})[int(row["step"])] = [
                     math.nan if v is None else float(v) for v in values]
     return out
-
-
-# ------------------------------------------------------------------ plots
 
 
 def loss_curves(rows: list[dict], path: Path, title: str) -> bool:
@@ -118,9 +112,6 @@ def layer_plot(stats: dict[str, dict[int, list[float]]], path: Path, title: str)
     fig.tight_layout()
     save_figure(fig, path)
     return True
-
-
-# ----------------------------------------------------------------- report
 
 
 @dataclasses.dataclass

@@ -115,9 +115,6 @@ def from_rule(
     return best
 
 
-# ------------------------------------------------------------------- suites
-
-
 @dataclasses.dataclass(frozen=True)
 class Suite:
     name: str
@@ -250,9 +247,6 @@ def suite(name: str) -> Suite:
     return SUITES[name]
 
 
-# ------------------------------------------------------------- from config
-
-
 def resolve_shape(config) -> Shape:
     """The shape a config asks for (see configs/base.py for the order)."""
     m = config.model
@@ -309,7 +303,6 @@ def resolve_shape(config) -> Shape:
             f"config.model.n_heads: head_dim {shape.head_dim} must be even (RoPE rotates pairs)"
         )
     return shape
-
 
 
 _SHAPE_FIELDS = ("depth", "d_model", "d_ff", "n_heads", "n_kv_heads")

@@ -266,7 +266,6 @@ def _routing(sums: dict, plan: _Plan) -> dict:
     return result
 
 
-# ------------------------------------------------------------ accumulation
 def _accumulate(sums: dict, key: str, value) -> None:
     if key not in sums:
         sums[key] = value
@@ -285,7 +284,6 @@ def _matrix(rows) -> np.ndarray:
     return np.array([[np.nan if v is None else v for v in r] for r in rows], np.float64)
 
 
-# ------------------------------------------------------------ usefulness
 def _accumulate_fit(fit, z_lbtd: np.ndarray):
     """Normal equations of the affine fits ``z_{l+1} ~ [z_l, 1] W`` for every block."""
     x = z_lbtd.reshape(z_lbtd.shape[0], -1, z_lbtd.shape[-1])
@@ -330,7 +328,6 @@ def _usefulness(run, windows, win_slices, fit, loss, n_pred, chunk, progress) ->
             "baseline_loss": loss}
 
 
-# ------------------------------------------------------------ block Jacobian
 def _jacobians(run, windows, chunk: int, progress: bool) -> dict:
     L = run.depth
     bw = Blockwise(run)

@@ -62,9 +62,6 @@ class Point:
                 "state_rms": self.state_rms.tolist(), "delta_rms": self.delta_rms.tolist()}
 
 
-# ------------------------------------------------------------------ slopes
-
-
 def loglog_slope(x: Sequence[float], y: Sequence[float], groups: Sequence) -> float | None:
     """The least-squares slope of ``log y`` against ``log x`` with one intercept
     per group (a fixed-effects fit: each group is centred on its own means, then
@@ -94,9 +91,6 @@ def family_slopes(points: Sequence[Point], step: int | None = None) -> dict[str,
             "width_slope": loglog_slope(widths, final, depths),
             "delta_depth_slope": loglog_slope(depths, moved, widths),
             "delta_width_slope": loglog_slope(widths, moved, depths)}
-
-
-# ------------------------------------------------------------- measuring
 
 
 def lr_rule_for(family: str, rule: str) -> str:

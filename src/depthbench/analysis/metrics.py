@@ -18,7 +18,6 @@ DEAD_WEIGHT = 0.5  # dead segment: a mix puts more than half its weight on x0
 PRUNE_THRESHOLD = 0.01  # effective depth: removing the block raises loss by > 1%
 
 
-# ------------------------------------------------------------ spectra
 def stable_rank(s: np.ndarray) -> np.ndarray:
     """``sum s^2 / max s^2`` over the last axis (1 where all ``s`` vanish)."""
     s2 = np.square(np.asarray(s, np.float64))
@@ -36,7 +35,6 @@ def effective_rank(s: np.ndarray) -> np.ndarray:
     return np.where(total[..., 0] < 1e-12, 1.0, np.exp(h))
 
 
-# ------------------------------------------------------------ pair matrices
 def upper(matrix: np.ndarray, offset: int = 1) -> np.ndarray:
     """``matrix`` with ``nan`` on and below the ``offset - 1`` diagonal."""
     m = np.array(matrix, np.float64)
@@ -74,7 +72,6 @@ def late_layer_fraction(matrix: np.ndarray, threshold: float) -> dict:
             "min_index": L / 4}
 
 
-# ------------------------------------------------------------ family probes
 def dead_segment(weights_jm: np.ndarray, threshold: float = DEAD_WEIGHT) -> dict:
     """Leading sublayers (and blocks: both sublayers) whose depth mix puts
     more than ``threshold`` of its weight on the embedding (source 0)."""
@@ -106,7 +103,6 @@ def stream_mixing_rank(mixing_jnn: np.ndarray) -> list[float]:
     return effective_rank(np.linalg.svd(prods, compute_uv=False)).tolist()
 
 
-# ------------------------------------------------------------ effective depth
 def effective_depth(pruned_loss_l: np.ndarray, loss: float,
                     threshold: float = PRUNE_THRESHOLD) -> dict:
     """Blocks the model cannot do without: the count of blocks whose removal

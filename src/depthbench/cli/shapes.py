@@ -31,9 +31,6 @@ closest to the budget, d_ff = ceil(8/3 d) rounded up to a multiple of 16.
 """
 
 
-# ------------------------------------------------------------ shared helpers
-
-
 @dataclasses.dataclass(frozen=True)
 class Selection:
     """The shapes a ``--suite`` or ``--budget`` selection names."""
@@ -175,9 +172,6 @@ def select_shapes(args: argparse.Namespace) -> Selection:
         if s.n_heads % s.n_kv_heads:
             raise ConfigError(f"--kv-heads: {s.n_kv_heads} must divide --heads {s.n_heads}")
     return selection
-
-
-# ------------------------------------------------------------------- command
 
 
 def _run(args: argparse.Namespace) -> int:

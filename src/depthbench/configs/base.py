@@ -13,7 +13,6 @@ def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.name = "base"
 
-    # ------------------------------------------------------------------ model
     m = c.model = ml_collections.ConfigDict()
     m.family = "pre_ln"  # see `depthbench families`
     # Shape.  Resolution order (depthbench.shapes.resolve_shape):
@@ -48,7 +47,6 @@ def get_config() -> ml_collections.ConfigDict:
     # Only the chosen family's own fields, declared in its module (docs/CONFIG.md).
     m.residual = ml_collections.ConfigDict(registry.get(m.family).config_fields())
 
-    # ------------------------------------------------------------------- data
     d = c.data = ml_collections.ConfigDict()
     d.corpus = "micro"  # "micro" | "text" | "jsonl" | "tokens"
     d.paths = ""  # comma-separated files or globs for text / jsonl / tokens
@@ -65,7 +63,6 @@ def get_config() -> ml_collections.ConfigDict:
     d.worker_count = 0  # grain worker processes (0: in-process)
     d.val_windows = 64  # validation windows evaluated at each eval step
 
-    # ------------------------------------------------------------------ train
     t = c.train = ml_collections.ConfigDict()
     t.steps = 300
     t.batch_size = 16  # global batch, in sequences
@@ -94,7 +91,6 @@ def get_config() -> ml_collections.ConfigDict:
     t.layer_stats_every = 100  # per-block residual RMS / update norms to TensorBoard
     t.wandb = ""  # "" | "offline" | "online": W&B as a second sink (train/wandb_sink.py); runtime
 
-    # ------------------------------------------------------------------- eval
     # Downstream evaluation after a sweep trains each run (docs/EVAL.md); runtime
     # fields: changing them never blocks resuming.
     e = c.eval = ml_collections.ConfigDict()
@@ -103,7 +99,6 @@ def get_config() -> ml_collections.ConfigDict:
     e.limit = 0  # records per task (0: all)
     e.batch_size = 8
 
-    # --------------------------------------------------------------- finetune
     # Supervised fine-tuning as the original DepthBench does it (docs/FINETUNE.md).
     # A fine-tuned run's config (`depthbench finetune`) names its parent run and
     # its data here.  In a pretraining spec the section is runtime: with records
@@ -121,14 +116,12 @@ def get_config() -> ml_collections.ConfigDict:
     f.val_fraction = 0.02  # records held out for the validation loss
     f.data_seed = 42  # the records' shuffle before the split (the original's)
 
-    # --------------------------------------------------------------- parallel
     p = c.parallel = ml_collections.ConfigDict()
     p.data = -1  # mesh axis sizes; -1 = all remaining devices
     p.fsdp = 1
     p.tensor = 1
     p.distributed = "auto"  # "auto" | "on" | "off": jax.distributed.initialize()
 
-    # --------------------------------------------------------------- analysis
     # `depthbench sweep` analyses each run it finishes (docs/spec/analysis.md)
     # when enabled; a runtime field: switching it does not change the run.
     a = c.analysis = ml_collections.ConfigDict()

@@ -231,9 +231,6 @@ def tokenizer(prepared: Prepared) -> Tokenizer:
                           eos_id=prepared.eos_id, bos_id=prepared.bos_id)
 
 
-# ------------------------------------------------------------------ text corpora
-
-
 def _split_docs(corpus, fraction: float, want_val: bool) -> Iterator[str]:
     return (doc for doc in corpus.documents() if split.is_validation(doc, fraction) == want_val)
 
@@ -339,9 +336,6 @@ def _tokenise_text(
         "bytes_per_token": nbytes[False] / max(1, train_tokens - docs[False]),
         "token_dtype": dtype.name,
     }
-
-
-# ------------------------------------------------------------------ token shards
 
 
 def _split_shards(

@@ -55,9 +55,6 @@ def _utf8(data: bytes, path, names: Names, where: str = "", base: int = 0) -> st
                           f"{e.object[e.start]:#04x} at offset {base + e.start})") from None
 
 
-# ------------------------------------------------------------------ text
-
-
 def read_text(path: str | Path, names: Names = PREPARE, *, limit: int = -1) -> str:
     """A text file's contents (its first ``limit`` bytes when >= 0, a character cut
     at the end dropped)."""
@@ -88,9 +85,6 @@ def text_documents(path: str | Path, split_by: str = "file",
         doc = doc.strip("\n")
         if doc.strip():
             yield doc
-
-
-# ------------------------------------------------------------------ jsonl
 
 
 def jsonl_documents(path: str | Path, text_field: str, names: Names = PREPARE, *,
@@ -141,9 +135,6 @@ def _json_text(line: bytes, where: str, offset: int, field: str, names: Names) -
         raise ConfigError(f"{names.text_field}: {where} field {field!r} is "
                           f"{type(text).__name__}, not a string")
     return text
-
-
-# ------------------------------------------------------------------ parquet
 
 
 def parquet_file(path: str | Path, text_field: str, names: Names = TOKENIZE):

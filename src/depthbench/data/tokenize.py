@@ -70,8 +70,6 @@ def check_options(opts: Options) -> None:
         raise ConfigError("--text-field: empty; name the field holding each document")
 
 
-# ------------------------------------------------------------------ workers
-
 _WORKER: dict = {}
 
 
@@ -121,9 +119,6 @@ def _tokenise_unit(index, unit, stem: Path, tk, dtype, eos_id, field, fraction, 
     result = {"index": index, "stem": stem.name, "unit": dataclasses.asdict(unit), **counts}
     cache.write_json(Path(f"{stem}.json"), result)  # atomic: written last, it marks the unit done
     return result
-
-
-# ------------------------------------------------------------------ the plan
 
 
 def _unit_stem(work: Path, unit: inputs.Unit, settings_key: str) -> Path:
@@ -317,9 +312,6 @@ def _run_units(todo, tk, settings, workers, progress, total_weight, done_weight,
         bar.close()
     # Count exactly (the queue carries the same numbers, but may lag the results).
     return sum(done[i]["tokens"][0] + done[i]["tokens"][1] for i in reported)
-
-
-# ------------------------------------------------------------------ assembly
 
 
 def _assemble(out: Path, results: list[dict], dtype: np.dtype, opts: Options,

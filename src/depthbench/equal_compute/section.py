@@ -62,9 +62,6 @@ class EqualCompute:
     families: list[FamilyBudgets]
 
 
-# ------------------------------------------------------------------ reading
-
-
 def _finished(row: dict) -> bool:
     return not row.get("damage") and row["status"] == "done" and finite(row.get("final_val_loss"))
 
@@ -107,9 +104,6 @@ def read_curves(workdir: epath.Path, rows: Sequence[dict],
             out[name] = C.Curve.of(list(pts), list(pts.values()), flops_per_token.get(name),
                                    smooth=0 if kind == VALIDATION else TRAINING_SMOOTHING)
     return kind, out
-
-
-# ------------------------------------------------------------------ numbers
 
 
 def _budgets(suite: str, family_row, curves: Mapping[str, C.Curve]) -> FamilyBudgets:
@@ -167,9 +161,6 @@ def analyse(workdir: epath.Path, rows: Sequence[dict], summary: Mapping[str, Seq
             row, curves.get(row["name"]) if _finished(row) else None,
             flops_per_token.get(row["name"]), reference, by_family.get((suite, row["family"])))
     return EqualCompute(kind, curves, columns, families)
-
-
-# ----------------------------------------------------------------- markdown
 
 
 def _num(x: float | None, fmt: str = "{:.3g}") -> str:

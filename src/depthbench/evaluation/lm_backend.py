@@ -96,7 +96,6 @@ class DepthbenchLM(TemplateLM):
         self.progress = str(progress).lower() not in ("0", "false", "no")
         self.scorer.progress = self.progress
 
-    # ------------------------------------------------------------ tokens
     @property
     def eot_token_id(self) -> int:
         return int(self.tokenizer.eos_id)
@@ -134,7 +133,6 @@ class DepthbenchLM(TemplateLM):
     def tok_decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
 
-    # ------------------------------------------------------------ requests
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any
                               ) -> list[tuple[float, bool]]:
         pairs = [(ctx, cont) for _, ctx, cont in requests]

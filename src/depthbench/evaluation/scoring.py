@@ -119,7 +119,6 @@ class Scorer:
         with jax.set_mesh(self.run.mesh), nn.logical_axis_rules(list(self.run.rules)):
             return jax.device_get(fn(self.run.params, *(jnp.asarray(a) for a in arrays)))
 
-    # ------------------------------------------------------------ scoring
     def loglikelihood(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
                       desc: str = "scoring", from_end: bool = True
                       ) -> list[tuple[float, bool, int]]:
@@ -156,7 +155,6 @@ class Scorer:
             out[i] = lp
         return out
 
-    # ------------------------------------------------------------ generation
     def generate(self, contexts: Sequence[Sequence[int]], *, max_new: int,
                  stop: Sequence[str], decode: Callable[[list[int]], str], eos_id: int,
                  desc: str = "generating") -> list[str]:

@@ -35,9 +35,6 @@ DERIVED = ("finetune.parent", "finetune.data_digest")
 FIELDS = {**{k: f"config.finetune.{k}" for k in OPTIONS}, "seed": "config.finetune.data_seed"}
 
 
-# ------------------------------------------------------------------ rows
-
-
 @dataclasses.dataclass(frozen=True)
 class RowPlan:
     """Row ``r`` holds records ``members[starts[r]:starts[r + 1]]`` (CSR)."""
@@ -105,9 +102,6 @@ def training_rows(offsets: np.ndarray, *, epochs: float, seed: int, seq_len: int
     positions = np.diff(np.asarray(offsets, np.int64)) - 1
     check_fits(positions, seq_len, "training")
     return lay_out(epoch_order(len(positions), epochs, seed), positions, seq_len, layout)
-
-
-# --------------------------------------------------------------- batches
 
 
 class RowReader:
@@ -218,9 +212,6 @@ class Validation:
         means = np.asarray(batch_means, np.float64)
         weights = np.maximum(self.counts, 1)  # the masked mean's own denominator
         return float(np.sum(means * weights) / max(int(self.counts.sum()), 1))
-
-
-# ---------------------------------------------------------------- config
 
 
 @dataclasses.dataclass

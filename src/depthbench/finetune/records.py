@@ -139,9 +139,6 @@ def read_records(path: str | Path, field: str = "RECORDS") -> list[Record]:
     return [_record(raw, where, field) for where, raw in rows]
 
 
-# ------------------------------------------------------------ the template
-
-
 def prompt(record: Record) -> str:
     """The Alpaca prompt (instruction and input stripped; the input form when it is set)."""
     instruction, context = record.instruction.strip(), record.input.strip()
@@ -169,9 +166,6 @@ def encode(prompt_ids: list[int], response_ids: list[int], eos_id: int, max_seq_
                               f"{len(prompt_ids)} tokens, so the original's truncation leaves "
                               f"no response token; raise {field} or drop the record")
     return np.asarray(ids, np.int64), np.asarray(mask, bool), truncated
-
-
-# ---------------------------------------------------------------- the cache
 
 
 @dataclasses.dataclass(frozen=True)

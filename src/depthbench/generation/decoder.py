@@ -72,7 +72,6 @@ class Decoder:
         kv = NamedSharding(mesh, parallel.spec_for(CACHE_AXES, shape, mesh, self.run.rules))
         return KVCache(kv, kv, self._batch1, None)
 
-    # ------------------------------------------------------------ programs
     def _compiled(self, key: tuple, build, args):
         """The program ``key``, lowered and compiled on its first use (timed apart)."""
         if key not in self._programs:
@@ -107,7 +106,6 @@ class Decoder:
                        out_shardings=(self._batch2, self._batch1, cache_sh),
                        donate_argnums=(1,))
 
-    # ------------------------------------------------------------ calls
     def start(self, prompts: Sequence[Sequence[int]], size: int, *, seed: int = 0,
               row_ids: Sequence[int] | None = None) -> Rows:
         """Prefill ``prompts`` (token ids, 1 to ``size`` each) into a cache of ``size``

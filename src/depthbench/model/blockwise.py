@@ -25,7 +25,6 @@ class Blockwise:
         self.block = Block(run.spec, run.family)
         self.norm = RMSNorm(run.spec)
 
-    # ------------------------------------------------------------ pieces
     def _globals(self, params):
         return params.get("residual", {})
 
@@ -66,7 +65,6 @@ class Blockwise:
         return jnp.einsum("btd,dv->btv", x.astype(self.spec.dtype),
                           params["head"].astype(self.spec.dtype)).astype(jnp.float32)
 
-    # ------------------------------------------------------------ forwards
     def forward(self, params, tokens_bt, sub_pos=-1, w_dd=None, b_d=None):
         """Logits with the block at ``sub_pos`` (traced; -1: none) replaced by
         ``z -> z @ w + b``."""

@@ -18,9 +18,6 @@ from depthbench.model.residual.protocol.capabilities import PositionState
 # resume and carry in its forward, so this module does not import it.
 
 
-# ------------------------------------------------------ inside the model's forward
-
-
 def resume(fam, g, state, cache: KVCache | None, positions, xs: dict):
     """``(state, positions, valid_bs)`` of a forward that continues each row where
     ``cache`` stands (unchanged, ``valid_bs`` None, without a cache): the
@@ -43,9 +40,6 @@ def carry(fam, g, state, shape_bt: tuple[int, int], logits_at):
                          "(no capabilities.PositionState)")
     last_b = jnp.full(shape_bt[:1], shape_bt[1] - 1, jnp.int32)
     return fam.carry(g, state, last_b if logits_at is None else logits_at)
-
-
-# ------------------------------------------------------------- prefill and decode
 
 
 def _captures(model: nn.Module) -> tuple[str, ...]:

@@ -59,7 +59,6 @@ class RunLock:
         self._thread: threading.Thread | None = None
         self.held = False
 
-    # ---- inspection
     def holder(self) -> dict | None:
         """The owner record of the lock file, or None if unlocked."""
         try:
@@ -92,7 +91,6 @@ class RunLock:
         return (record is not None and record.get("host") == socket.gethostname()
                 and record.get("pid") == os.getpid())
 
-    # ---- acquire / release
     def acquire(self) -> bool:
         """Take the lock if free (or stale); False if a live process holds it."""
         for _ in range(3):
@@ -124,7 +122,6 @@ class RunLock:
     def __exit__(self, *exc) -> None:
         self.release()
 
-    # ---- internals
     def _create(self) -> bool:
         try:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

@@ -4,7 +4,6 @@ can never disagree about where a record is."""
 
 from __future__ import annotations
 
-# ------------------------------------------------------------ a run directory
 CONFIG_FILE = "config.json"
 RESULT_FILE = "result.json"
 METRICS_FILE = "metrics.jsonl"
@@ -29,7 +28,7 @@ RUN_RECORD = "sweep_run.json"  # the sweep's record of the run (its config)
 FAILURE_FILE = "failure.txt"  # the traceback of a run whose trainer raised
 FINETUNE_DIR = "sft"  # a sweep's fine-tuning of the run, itself a run directory
 
-# ---------------------------------------------------------- a sweep directory
+# A sweep directory holds these beside its run directories.
 MANIFEST = "sweep.json"
 RESULTS_CSV = "results.csv"
 

@@ -158,7 +158,6 @@ class _Session:
         if inputs.evaluate_first and self.start == 0 and not _logged_at_start(workdir):
             self.writer.log(0, {"val_loss": self.evaluate()})  # where fine-tuning starts from
 
-    # ------------------------------------------------------------ pieces
     def evaluate(self) -> float:
         losses = [self.eval_fn(self.state.params, b) for b in self.val]
         return self.inputs.val_loss(jax.device_get(losses))
@@ -181,7 +180,6 @@ class _Session:
         step = self.step if step is None else step
         return every > 0 and (step % every == 0 or step == self.steps)
 
-    # ------------------------------------------------------------ the loop
     def train(self, preempt: Preemption) -> None:
         """The step loop.  Step n + 1 is dispatched before step n's metrics are
         read (nanodo's habit): the host fetches and places the next batch while
@@ -276,7 +274,6 @@ class _Session:
         self.writer.close()
         self.ckpt.close()
 
-    # ------------------------------------------------------------ outcome
     def outcome(self) -> dict:
         if self.status == "preempted":
             return record.preempted(self.step, self.steps, self.workdir)

@@ -73,13 +73,10 @@ def _fmt_value(value: Any) -> str:
 
 
 def run_name(overrides: dict[str, Any]) -> str:
-    """A stable, filesystem-safe directory name for a run's overrides.
-
-    Family first, then suite (``paper-`` dropped), ``L{depth}``, ``d{d_model}``,
-    ``lr{lr}``, then every other field as ``{leaf}{value}`` in key order:
-    ``{"model.family": "hc", "model.depth": 8, "train.lr": 0.003}`` ->
-    ``hc-L8-lr3e-03``.  A ``name`` override is used as given.
-    """
+    """A stable, filesystem-safe directory name for a run's overrides: family, suite
+    (``paper-`` dropped), ``L{depth}``, ``d{d_model}``, ``lr{lr}``, then every other
+    field as ``{leaf}{value}`` in key order (``hc-L8-lr3e-03``); a ``name``
+    override is used as given."""
     if "name" in overrides:
         return _SAFE.sub("_", str(overrides["name"])).strip("._") or "run"
     parts = []

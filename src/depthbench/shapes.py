@@ -1,11 +1,6 @@
-"""Model shapes at a fixed parameter budget: the shape rule and the suites.
-
-spec/shapes_and_recipe.md: for depth ``L``, vocabulary ``V`` and budget ``P``
-pick the even ``head_dim`` (``d_model = n_heads * head_dim``) whose parameter
-count is closest to ``P``; ``d_ff = ceil(8/3 d)`` rounded up to a multiple of
-16.  The paper's suites are explicit tables (two of their rows differ from
-the rule); the ``micro`` suite is the rule at a CPU-sized budget.
-"""
+"""Model shapes at a fixed parameter budget: the shape rule and the suites
+(spec/shapes_and_recipe.md).  The paper's suites are explicit tables (two of
+their rows differ from the rule); ``micro`` is the rule at a CPU-sized budget."""
 
 from __future__ import annotations
 

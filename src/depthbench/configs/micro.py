@@ -1,14 +1,10 @@
 """One pre_ln model of the micro suite, trained on the bundled micro corpus.
 
-The run a new user starts with (a few minutes on a 2-core CPU):
-
     depthbench train --config micro --workdir runs/demo
     tensorboard --logdir runs/demo/tb
 
-Kill it (Ctrl-C) and run the same command again: it resumes from the last
-checkpoint and continues exactly.  Any field can be overridden, e.g.
-``--config.model.family=hc --config.model.depth=8``.
-"""
+The run a new user starts with (a few minutes on a 2-core CPU); Ctrl-C and
+the same command again resume it exactly."""
 
 from depthbench.configs import base
 

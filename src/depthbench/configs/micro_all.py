@@ -3,11 +3,8 @@
     depthbench sweep --config micro_all --workdir runs/micro_all
     launch/local_sweep.sh --config micro_all --workdir runs/micro_all --procs 4
 
-The micro suite holds ~1.2M parameters at depths 2, 3, 4, 6, 8, 10 (aspect
-ratios 76, 45, 30, 17, 12, 8).  Families come from the registry, so a newly
-registered family joins this sweep without an edit here.  The recipe is the
-quickstart's, with a longer run.
-"""
+Families come from the registry, so a newly registered family joins without an
+edit here; the recipe is the quickstart's, with a longer run."""
 
 from depthbench import shapes
 from depthbench.configs import quickstart

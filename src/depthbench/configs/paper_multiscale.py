@@ -1,13 +1,10 @@
 """The paper's multi-scale suites: ~200M, ~300M and ~500M total, three depths each.
 
-spec/shapes_and_recipe.md: paper-200m (L 12, 18, 24), paper-300m (14, 21, 28),
-paper-500m (17, 26, 34), aspect ratios ~76, ~43, ~28 at every scale.  The
-400M recipe and learning-rate grid; each scale trains 20 tokens per parameter
-of its budget (4B, 6B, 10B tokens), so the step count is set per run.
-
     depthbench sweep --config paper_multiscale --workdir runs/multiscale \\
         --config.data.paths='/data/fineweb_edu/*.npy'
-"""
+
+spec/shapes_and_recipe.md's paper-200m, -300m and -500m with the 400M recipe
+and grid; 20 tokens per parameter of each budget, so steps are set per run."""
 
 from depthbench import shapes
 from depthbench.configs import paper_400m as paper

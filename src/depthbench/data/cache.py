@@ -95,12 +95,9 @@ def _tmp_sibling(final: Path) -> Path:
 @contextlib.contextmanager
 def atomic_dir(final: str | Path) -> Iterator[Path]:
     """Build a directory under a temporary name; rename it to ``final`` on success.
-
-    On any exception the temporary directory is removed and ``final`` is left
-    as it was (absent).  If another process created ``final`` meanwhile, its
-    copy is kept and ours is dropped: entries are content-addressed, so both
-    are the same.
-    """
+    On any exception the temporary directory is removed and ``final`` left
+    absent; if another process created ``final`` meanwhile its copy is kept
+    (entries are content-addressed, so both are the same)."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_sibling(final)

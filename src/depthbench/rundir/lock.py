@@ -39,16 +39,12 @@ def pid_alive(pid: Any) -> bool:
 class RunLock:
     """An exclusive claim on a run directory by one process.
 
-    The lock file is created with O_CREAT|O_EXCL (atomic on local disks and
-    NFS) and holds the owner's host and pid; a thread touches it every
-    ``stale_after / 4`` seconds.  A lock is stale -- and is taken over -- when
-    its owner is on this host and its pid is gone, or when it has not been
-    touched for ``stale_after`` seconds (an owner on another host that died).
-    With ``foreign_is_stale`` a lock from another host is stale at once (the
-    trainer's rule: a run resumed on a new machine after a preemption takes
-    over the dead machine's claim).  Taking over is serialised by a second
-    O_EXCL file so two processes never both break the same stale lock.
-    """
+    The lock file is created with O_CREAT|O_EXCL (atomic on local disks and NFS),
+    names the owner's host and pid, and is touched every ``stale_after / 4``
+    seconds.  It is stale, and taken over, when its owner is on this host and
+    gone, or untouched for ``stale_after`` seconds; with ``foreign_is_stale`` a
+    lock from another host is stale at once (a run resumed on a new machine
+    after a preemption).  A second O_EXCL file serialises taking over."""
 
     def __init__(self, run_dir: str | os.PathLike, *, stale_after: float = 600.0,
                  foreign_is_stale: bool = False):

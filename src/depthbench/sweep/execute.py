@@ -1,10 +1,7 @@
-"""Training a sweep's runs in order: claim, train, record, go on.
-
-Finished runs are skipped, interrupted ones resumed (by the trainer),
-diverged ones recorded, failures recorded in the run's ``failure.txt`` (the
-next sweep retries them); SIGTERM/SIGINT stop the sweep after the trainer
-has checkpointed.  results.csv is rewritten after every run.
-"""
+"""Training a sweep's runs in order: claim, train, record, go on.  Finished runs
+are skipped, interrupted ones resumed, diverged ones recorded, failures kept
+in the run's ``failure.txt`` (the next sweep retries them); a signal stops the
+sweep once the trainer has checkpointed."""
 
 from __future__ import annotations
 
@@ -51,13 +48,10 @@ def default_runner(config: ml_collections.ConfigDict, workdir: str, *, progress:
 
 
 def _lead_process(after_run: bool) -> bool:
-    """Whether this process writes the sweep's shared files.
-
-    A single process always does.  In a multi-host job only process 0 does;
-    its index is known from JAX_PROCESS_ID or SLURM_PROCID, or from JAX once the
-    trainer has called jax.distributed.initialize() (JAX's backend must not be
-    touched before that, so until then the other processes stay silent).
-    """
+    """Whether this process writes the sweep's shared files: a single process, or
+    process 0 of a multi-host job, known from JAX_PROCESS_ID or SLURM_PROCID, or
+    from JAX once the trainer initialised it (JAX's backend must not be touched
+    before that, so until then the other processes stay silent)."""
     if distributed_reason() is None:
         return True
     index = env_process_index()  # JAX_PROCESS_ID or SLURM_PROCID

@@ -87,10 +87,7 @@ def write_results(sweep: Sweep, workdir: epath.Path, *, stale_after: float = 600
                   cache: dict[str, dict] | None = None) -> list[dict]:
     """Rebuild results.csv from the run directories (atomically) and return its rows:
     the sweep's runs in order, then those earlier sweeps left in ``workdir``.
-
-    ``cache`` keeps rows of finished runs between calls, so a long sweep does
-    not re-read every result.json after each run.
-    """
+    ``cache`` keeps finished runs' rows between calls."""
     rows = []
     for run in [*sweep.runs, *other_runs(sweep, workdir)]:
         if cache is not None and run.name in cache:

@@ -31,18 +31,12 @@ from depthbench.train.preemption import Preemption
 
 def run(config, workdir: str | Path, *, progress: bool = True,
         inputs: Inputs | None = None) -> dict:
-    """Train ``config`` in ``workdir`` (resuming if it holds a checkpoint).
-
-    ``inputs`` (:mod:`~depthbench.train.inputs`): what it trains on and where
-    its parameters start; by default the config's corpus from a fresh init
-    (``depthbench finetune`` passes a parent run's and instruction records).
-
-    Returns the ``result.json`` dict with ``status`` "finished" or "diverged",
-    or ``{"status": "preempted", "step": N, "message": ...}`` after
-    SIGTERM/SIGINT (no ``result.json`` is written then).  A run that already
-    ended in ``workdir`` is returned as recorded, with ``already_done: True``.
-    Bad input raises :class:`~depthbench.config.ConfigError`.
-    """
+    """Train ``config`` in ``workdir`` (resuming if it holds a checkpoint) on
+    ``inputs`` (default: the config's corpus from a fresh init).  Returns the
+    ``result.json`` dict (``status`` "finished" or "diverged"), or ``{"status":
+    "preempted", "step": N, "message": ...}`` after SIGTERM/SIGINT (no
+    ``result.json``); a run that already ended is returned as recorded, with
+    ``already_done: True``.  Bad input raises :class:`~depthbench.config.ConfigError`."""
     wall_start = time.time()
     # Before anything is written; a dry run checks the same (train/preflight.py).
     workdir = preflight.check_run(config, workdir)

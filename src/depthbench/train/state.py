@@ -94,12 +94,10 @@ def setup(config, mesh: Mesh, spec: ModelSpec | None = None,
 
 
 def make_init(s: TrainSetup):
-    """``key_data -> TrainState``, jitted straight into the state's shardings.
-
-    The key splits into the parameter-init key and the run's RNG; parameters
-    do not depend on the mesh (partitionable threefry), which is what lets a
-    sharded run match a single-device one.
-    """
+    """``key_data -> TrainState``, jitted straight into the state's shardings.  The
+    key splits into the parameter-init key and the run's RNG; the parameters do
+    not depend on the mesh (partitionable threefry), so a sharded run matches a
+    single-device one."""
     tokens = jnp.zeros((1, s.seq_len), jnp.int32)
 
     def init(key_data):

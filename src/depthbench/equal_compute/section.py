@@ -82,7 +82,8 @@ def _points(records: Sequence[dict], key: str, tokens_per_step: float | None
 
 def read_curves(workdir: epath.Path, rows: Sequence[dict],
                 flops_per_token: Mapping[str, float]) -> tuple[str, dict[str, C.Curve]]:
-    """(kind, {run name: curve}) of the finished runs (module docstring)."""
+    """(kind, {run name: curve}) of the finished runs: validation curves when every
+    one was evaluated at two steps or more, else training curves."""
     points: dict[str, tuple[dict, dict]] = {}
     for row in filter(_finished, rows):
         try:

@@ -22,7 +22,8 @@ STAGES = {"zero-shot": "", "fine-tuned": FINETUNE_DIR}  # stage -> where its run
 
 
 def metrics_of(result: dict) -> dict[str, float]:
-    """The numbers a report shows for one eval JSON (see the module docstring)."""
+    """The numbers a report shows for one eval JSON: the NLL suite's ``nll_mean``
+    overall and per category, an lm-eval suite's mean ``acc,none`` over tasks."""
     if "aggregate" in result:
         out = {"all": result["aggregate"].get("nll_mean")}
         out.update({c: r.get("nll_mean") for c, r in result.get("categories", {}).items()})

@@ -94,9 +94,12 @@ def _mix_bwd(res, g_ubtd):
     n, m = h_sbtd.shape[0], c_sbtu.shape[-1]
     dh = jnp.stack([_sum_terms([c_sbtu[s, ..., u, None] * g_ubtd[u] for u in range(m)])
                     for s in range(n)])
-    dc = jnp.stack([jnp.stack([_dot_d(h_sbtd[s], g_ubtd[u]) for u in range(m)], axis=-1)
-                    for s in range(n)])
-    return dc, dh
+    if m == 1:  # the read: n reductions (one of the broadcast product took 6x as long)
+        return jnp.stack([_dot_d(h_sbtd[s], g_ubtd[0]) for s in range(n)])[..., None], dh
+    # The write's n m products reduced over the feature axis in one op: n m
+    # reductions of their own took twice as long (bench/results/depth_memory.md,
+    # "the deep-narrow step").
+    return jnp.moveaxis(jnp.sum(h_sbtd[:, None] * g_ubtd[None], axis=-1), 1, -1), dh
 
 
 _mix.defvjp(_mix_fwd, _mix_bwd)
@@ -111,7 +114,8 @@ def mix_streams(c_sbtu: jax.Array, h_sbtd: jax.Array) -> jax.Array:
     matmul of ``B*T`` tiny ``d x n`` by ``n x m`` products, while this stays
     one fused elementwise pass over the streams.  Its backward is written out
     too: ``dh[s] = sum_u c[s, u] g[u]`` as a chain over ``u`` and ``dc[s, u] =
-    sum_d h[s] g[u]`` as ``n m`` reductions over the feature axis; autodiff of
+    sum_d h[s] g[u]`` as reductions over the feature axis (``n`` of them for
+    one output, else one over the ``n m`` products); autodiff of
     the forward reduced over the stream axes instead (see :func:`stream_sum`),
     several times slower on CPU (bench/results/code_notes.md; the steps it
     bought: bench/results/cpu_step.md, "Stream mixes")."""

@@ -8,9 +8,24 @@
   subprocesses it kills and resumes) is not compiled again.  A cache hit is the
   same executable, so it computes the same values, bitwise.
 
-Both must be in the environment before jax is imported, hence here, the first
+All must be in the environment before jax is imported, hence here, the first
 thing pytest imports from ``tests/``.  Under pytest-xdist the controller sets
 them before it starts the workers, which inherit them.
+
+Once the tests are collected, each test process moves everything it has
+imported (jax, torch, transformers ...) out of the garbage collector's sight
+(``gc.freeze``) and collects its youngest generation less often: jax's
+tracing makes many short-lived objects, and each collection walked the
+imported modules' millions of objects again (5% of a unit file's CPU time,
+bench/results/wall_times.md).  What is garbage is still collected.
+
+Where a machine sets ``PYTHONDONTWRITEBYTECODE``, no process writes the
+bytecode of the checkout's sources, so every process of the suite (each
+worker, each ``depthbench`` command a test starts) compiled all of
+depthbench again; the controller compiles ``src/`` and ``tests/helpers/``
+once (``compileall``, into the ``__pycache__`` folders beside them, which git
+and the checkout guard ignore).  The variable itself stays: with it unset,
+loading a spec file would leave a ``__pycache__`` beside the user's spec.
 
 The session also fails when a test left a new file or directory in the
 checkout (tests/helpers/checkout_guard.py): tests write under their temporary
@@ -27,13 +42,15 @@ helper modules named in ``pytest_plugins``.
 
 from __future__ import annotations
 
+import compileall
+import gc
 import os
 import shutil
 import tempfile
 
 from checkout_guard import CheckoutGuard
 from fast_xla import with_fast_flags
-from paths import REPO
+from paths import HELPERS, REPO, SRC
 
 # Fixture modules shared by the two tiers (a fixture is only set up where a test asks for it).
 pytest_plugins = ["bad_input_commands", "data_synthetic", "lm_eval_tiny", "sweep_spec"]
@@ -54,6 +71,14 @@ if _CACHE_OWNER:
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the controller (pytest-xdist's workers have it)
         config.pluginmanager.register(CheckoutGuard(REPO), "depthbench-checkout-guard")
+        for folder in (SRC, HELPERS):
+            compileall.compile_dir(folder, quiet=2)
+
+
+def pytest_collection_finish(session):
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 20, 100)  # Python's default: 700, 10, 10
 
 
 def pytest_unconfigure(config):

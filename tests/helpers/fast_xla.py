@@ -14,9 +14,13 @@ from __future__ import annotations
 
 # XLA's CPU "fusion emitters" (the MLIR code generator for fused loops) take
 # about half of the compile time of a tiny model's programs; the classic
-# emitters compile the same HLO about twice as fast (bench/results/wall_times.md).
+# emitters compile the same HLO about twice as fast.  XLA also splits each
+# program's LLVM module into parts compiled on parallel threads: for the
+# suite's tiny programs, on two cores shared by two workers, the split costs
+# about a fifth of the compile time and buys nothing; one part
+# (bench/results/wall_times.md).
 FAST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
-                  "--xla_cpu_use_fusion_emitters=false")
+                  "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1")
 
 
 def with_fast_flags(flags: str) -> str:

@@ -83,7 +83,10 @@ def _train_args(corpus: Path, workdir: Path, *extra: str) -> list[str]:
 
 
 def _env(devices: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_"))}
+    # The session's compilation cache stays (tests/conftest.py): each resumed job's
+    # processes load the programs the first job compiled.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_"))
+           or k in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=subprocess_flags(devices))
     return env
 

@@ -17,6 +17,23 @@ from depthbench.rundir.io import JsonlLog, json_safe
 from depthbench.rundir.names import LAYER_STATS_FILE, METRICS_FILE, TB_DIR
 
 
+def _summary_writer():
+    """tensorboardX's ``SummaryWriter``, imported without torch: tensorboardX
+    imports torch wherever it is installed (1.5 s of CPU in every run's process)
+    only to accept torch tensors, which no run logs."""
+    import sys
+
+    if "torch" in sys.modules or "tensorboardX" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # `import torch` raises ImportError while this is here
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
 class MetricsWriter:
     """Appends to the run's JSON-lines logs and writes TensorBoard scalars, and
     W&B's when ``wandb`` is a mode of :mod:`~depthbench.train.wandb_sink`
@@ -32,8 +49,7 @@ class MetricsWriter:
             return
         self._metrics = JsonlLog(self.path, start_step, warn=warn)
         self._stats = JsonlLog(Path(workdir) / LAYER_STATS_FILE, start_step, warn=warn)
-        from tensorboardX import SummaryWriter
-
+        SummaryWriter = _summary_writer()
         tb_dir = Path(workdir) / TB_DIR
         purge = start_step + 1 if tb_dir.exists() else None
         self._tb = SummaryWriter(str(tb_dir), purge_step=purge, flush_secs=30)

@@ -214,10 +214,12 @@ def _console(body: str) -> list[Command]:
 
 
 # The project's documents, whose blocks the tests check (tests/unit/test_readme.py)
-# and run (tests/integration/test_readme_commands.py), and the README's install
-# prefix: CI runs it before the tests, the command tests take it as done.
+# and run (tests/integration/test_readme_commands.py), and the README's two install
+# prefixes: the tests' (the dev extra), which CI runs before the tests, and the main
+# job's (the package alone); the command tests take both as done.
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 INSTALL = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'"
+CORE_INSTALL = "python3 -m venv .venv && .venv/bin/pip install -q -e ."
 
 
 def project_blocks(doc: Path) -> list[Block]:

@@ -12,7 +12,11 @@ the whole set to a few minutes, every command runs with
     DEPTHBENCH_OVERRIDES='train.steps=3'   (every config: 3 training steps)
     DEPTHBENCH_MAX_RUNS=1                  (a sweep process trains at most 1 run)
 
-both documented in ``depthbench --help``; cloud tools (gcloud, sbatch, srun,
+both documented in ``depthbench --help``.  The README's install prefixes are
+taken as done (the test environment has the dev extra); after the main job's,
+which installs the package alone, the rest of its part runs with the extras'
+modules hidden (tests/helpers/core_only.py), so a documented command that needs
+an extra the reader did not install fails here.  Cloud tools (gcloud, sbatch, srun,
 scontrol) are fakes on PATH that record their arguments, so the launchers run
 as they would on a workstation with no cluster behind it.  Outputs shown in
 ``console`` blocks are compared with the real output.  A block that cannot run
@@ -35,8 +39,9 @@ import time
 from pathlib import Path
 
 import pytest
+from core_only import hide_extras
 from paths import REPO
-from readme_blocks import DOCS, INSTALL, Block, Command, parts, project_blocks
+from readme_blocks import CORE_INSTALL, DOCS, INSTALL, Block, Command, parts, project_blocks
 
 SMOKE_ENV = {"DEPTHBENCH_OVERRIDES": "train.steps=3", "DEPTHBENCH_MAX_RUNS": "1"}
 COMMAND_TIMEOUT_S = 600
@@ -83,21 +88,38 @@ def _sandbox(root: Path) -> dict[str, str]:
     return env
 
 
-def _as_run(command: Command, where: str) -> str:
-    """The README's install prefix is what CI runs before the tests (checked above);
-    here the package is installed already, so the rest of the command runs."""
+def _as_run(command: Command, where: str, root: Path, env: dict) -> str:
+    """The README's install prefixes are done here already, so the rest of the command
+    runs: the tests' (the dev extra) is what CI runs before the tests (checked here);
+    after the main job's (the package alone) the part's commands run with every module
+    only an extra installs hidden (tests/helpers/core_only.py), as in the environment
+    that install makes."""
     text = command.text
-    if text.startswith(INSTALL):
-        assert INSTALL in (REPO / ".ci" / "run").read_text(), where
-        text = text[len(INSTALL):].lstrip()
-        assert text.startswith("&& "), f"{where}: {command.text!r}"
-        text = text[3:]
+    for prefix in (INSTALL, CORE_INSTALL):
+        if not text.startswith(prefix):
+            continue
+        assert text.startswith(prefix + " && "), f"{where}: {command.text!r}"
+        if prefix == INSTALL:
+            assert INSTALL in (REPO / ".ci" / "run").read_text(), where
+        else:
+            _hide_extras(root, env)
+        return text[len(prefix) + len(" && "):]
     return text
+
+
+def _hide_extras(root: Path, env: dict) -> None:
+    """Put the core install's view first on ``PYTHONPATH`` in ``env``, and check that
+    it hides an extra's module (torch) and not a dependency's (jax)."""
+    folder = hide_extras(root / ".core-only")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), env.get("PYTHONPATH")]))
+    probe = ("import importlib.util as u, sys; "
+             "sys.exit(u.find_spec('torch') is not None or u.find_spec('jax') is None)")
+    assert subprocess.run([sys.executable, "-c", probe], env=env).returncode == 0
 
 
 def _run(block: Block, command: Command, root: Path, env: dict) -> float:
     """Run one command; returns its wall time in seconds."""
-    text = _as_run(command, block.where)
+    text = _as_run(command, block.where, root, env)
     start = time.perf_counter()
     r = subprocess.run(["bash", "-c", text], cwd=root, env=env, capture_output=True, text=True,
                        timeout=COMMAND_TIMEOUT_S)

@@ -1,14 +1,19 @@
 """The README and docs/*.md, checked without running a command: every command
 block runnable or marked, the block grammar, CI running the README's test
-command verbatim, local links, no measurement log in the README, the parts the
-command tests run (the commands themselves: tests/integration/test_readme_commands.py)."""
+command verbatim, the main job installing the package alone, local links, no
+measurement log in the README, the parts the command tests run (the commands
+themselves: tests/integration/test_readme_commands.py)."""
 
 from __future__ import annotations
 
 import re
 
+import core_only
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from paths import REPO
-from readme_blocks import DOCS, INSTALL, parse, parts, problem, project_blocks
+from readme_blocks import CORE_INSTALL, DOCS, INSTALL, parse, parts, problem, project_blocks
 
 # ------------------------------------------------------------------ fast checks
 
@@ -49,6 +54,31 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert len(ci_command) == 1 and ci_command[0].startswith(INSTALL + " && ")
     shown = [c.text for b in project_blocks(REPO / "README.md") for c in b.commands()]
     assert ci_command[0].strip() in shown
+
+
+def test_the_main_job_installs_the_package_alone():
+    """README's main job installs what it uses (no extra); the command test runs it with
+    the extras hidden (tests/helpers/core_only.py)."""
+    shown = [c.text for b in project_blocks(REPO / "README.md") for c in b.commands()]
+    [main] = [t for t in shown if "sweep --config experiments/quickstart.py" in t
+              and "--dry-run" not in t]
+    assert main.startswith(CORE_INSTALL + " && .venv/bin/depthbench sweep "), main
+
+
+def test_the_core_install_hides_every_extra_and_no_dependency():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    core = core_only.core_distributions()
+    for line in project["dependencies"]:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate():
+            assert canonicalize_name(req.name) in core, req.name
+    modules, distributions = core_only.extra_only()
+    assert {"torch", "transformers", "lm_eval", "wandb", "pytest", "nbclient"} <= set(modules)
+    assert {"torch", "transformers", "lm-eval", "ai2-olmo-core"} <= set(distributions)
+    assert not {"jax", "flax", "numpy", "tensorboardX", "google", "google.protobuf",
+                "depthbench", "pallas_kernels", "pip"} & set(modules)
+    assert not core & set(distributions)
 
 
 def test_local_links_and_images_resolve():

@@ -95,8 +95,9 @@ def open_run(run_dir: str | Path, command: str = "") -> RunDir:
                           "import-olmo or import-hf")
     path = path.resolve()
     resolved = saved.pop("resolved", None) or {}
-    if not isinstance(resolved, dict):
-        raise ConfigError(f"{path / CONFIG_FILE}: resolved: expected a JSON object")
+    if not isinstance(resolved, dict) or not isinstance(resolved.get("tokenizer", {}), dict):
+        raise ConfigError(f"{path / CONFIG_FILE}: resolved (and its tokenizer): expected a JSON "
+                          "object")
     config = saved_config(saved)
     config = complete_shape(config, recorded_shape(config, resolved.get("shape"),
                                                    f"{path / CONFIG_FILE}: resolved.shape"))
@@ -290,10 +291,16 @@ def _rows(tree, b: int, axis: int):
     return jax.tree.map(lambda a: jax.lax.slice_in_dim(a, 0, b, axis=axis), tree)
 
 
+TOKENIZER_LIMIT = 1 << 30  # bytes of a tokenizer file a reader opens
+
+
 def run_tokenizer(run_dir: Path | None, resolved: dict):
     """The tokenizer a run was trained with (``resolved``: its config.json's
     "resolved" block), through the one tokenizer interface."""
     info = resolved.get("tokenizer") or {}
+    if not isinstance(info, dict) or not isinstance(info.get("tokenizer_path") or "", str):
+        raise ConfigError(f"{CONFIG_FILE}: resolved.tokenizer: expected an object whose "
+                          "tokenizer_path is a string")
     path = str(info.get("tokenizer_path") or "")
     # An imported run carries its tokenizer.json (relocatable with the directory).
     local = None if run_dir is None else confine.regular_file(
@@ -305,8 +312,15 @@ def run_tokenizer(run_dir: Path | None, resolved: dict):
                           "(resolved.tokenizer.tokenizer_path)")
     from depthbench.data.tokenizer import open_tokenizer
 
-    return open_tokenizer(path, field="resolved.tokenizer.tokenizer_path",
-                          eos_id=int(info.get("eos_id", -1)), bos_id=int(info.get("bos_id", -1)))
+    ids = {key: info.get(key, -1) for key in ("eos_id", "bos_id")}
+    for key, value in ids.items():
+        if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value < 1 << 31:
+            raise ConfigError(f"{CONFIG_FILE}: resolved.tokenizer.{key}: expected an integer id "
+                              f"(-1: none), got {str(value)[:40]!r}")
+    if confine.is_regular(Path(path)) and Path(path).stat().st_size > TOKENIZER_LIMIT:
+        raise ConfigError(f"resolved.tokenizer.tokenizer_path: {path} holds more than "
+                          f"{TOKENIZER_LIMIT:,} bytes")
+    return open_tokenizer(path, field="resolved.tokenizer.tokenizer_path", **ids)
 
 
 def load_run(run_dir: str | Path, *, step: int | None = None, options: dict | None = None) -> Run:

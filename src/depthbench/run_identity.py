@@ -107,14 +107,33 @@ def saved_config(saved: dict) -> ml_collections.ConfigDict:
     their defaults (what :func:`config_changes` assumes too), so code reading
     an old run's config finds every field."""
 
-    def merge(defaults: dict, given: dict) -> dict:
+    def merge(defaults: dict, given: dict, where: str) -> dict:
         out = dict(defaults)
         for key, value in given.items():
             both = isinstance(value, dict) and isinstance(defaults.get(key), dict)
-            out[key] = merge(defaults[key], value) if both else value
+            if not both and key in defaults and where != "model.residual.":
+                _check_type(where + str(key), defaults[key], value)
+            out[key] = merge(defaults[key], value, f"{where}{key}.") if both else value
         return out
 
-    return ml_collections.ConfigDict(merge(base_config().to_dict(), from_saved(saved)))
+    return ml_collections.ConfigDict(merge(base_config().to_dict(), from_saved(saved), ""))
+
+
+def _check_type(field: str, default: Any, value: Any) -> None:
+    """ConfigError unless a saved ``value`` has the type of the schema's ``default``
+    (an int where a float is asked is one; a bool is neither).  A run directory
+    may come from anyone: a field of another type is one line, not a traceback
+    deep inside a reader.  A family's own fields are its config's to check."""
+    if default is None or value is None:
+        return
+    kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,), list: (list,),
+             tuple: (list, tuple), dict: (dict,)}
+    want = kinds.get(type(default))
+    if want is None:
+        return
+    if isinstance(value, bool) != (bool in want) or not isinstance(value, want):
+        raise ConfigError(f"{CONFIG_FILE}: {field}: expected {type(default).__name__}, got "
+                          f"{type(value).__name__} {str(value)[:40]!r}")
 
 
 def check_run_dir(config, workdir: Path) -> dict | None:

@@ -647,6 +647,21 @@ CASES = [
     Case("export-hf: the run's config.json nested 100,000 deep", "schema", "run",
          lambda s, x: (s / "config.json").write_text(nested(100_000)), _export_hf,
          r"config\.json: nests deeper than 64 levels$"),
+    *(Case(f"export-hf: the run's {field} as {value!r}", "schema", "run",
+           lambda s, x, f=field, v=value: edit_json(s / "config.json", lambda c: c[f.split(".")[0]]
+                                                     .update({f.split(".")[1]: v})),
+           _export_hf, rf"config\.json: {re.escape(field)}: expected {kind}, got ")
+      for field, value, kind in (("model.depth", "2", "int"), ("model.norm_eps", [1], "float"),
+                                 ("model.family", 5, "str"), ("train.seq_len", 1.5, "int"))),
+    Case("generate: the run's resolved.tokenizer a list", "schema", "run",
+         lambda s, x: edit_json(s / "config.json", lambda c: c.update(
+             resolved={**c["resolved"], "tokenizer": [1]})), _generate,
+         r"config\.json: resolved \(and its tokenizer\): expected a JSON object$"),
+    Case("generate: the run's eos_id as text", "schema", "run",
+         lambda s, x: edit_json(s / "config.json", lambda c: c["resolved"]["tokenizer"].update(
+             eos_id="2")), _generate,
+         r"config\.json: resolved\.tokenizer\.eos_id: expected an integer id \(-1: none\), "
+         r"got '2'$"),
     Case("generate: an integrity.json entry not [size, hash]", "schema", "run",
          lambda s, x: _integrity(s, lambda r: r["files"].update(
              {"commit_success.txt": "fine"})), _generate,

@@ -55,6 +55,13 @@ def is_storage_error(e: BaseException) -> bool:
     return os_error_code(e) in STORAGE_ERRNOS
 
 
+def retry_hint(e: BaseException) -> str:
+    """What to do about a full or a read-only disk, by the error's code."""
+    if os_error_code(e) == errno.EROFS:
+        return "make it writable and re-run the same command"
+    return "free space and re-run the same command"
+
+
 def storage_error(e: BaseException, what: str | None, hint: str) -> StorageError:
     """``what`` (e.g. "metrics: could not write /x/metrics.jsonl") + the reason + ``hint``.
     ``what`` None: the one ``e`` already says (a StorageError's), else the file it names."""

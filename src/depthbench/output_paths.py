@@ -192,7 +192,5 @@ def remove_settled(work: Path, quiet: float = 0.3, limit: float = 10.0) -> None:
 def out_storage_error(e: Exception, out: Path, command: str) -> faults.StorageError:
     """A full or read-only disk under the import, as one line naming ``--out``
     (not the hidden directory the run was being built in, which is gone)."""
-    hint = ("make it writable and re-run the same command" if faults.os_error_code(e) ==
-            errno.EROFS else "free space and re-run the same command")
     return faults.storage_error(e, f"{command}: could not write --out {out}",
-                                f"nothing was written there: {hint}")
+                                f"nothing was written there: {faults.retry_hint(e)}")

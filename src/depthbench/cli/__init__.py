@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (isinstance(e, faults.StorageError) or faults.is_storage_error(e)):  # ValueError)
             raise
         if not isinstance(e, faults.StorageError):
-            e = faults.storage_error(e, None, "free space and re-run the same command")
+            e = faults.storage_error(e, None, faults.retry_hint(e))
         sys.stderr.write(f"depthbench: error: {e}\n")
         return faults.EXIT_STORAGE
 

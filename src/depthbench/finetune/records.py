@@ -336,5 +336,5 @@ def prepare_sft(records_path: str | Path, run_dir: str | Path, *, max_seq_len: i
             if not faults.is_storage_error(e):
                 raise
             raise faults.storage_error(e, f"{WHAT}: could not write the cache entry {final}",
-                                       "free space and re-run the same command") from e
+                                       faults.retry_hint(e)) from e
     return open_sft(final)

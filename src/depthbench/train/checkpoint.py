@@ -145,7 +145,7 @@ class Checkpoints:
             # The trainer replaces the hint with what a re-run resumes from (resume_hint).
             raise faults.storage_error(
                 e, f"checkpoints: could not write step {step} to {self.directory}",
-                "free space and re-run the same command") from e
+                faults.retry_hint(e)) from e
 
     def _seal(self) -> None:
         """Write the integrity record of every finalized step this process saved

@@ -70,7 +70,7 @@ class MetricsWriter:
             self._failed = True
             # The trainer replaces the hint with what a re-run resumes from.
             raise faults.storage_error(e, f"metrics: could not write {log.path}",
-                                       "free space and re-run the same command") from e
+                                       faults.retry_hint(e)) from e
 
     def log(self, step: int, scalars: dict[str, Any]) -> dict:
         """One jsonl row (``step`` first) and the same scalars in TensorBoard."""

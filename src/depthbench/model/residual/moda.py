@@ -22,10 +22,10 @@ or post-norm) and the variants: docs/spec/residuals.md, family 10.  Here:
   packed rows' segments aside (XLA, the same maths).
 
 Only slots a later attention reads are kept: ``L - 1`` of each kind, so the
-last block writes nothing (its MLP does not even compute its extra linear:
-``lax.cond``); every block owns the extra linear so the scanned parameters
-have one shape, and the last block's copy is unused (it is still counted
-in ``extra_block_params``: it exists and is trained by nothing).
+last block writes nothing (its MLP's extra linear is computed and dropped);
+every block owns the extra linear so the scanned parameters have one shape,
+and the last block's copy is unused (it is still counted in
+``extra_block_params``: it exists and gets a zero gradient).
 
 State: ``{"x": [B, T, d], "ka", "va": [B, T, n_kv, L-1, d_h], "kf", "vf":
 [B, T, H, L-1, d_h], "valid": [L-1]}``: heads before slots, so the depth
@@ -260,9 +260,11 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
         return attend
 
     def _depth_kv(self, p, x_in_btd):
+        """The MLP's depth ``k, v`` ``[B, T, H, d_h]``, one product each (one
+        product of both made two transposed copies to split them)."""
         s = self.spec
-        kv = jnp.einsum("btd,dckh->cbtkh", x_in_btd.astype(s.dtype), p["depth_kv"].astype(s.dtype))
-        return kv[0], kv[1]
+        x, w = x_in_btd.astype(s.dtype), p["depth_kv"].astype(s.dtype)
+        return (jnp.einsum("btd,dkh->btkh", x, w[:, 0]), jnp.einsum("btd,dkh->btkh", x, w[:, 1]))
 
     def _residual(self, p, x, y, sub: int):
         if self.pre_norm:
@@ -281,11 +283,11 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
             return {**state, "x": x,
                     "ka": with_axes(put_slot(state["ka"], k, b, ok), BTKMH),
                     "va": with_axes(put_slot(state["va"], v, b, ok), BTKMH)}
-        # The last block's MLP keys are never read: do not compute them.
-        zeros = jnp.zeros((*y.shape[:2], self.kv_heads, self.spec.head_dim), self.spec.dtype)
-        k, v = jax.lax.cond(
-            ok, lambda xi: self._depth_kv(p, xi), lambda xi: (zeros, zeros), aux["x_in"]
-        )
+        # The last block's MLP keys are never read (put_slot drops them), but
+        # computing them costs less than a ``lax.cond`` around the product in
+        # every block, forward and backward (bench/results/depth_memory.md,
+        # "the deep-narrow step").
+        k, v = self._depth_kv(p, aux["x_in"])
         return {**state, "x": x,
                 "kf": with_axes(put_slot(state["kf"], k, b, ok), BTKMH),
                 "vf": with_axes(put_slot(state["vf"], v, b, ok), BTKMH),

@@ -1,7 +1,7 @@
 """The largest crafted inputs of tests/helpers/bad_checkpoints.py are refused before
 they cost memory: each runs as a real ``depthbench`` process (the console entry
 point, so its exit is the user's) whose peak resident memory, read with
-``resource.getrusage`` in the process itself as it exits, stays under 1 GiB,
+``/proc/self/status`` (VmHWM) in the process itself as it exits, stays under 1 GiB,
 with one line on stderr and exit status 2 (no traceback from background work
 after it).  Each of these inputs declares gigabytes (a 2 GiB ``.metadata``, a
 1 GiB config.json, a zip member inflating to 2 GiB, a 2 GiB safetensors
@@ -32,9 +32,11 @@ LARGEST = ("import-olmo: a .metadata of 2 GiB", "import-olmo: a config.json of 1
            "generate: an integrity.json of 1 GiB")
 
 # The child: the console entry point, its own peak RSS printed (KiB, Linux) as it exits.
-CHILD = ("import atexit, resource, sys\n"
-         "atexit.register(lambda: print('peak_kib', resource.getrusage("
-         "resource.RUSAGE_SELF).ru_maxrss, flush=True))\n"
+# VmHWM, not getrusage's ru_maxrss: Linux keeps ru_maxrss across execve, so a child
+# forked from a pytest worker of 2.6 GiB reported the worker's peak, not its own.
+CHILD = ("import atexit, re, sys\n"
+         "atexit.register(lambda: print('peak_kib', re.search(r'VmHWM:\\s+(\\d+) kB', "
+         "open('/proc/self/status').read()).group(1), flush=True))\n"
          "from depthbench.cli import entry\n"
          "sys.argv = ['depthbench', *sys.argv[1:]]\n"
          "entry()\n")
@@ -46,7 +48,7 @@ def sources(tmp_path_factory):
     return build_sources(tmp_path_factory.mktemp("sources"))
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in KiB on Linux")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM of /proc/self/status: Linux")
 @pytest.mark.parametrize("case", [c for c in CASES if c.id in LARGEST], ids=lambda c: c.id)
 def test_the_largest_refused_inputs_peak_under_1_gib(case, sources, tmp_path):
     pristine = getattr(sources, case.source)

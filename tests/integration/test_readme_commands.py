@@ -9,8 +9,9 @@ blocks run there in document order, so a later block sees what an earlier one
 made (``report runs/quickstart`` after the sweep).  To keep
 the whole set to a few minutes, every command runs with
 
-    DEPTHBENCH_OVERRIDES='train.steps=3'   (every config: 3 training steps)
-    DEPTHBENCH_MAX_RUNS=1                  (a sweep process trains at most 1 run)
+    DEPTHBENCH_OVERRIDES='train.steps=3 data.val_windows=8'
+                              (every config: 3 training steps, 8 validation windows)
+    DEPTHBENCH_MAX_RUNS=1     (a sweep process trains at most 1 run)
 
 both documented in ``depthbench --help``.  The README's install prefixes are
 taken as done (the test environment has the dev extra); after the main job's,
@@ -43,7 +44,8 @@ from core_only import hide_extras
 from paths import REPO
 from readme_blocks import CORE_INSTALL, DOCS, INSTALL, Block, Command, parts, project_blocks
 
-SMOKE_ENV = {"DEPTHBENCH_OVERRIDES": "train.steps=3", "DEPTHBENCH_MAX_RUNS": "1"}
+SMOKE_ENV = {"DEPTHBENCH_OVERRIDES": "train.steps=3 data.val_windows=8",
+             "DEPTHBENCH_MAX_RUNS": "1"}
 COMMAND_TIMEOUT_S = 600
 
 # Fake cloud tools (bash: hundreds of calls stay cheap): each records its argv in

@@ -48,7 +48,7 @@ def sources(tmp_path_factory):
     return build_sources(tmp_path_factory.mktemp("sources"))
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM of /proc/self/status: Linux")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status: Linux")
 @pytest.mark.parametrize("case", [c for c in CASES if c.id in LARGEST], ids=lambda c: c.id)
 def test_the_largest_refused_inputs_peak_under_1_gib(case, sources, tmp_path):
     pristine = getattr(sources, case.source)

@@ -230,6 +230,13 @@ def test_json_is_read_with_a_size_cap_and_a_nesting_limit(tmp_path):
     sparse(path, GIB)
     with pytest.raises(rundir_io.DamagedFile, match="holds 1,073,741,824 bytes"):
         rundir_io.read_json(path)
+    log = tmp_path / "metrics.jsonl"  # a log: 1 GiB read, more refused before it is read
+    log.write_text('{"step": 1}\n{"step": 2}\n')
+    assert [r["step"] for r in rundir_io.read_jsonl(log)] == [1, 2]
+    sparse(log, 2 * GIB)
+    with pytest.raises(rundir_io.DamagedFile, match=r"metrics\.jsonl: holds 2,147,483,648 bytes; "
+                       r"at most 1,073,741,824 are read$"):
+        rundir_io.read_jsonl(log)
 
 
 def test_integrity_records_are_checked_field_by_field(tmp_path):

@@ -38,6 +38,9 @@ from depthbench import confine
 from depthbench.errors import ConfigError
 
 JSON_LIMIT = 1 << 26  # bytes of one JSON record or config read (a config is kilobytes)
+# Bytes of a JSON-lines log read whole: a paper run's metrics.jsonl is megabytes; a
+# received run's log is refused before it is read rather than exhaust memory.
+LOG_LIMIT = 1 << 30
 JSON_DEPTH = 64  # levels of nesting (a config has under ten)
 
 
@@ -198,7 +201,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """The rows of a JSON-lines log under the torn-line rule (module docstring);
     [] when there is no such file."""
     path = as_path(path)
-    text = _text(path, None)  # a log grows with its run: no cap, each line bounded
+    text = _text(path, LOG_LIMIT)  # a log grows with its run: a generous cap
     if text is None:
         return []
     lines = text.split("\n")  # the last item is "" when the file ends in a newline

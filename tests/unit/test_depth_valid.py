@@ -12,6 +12,7 @@ import pytest
 from noisy_params import init_perturbed
 
 from depthbench.model import depth_scan, layers
+from depthbench.model.residual import moda
 from depthbench.model.residual.parts import depth_mix
 from depthbench.model.residual.parts.moda_attention import attention_with_depth
 from depthbench.model.spec import ModelSpec
@@ -37,10 +38,11 @@ def test_default_groups_keep_min_span_positions_each(depth, expected, monkeypatc
     assert len(depth_scan.position_groups(depth)) == expected
 
 
-@pytest.mark.parametrize("family,spans", [("attnres_full", 8), ("moda", 1)])
+@pytest.mark.parametrize("family,spans", [("attnres_full", 8), ("moda", 4)])
 def test_groups_that_cut_alike_run_as_one_scan(family, spans):
-    """attnres_full's extent grows with depth: 8 groups at L 32; moda gives none
-    (its caches are never cut): one scan over all 32 positions."""
+    """attnres_full's extent grows with depth: 8 groups at L 32; moda's caches
+    are cut by whole chunks of 8 slots: the groups holding the same chunks
+    run as one scan, 4 at L 32."""
     spec = ModelSpec.from_shape(Shape(32, 16, 32, 2, 2, 32), family=family)
     fam = family_of(spec)
     state0 = fam.init_state({}, jnp.zeros((1, 2, 16)))
@@ -97,6 +99,28 @@ def test_grouped_stack_gives_nn_scans_loss_and_gradients(family, groups, monkeyp
         scale = float(jnp.max(jnp.abs(g_old))) + 1e-12
         np.testing.assert_allclose(np.asarray(g_new) / scale, np.asarray(g_old) / scale,
                                    atol=2e-5)
+
+
+@pytest.mark.parametrize("groups,chunk", [(2, 2), (5, 1)], ids=["3+2", "1each"])
+def test_moda_in_chunks_gives_nn_scans_loss_and_gradients(groups, chunk, monkeypatch):
+    """moda's caches in chunks (``moda.CHUNK`` slots or more, ending where
+    position groups end), which the depth-linear stack gives each group only
+    up to its end, and which the plain scan carries whole: both give the loss
+    and gradients of nn.scan on unchunked caches (a skipped and a permuted
+    block; one softmax over the chunks' keys)."""
+    tokens, params, (loss_old, grads_old) = _grouped_reference("moda")  # whole caches
+    monkeypatch.setattr(depth_scan, "GROUPS", groups)
+    monkeypatch.setattr(depth_scan, "MIN_SPAN", 1)
+    monkeypatch.setattr(moda, "CHUNK", chunk)
+    assert len(family_of(_grouped_spec("moda", "depth_linear")).chunks) > 1
+    for layer_scan in ("depth_linear", "carries"):
+        loss_new, grads_new = _grouped_loss_and_grads("moda", layer_scan, tokens, params)
+        np.testing.assert_allclose(float(loss_new), float(loss_old), rtol=1e-6)
+        for g_old, g_new in zip(jax.tree.leaves(grads_old), jax.tree.leaves(grads_new),
+                                strict=True):
+            scale = float(jnp.max(jnp.abs(g_old))) + 1e-12
+            np.testing.assert_allclose(np.asarray(g_new) / scale, np.asarray(g_old) / scale,
+                                       atol=2e-5)
 
 
 def _plain_depth_mix(bank, valid, q, w, eps):

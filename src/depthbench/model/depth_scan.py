@@ -166,14 +166,30 @@ def _resize(plan: _Plan, state: dict, state0: dict, size: dict[str, int]) -> dic
     return out
 
 
+def _block_params(params_l, i):
+    """Block ``i``'s parameters, indexed in the stacked ones inside a loop."""
+    return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, 0, keepdims=False),
+                        params_l)
+
+
 def _scan_groups(plan: _Plan, body, params_l, state0: dict, xs_l: dict, unroll: int):
     """``body`` scanned over each position group in turn, on the banks cut to the
-    group's size: the final state (banks at full size) and each group's outputs."""
+    group's size: the final state (banks at full size) and each group's outputs.
+    With several groups each block's parameters are indexed in the whole stack
+    (cut per group, the parameters' slices were copies: moda's temp memory at
+    d 64, L 32 grew by the parameters' size)."""
     state, outs = state0, []
+    grouped = len(plan.spans) > 1
+
+    def indexed(state, ix):
+        i, x = ix
+        return body(state, (_block_params(params_l, i), x))
+
     for (start, end), size in zip(plan.spans, plan.sizes, strict=True):
-        state, out = jax.lax.scan(body, _resize(plan, state, state0, size),
-                                  (_cut(params_l, start, end), _cut(xs_l, start, end)),
-                                  unroll=unroll)
+        xs = ((jnp.arange(start, end), _cut(xs_l, start, end)) if grouped
+              else (_cut(params_l, start, end), _cut(xs_l, start, end)))
+        state, out = jax.lax.scan(indexed if grouped else body,
+                                  _resize(plan, state, state0, size), xs, unroll=unroll)
         outs.append(out)
     return _resize(plan, state, state0, plan.full), outs
 
@@ -244,6 +260,21 @@ def _backward(plan: _Plan, step: Step, bank_slots: Slots, unroll: int, res, cts)
         return _backward_block(step, bank_slots, banks_final, float_keys, fixed, axes, carry,
                                (p, x, undo, small, ct_z, g), size)
 
+    # Several groups: each block's parameters indexed in the whole stack and its
+    # parameter cotangent put into one stacked carry, in place (per group, the
+    # parameters' slices and the groups' stacked cotangents joined at the end
+    # held the parameters' size twice more).
+    grouped = len(plan.spans) > 1
+
+    def indexed(carry, inp, size):
+        carry, ct_pl = carry
+        i, x, undo, small, ct_z = inp
+        carry, ct_p = body(carry, (_block_params(params_l, i), x, undo, small, ct_z), size)
+        ct_pl = jax.tree.map(
+            lambda a, u: jax.lax.dynamic_update_index_in_dim(a, u.astype(a.dtype), i, 0),
+            ct_pl, ct_p)
+        return (carry, ct_pl), None
+
     # Each group runs on the banks and their cotangents cut to its extent:
     # the cotangent of the slots past it passes the group unchanged (kept
     # aside in ``tails``).
@@ -252,6 +283,7 @@ def _backward(plan: _Plan, step: Step, bank_slots: Slots, unroll: int, res, cts)
     tails = {k: [] for k in plan.entries}
     ct_g = jax.tree.map(jnp.zeros_like, g)
     ct_params = []
+    ct_pl = jax.tree.map(jnp.zeros_like, params_l) if grouped else None
     for (start, end), size, (undo_l, small_l) in reversed(
             list(zip(plan.spans, plan.sizes, saved, strict=True))):
         for k, n in size.items():
@@ -261,17 +293,21 @@ def _backward(plan: _Plan, step: Step, bank_slots: Slots, unroll: int, res, cts)
                 ct_state[k] = jax.lax.slice_in_dim(ct_state[k], 0, n, axis=ax)
             if k in banks:
                 banks[k] = jax.lax.slice_in_dim(banks[k], 0, n, axis=ax)
-        inputs = (_cut(params_l, start, end), _cut(xs_l, start, end), undo_l, small_l,
-                  _cut(ct_zs, start, end))
+        rest = (_cut(xs_l, start, end), undo_l, small_l, _cut(ct_zs, start, end))
+        if grouped:
+            ((banks, ct_state, ct_g), ct_pl), _ = jax.lax.scan(
+                functools.partial(indexed, size=size), ((banks, ct_state, ct_g), ct_pl),
+                (jnp.arange(start, end), *rest), reverse=True, unroll=unroll)
+            continue
         (banks, ct_state, ct_g), ct_p = jax.lax.scan(
             functools.partial(body, size=size), (banks, ct_state, ct_g),
-            inputs, reverse=True, unroll=unroll)
+            (_cut(params_l, start, end), *rest), reverse=True, unroll=unroll)
         ct_params.insert(0, ct_p)
     for k, rest in tails.items():
         if rest and k in ct_state:
             ct_state[k] = jnp.concatenate([ct_state[k], *rest], axis=axes[k])
     ct_state0 = {k: ct_state.get(k) for k in ct_final}
-    return _join(ct_params), ct_state0, None, ct_g
+    return (ct_pl if grouped else _join(ct_params)), ct_state0, None, ct_g
 
 
 def layer_stack(

@@ -30,9 +30,15 @@ and the last block's copy is unused (it is still counted in
 State: ``{"x": [B, T, d], "ka", "va": [B, T, n_kv, L-1, d_h], "kf", "vf":
 [B, T, H, L-1, d_h], "valid": [L-1]}``: heads before slots, so the depth
 dots (batched over ``B, T``, heads) and their backward read the caches
-without transposed copies.  Slots follow execution positions; a skipped
-block (``active`` false) leaves ``x`` unchanged and its slots invalid: it
-writes no depth keys.  The caches are in the compute dtype.
+without transposed copies.  On the XLA path a deep stack's caches come in
+chunks of slots (``chunks``: ``ka`` holds the first, ``ka1``, ``ka2`` ... the
+next), and the depth-linear stack gives each position group only the chunks
+of slots before its end (``bank_extent``): the depth attention of the early
+blocks neither reads nor differentiates the later, still empty slots.  One
+softmax covers all the chunks (and both kinds where their heads agree).
+Slots follow execution positions; a skipped block (``active`` false) leaves
+``x`` unchanged and its slots invalid: it writes no depth keys.  The caches
+are in the compute dtype.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import jax
 import jax.numpy as jnp
 
 from depthbench.errors import ConfigError
+from depthbench.model.depth_scan import position_groups, read_extents
 from depthbench.model.layers import weight
 from depthbench.model.residual.parts import fused
 from depthbench.model.residual.parts.moda_attention import attention_with_depth
@@ -78,6 +85,9 @@ from depthbench.model.residual.protocol.original_format import (
 )
 from depthbench.shapes import resolve_shape
 
+# Slots per chunk of each depth cache on the XLA path (at least; chunks end
+# where the depth-linear stack's position groups end).
+CHUNK = 8
 BTKMH = ("activation_batch", "activation_length", "activation_kv_heads", "activation_sources", None)
 _POST_NORM = ("attn_post_norm", "mlp_post_norm")
 NORMS = ("post", "pre")
@@ -197,6 +207,38 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
         return max(self.spec.depth - 1, 0)
 
     @property
+    def chunks(self) -> tuple[tuple[int, int], ...]:
+        """The slot spans ``[start, end)`` of each depth cache's chunks: one chunk
+        under the Pallas kernel; on the XLA path spans of at least ``CHUNK``
+        slots ending where the depth-linear stack's position groups end, so
+        that a group's blocks read only the chunks of slots before its end
+        (``bank_extent``): at L 32, 4 chunks of 8, 8, 8 and 7 slots, and the
+        first 8 blocks read 8 slots of each kind, not 31.  (Writing only the
+        chunk a group writes, where the shapes tell it, measured no faster than
+        a ``put_slot`` into each chunk present: bench/results/depth_memory.md,
+        "moda's caches in chunks".)"""
+        m = self.n_slots
+        if m == 0:
+            return ()
+        if fused.use_pallas(self.spec) or m <= CHUNK:
+            return ((0, m),)
+        spans, start = [], 0
+        for _, end in position_groups(self.spec.depth):
+            end = min(end, m)
+            if end - start >= CHUNK or (end == m and start < m):
+                if end == m and spans and end - start < CHUNK // 2:
+                    spans[-1] = (spans[-1][0], m)  # a short tail joins the chunk before
+                else:
+                    spans.append((start, end))
+                start = end
+        return tuple(spans)
+
+    @staticmethod
+    def _key(cache: str, c: int) -> str:
+        """The state leaf of chunk ``c`` of ``cache`` (``ka``, ``va``, ``kf``, ``vf``)."""
+        return cache if c == 0 else f"{cache}{c}"
+
+    @property
     def kv_heads(self) -> int:
         """``H``: heads of the MLP's depth key/value projection."""
         return int(self.cfg.moda_kv_heads) or self.spec.n_kv_heads
@@ -229,10 +271,15 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
     def init_state(self, g, x0):
         s, m = self.spec, self.n_slots
         b, t, _ = x0.shape
-        attn = with_axes(jnp.zeros((b, t, s.n_kv_heads, m, s.head_dim), x0.dtype), BTKMH)
-        mlp = with_axes(jnp.zeros((b, t, self.kv_heads, m, s.head_dim), x0.dtype), BTKMH)
-        return {"x": x0, "ka": attn, "va": attn, "kf": mlp, "vf": mlp,
-                "valid": jnp.zeros((m,), bool)}
+        state = {"x": x0}
+        for c, (start, end) in enumerate(self.chunks):
+            attn = with_axes(jnp.zeros((b, t, s.n_kv_heads, end - start, s.head_dim), x0.dtype),
+                             BTKMH)
+            mlp = with_axes(jnp.zeros((b, t, self.kv_heads, end - start, s.head_dim), x0.dtype),
+                            BTKMH)
+            state |= {self._key("ka", c): attn, self._key("va", c): attn,
+                      self._key("kf", c): mlp, self._key("vf", c): mlp}
+        return {**state, "valid": jnp.zeros((m,), bool)}
 
     def read(self, p, state, site):
         return state["x"], {}
@@ -246,7 +293,10 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
         if self.n_slots == 0:
             return None
         valid = state["valid"]
-        groups = ((state["ka"], state["va"], valid), (state["kf"], state["vf"], valid))
+        groups = tuple((state[self._key(k, c)], state[self._key(v, c)], valid[start:end])
+                       for k, v in (("ka", "va"), ("kf", "vf"))
+                       for c, (start, end) in enumerate(self.chunks)
+                       if state[self._key(k, c)].shape[3])
         rotated = self.rotated_query
         pallas = fused.use_pallas(self.spec)
 
@@ -280,36 +330,55 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
         ok = active & (b < m)
         if site.sub == 0:
             k, v = after(aux["kv"], y)
-            return {**state, "x": x,
-                    "ka": with_axes(put_slot(state["ka"], k, b, ok), BTKMH),
-                    "va": with_axes(put_slot(state["va"], v, b, ok), BTKMH)}
+            new = self._put(state, ("ka", "va"), (k, v), b, ok)
+            return {**state, **new, "x": x}
         # The last block's MLP keys are never read (put_slot drops them), but
         # computing them costs less than a ``lax.cond`` around the product in
         # every block, forward and backward (bench/results/depth_memory.md,
         # "the deep-narrow step").
         k, v = self._depth_kv(p, aux["x_in"])
-        return {**state, "x": x,
-                "kf": with_axes(put_slot(state["kf"], k, b, ok), BTKMH),
-                "vf": with_axes(put_slot(state["vf"], v, b, ok), BTKMH),
+        new = self._put(state, ("kf", "vf"), (k, v), b, ok)
+        return {**state, **new, "x": x,
                 "valid": state["valid"] | ((jnp.arange(m) == b) & ok)}
+
+    def _put(self, state, caches, values, b, ok):
+        """Slot ``b`` of each of ``caches`` set to its value where ``ok``: in the
+        chunk holding it, among the chunks the state has (the depth-linear stack
+        leaves out those past its group's end)."""
+        out = {}
+        for c, (start, end) in enumerate(self.chunks):
+            if not state[self._key(caches[0], c)].shape[3]:
+                continue
+            ok_c = ok & (b >= start) & (b < end)
+            for cache, value in zip(caches, values, strict=True):
+                key = self._key(cache, c)
+                out[key] = with_axes(put_slot(state[key], value, b - start, ok_c), BTKMH)
+        return out
 
     def bank_slots(self, state, pos):
         """The block at position ``b`` writes slot ``b`` of each depth cache (the
         last block's ``b = L - 1`` is past the end: it writes none)."""
-        if self.n_slots == 0:
-            return {}
-        slots = pos[None]
-        # Never written before; put_slot sets the slot, and the depth attention
-        # masks the slots not yet written (``valid``): overwrite.
-        return {k: BankSlots(3, slots, True, True) for k in ("ka", "va", "kf", "vf")}
+        out = {}
+        for c, (start, end) in enumerate(self.chunks):
+            # past the end where the chunk does not hold slot ``pos``
+            slots = jnp.where((pos >= start) & (pos < end), pos - start, end - start)[None]
+            # Never written before; put_slot sets the slot, and the depth attention
+            # masks the slots not yet written (``valid``): overwrite.
+            out |= {self._key(k, c): BankSlots(3, slots, True, True)
+                    for k in ("ka", "va", "kf", "vf")}
+        return out
 
-    # No ``bank_extent``: the depth-linear stack runs moda's blocks on the whole
-    # caches, in one scan.  Cut to each position group's extent (blocks [0, p)
-    # read slots < p - 1), the depth attention visited fewer masked slots, but
-    # the cuts' copies (the backward cut the four final caches per block) cost
-    # as much time as that saved, and temp memory at d 64, L 32 (T 256, B 2,
-    # AdamW) was 3.54x pre_ln's against 2.68x (bench/results/depth_memory.md,
-    # "the deep-narrow step").
+    def bank_extent(self, positions: int) -> dict[str, int]:
+        """Whole chunks: those holding a slot below ``positions`` (the blocks
+        before it write slots ``< positions`` and read slots below their own),
+        the others none.  The stack's cuts are then all or nothing, so no cut
+        copies a chunk; the depth attention visits the present chunks' slots.
+        (Cut at the slot, the caches' cuts were copies that cost as much time
+        as the skipped slots saved, and more memory: bench/results/
+        depth_memory.md, "the deep-narrow step".)"""
+        return {self._key(k, c): (end - start if start < positions else 0)
+                for c, (start, end) in enumerate(self.chunks)
+                for k in ("ka", "va", "kf", "vf")}
 
     def readout(self, g, state, final_norm):
         return final_norm(state["x"])
@@ -348,12 +417,23 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
         return float(attn + proj)
 
     def masked_flops_per_token(self, seq_len: int) -> float:
-        """The attention at position ``b`` scores all ``2 (L - 1)`` slots and masks
-        the ``2 (L - 1 - b)`` not yet written, ``4 d`` FLOPs each: ``4 d L (L -
-        1)`` in all (under either layer stack: the caches are never cut).  Not
-        model FLOPs."""
+        """The attention at position ``b`` scores every slot its caches hold, all
+        ``2 (L - 1)`` or, under the depth-linear stack, those of the chunks
+        present in its position group (``bank_extent``), and masks the ones not
+        yet written (all but ``b``): ``4 d`` FLOPs each.  Not model FLOPs."""
         s, m = self.spec, self.n_slots
-        return float(4 * s.d_model * sum(2 * (m - b) for b in range(s.depth) if m > b))
+        return float(4 * s.d_model * sum(2 * (seen - b) for b, seen in
+                                          enumerate(self._depth_visits()) if m > b))
+
+    def _depth_visits(self) -> list[int]:
+        """Slots of each kind the depth attention at each execution position
+        visits: all ``L - 1`` under ``layer_scan = "carries"`` (or one chunk);
+        under the depth-linear stack, the chunks its position group holds."""
+        s, m = self.spec, self.n_slots
+        if s.layer_scan != "depth_linear" or len(self.chunks) <= 1:
+            return [m] * s.depth
+        return [sum(n for k, n in e.items() if k.startswith("ka"))
+                for e in read_extents(s.depth, self.bank_extent)]
 
     def state_floats_per_token(self) -> int:
         """The stream ``d`` plus the depth caches ``2 (L-1) (n_kv + H) d_h``."""

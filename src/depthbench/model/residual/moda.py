@@ -296,7 +296,7 @@ class MoDA(ResidualFamily, DepthBanks, DepthAttention, CostTerms, AnalysisProbes
         groups = tuple((state[self._key(k, c)], state[self._key(v, c)], valid[start:end])
                        for k, v in (("ka", "va"), ("kf", "vf"))
                        for c, (start, end) in enumerate(self.chunks)
-                       if state[self._key(k, c)].shape[3])
+                       if state[self._key(k, c)].shape[3])  # not left out by bank_extent
         rotated = self.rotated_query
         pallas = fused.use_pallas(self.spec)
 

@@ -11,6 +11,9 @@ the depth parts by their log-sum-exps.
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import jax
 import jax.numpy as jnp
 
@@ -73,8 +76,6 @@ def _depth_parts(groups):
     in the softmax (only the logits are joined, never the caches)."""
     parts = []
     for group in groups:
-        if group[0].shape[3] == 0:  # a chunk the layer stack left out (no slot yet)
-            continue
         if parts and parts[-1][0][0].shape[2] == group[0].shape[2]:
             parts[-1].append(group)
         else:
@@ -115,13 +116,6 @@ def _join(xs):
     return xs[0] if len(xs) == 1 else jnp.concatenate(xs, axis=-1)
 
 
-def _sum(xs):
-    out = xs[0]
-    for x in xs[1:]:
-        out = out + x
-    return out
-
-
 def _depth_part_fwd(q_btgrh, ks_btgmh, vs_btgmh, valids_m):
     logits = _join([jnp.einsum("btgrh,btgmh->btgrm", q_btgrh, k) for k in ks_btgmh])
     logits = jnp.where(_join(list(valids_m)), logits, -jnp.inf)
@@ -131,7 +125,7 @@ def _depth_part_fwd(q_btgrh, ks_btgmh, vs_btgmh, valids_m):
     sum_btgr1 = jnp.sum(e_btgrm, axis=-1, keepdims=True)
     p_btgrm = e_btgrm / jnp.where(sum_btgr1 > 0, sum_btgr1, 1.0)
     p_btgrm = keep_for_backward(p_btgrm)  # as causal_blocks' output: batched products
-    out_btgrh = keep_for_backward(_sum([
+    out_btgrh = keep_for_backward(functools.reduce(operator.add, [
         jnp.einsum("btgrm,btgmh->btgrh", p, v)
         for p, v in zip(_split(p_btgrm, ks_btgmh), vs_btgmh, strict=True)]))
     lse_btgr = keep_for_backward((mu + jnp.log(sum_btgr1))[..., 0])
@@ -146,8 +140,8 @@ def _depth_part_bwd(saved, cts):
     dp_btgrm = _join([jnp.einsum("btgrh,btgmh->btgrm", dout_btgrh, v) for v in vs_btgmh])
     rowdot_btgr1 = (jnp.sum(dout_btgrh * out_btgrh, axis=-1) - dlse_btgr)[..., None]
     dss = _split(p_btgrm * (dp_btgrm - rowdot_btgr1), ks_btgmh)
-    dq_btgrh = _sum([jnp.einsum("btgrm,btgmh->btgrh", ds, k)
-                     for ds, k in zip(dss, ks_btgmh, strict=True)])
+    dq_btgrh = functools.reduce(operator.add, [jnp.einsum("btgrm,btgmh->btgrh", ds, k)
+                                               for ds, k in zip(dss, ks_btgmh, strict=True)])
     dks = tuple(jnp.einsum("btgrm,btgrh->btgmh", ds, q_btgrh) for ds in dss)
     return dq_btgrh, dks, dvs, None
 

@@ -27,3 +27,42 @@ def test_console_script_entry_point():
     assert lines[3].split()[:3] == ["16", "1216", "3248"]
     bad = _run(exe, "shapes", "--suite", "nope")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and bad.stdout == ""
+
+
+# Commands whose work needs none of jax, flax, Orbax or grain (a second of start-up
+# each): the parser builds only the named command, and what these import stays
+# clear of the model and the pipeline.
+LIGHT = {
+    "shapes": ["shapes", "--suite", "paper-400m"],
+    "data tokenize (bad input)": ["data", "tokenize", "--input", "a.jsonl", "--out", "o",
+                                  "--tokenizer", "t.json", "--workers", "0"],
+    "data tokenize --help": ["data", "tokenize", "--help"],
+}
+PROBE = """\
+import sys
+from depthbench.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as e:  # --help
+    code = e.code
+heavy = sorted(m for m in ("jax", "flax", "orbax.checkpoint", "grain", "optax", "torch")
+               if m in sys.modules)
+print("HEAVY", ",".join(heavy))
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("argv", LIGHT.values(), ids=LIGHT)
+def test_light_commands_import_no_jax(argv, tmp_path):
+    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True,
+                          text=True, timeout=120, check=False, cwd=tmp_path)
+    assert proc.returncode in (0, 2), proc.stderr
+    assert proc.stdout.splitlines()[-1] == "HEAVY ", proc.stdout[-500:]
+
+
+def test_a_heavy_command_still_imports_the_model(tmp_path):
+    """The probe can see an import: ``families`` lists the registry's families."""
+    proc = subprocess.run([sys.executable, "-c", PROBE, "families"], capture_output=True,
+                          text=True, timeout=120, check=False, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1].startswith("HEAVY flax,jax"), proc.stdout[-500:]

@@ -331,7 +331,7 @@ def probe(monkeypatch):
     module = types.ModuleType("depthbench.cli._probe")
     module.register = register
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, "_probe"))
+    monkeypatch.setattr(cli, "COMMANDS", {**cli.COMMANDS, "probe": "_probe"})
     return lambda *argv: run(["probe", *argv])
 
 

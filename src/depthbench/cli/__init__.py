@@ -17,10 +17,13 @@ import sys
 from depthbench import cpu_dots, faults, hostmem
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError
 
-# Sub-command modules, in the order `depthbench --help` lists them.
-COMMANDS = ("shapes", "costs", "families", "data", "train", "finetune", "sweep", "report",
-            "import_hf", "import_olmo", "export_hf", "export_olmo", "eval", "lm_eval_cmd",
-            "generate", "analyze", "coordcheck")
+# Sub-command -> the module of this package that registers it, in the order
+# `depthbench --help` lists them.
+COMMANDS = {"shapes": "shapes", "costs": "costs", "families": "families", "data": "data",
+            "train": "train", "finetune": "finetune", "sweep": "sweep", "report": "report",
+            "import-hf": "import_hf", "import-olmo": "import_olmo", "export-hf": "export_hf",
+            "export-olmo": "export_olmo", "eval": "eval", "lm-eval": "lm_eval_cmd",
+            "generate": "generate", "analyze": "analyze", "coordcheck": "coordcheck"}
 
 
 # Extra `section.field=value` overrides for every command that takes them, applied
@@ -92,7 +95,10 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every sub-command, or of ``command`` alone when it names one:
+    several commands' modules import jax, flax and Orbax (a second of start-up)
+    that ``depthbench shapes`` or ``data tokenize`` never use."""
     parser = _Parser(
         prog="depthbench",
         description="Residual-connection designs at a fixed parameter budget, from width to depth.",
@@ -100,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMANDS:
+    for name in [COMMANDS[command]] if command in COMMANDS else COMMANDS.values():
         try:
             module = importlib.import_module(f"depthbench.cli.{name}")
         except ModuleNotFoundError as e:
@@ -138,7 +144,7 @@ def _dispatch(argv: list[str]) -> int:
         from depthbench.cli import lm_eval_cmd
 
         return lm_eval_cmd.passthrough(argv[1:])
-    parser = build_parser()
+    parser = build_parser(argv[0] if argv else None)
     args, extra = parser.parse_known_args(argv)
     if not getattr(args, "func", None):
         if args.command is None and argv:  # `depthbench --bogus`: options but no command

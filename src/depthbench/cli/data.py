@@ -4,15 +4,19 @@ corpora; instruction records for fine-tuning."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import time
 from pathlib import Path
 
-from depthbench import config as config_lib
 from depthbench import data
 from depthbench.cli import data_sft, data_tokenize
+from depthbench.errors import ConfigError
 
 MAX_SHOW_WINDOWS = 1000
+# The bundled base spec's file, found without importing the config module (and jax
+# with it): `data tokenize` and `data sft` need neither.
+BASE_SPEC = importlib.util.find_spec("depthbench.configs.base").origin
 
 _EPILOG_PREPARE = """\
 examples:
@@ -70,7 +74,7 @@ def register(subparsers) -> None:
     for p in (prep, show):
         p.add_argument(
             "--config",
-            default=str(config_lib.base_spec_path()),
+            default=BASE_SPEC,
             metavar="SPEC",
             help="experiment spec file (default: experiments/base.py); fields can be "
             "overridden with --config.section.field=value",
@@ -93,6 +97,8 @@ def register(subparsers) -> None:
 
 
 def _load(args):
+    from depthbench import config as config_lib
+
     config = config_lib.load(args.config, args.overrides)
     t0 = time.perf_counter()
     prepared = data.prepare(config, progress=not args.quiet)
@@ -177,7 +183,7 @@ def _render(p, tok, ids: list[int]) -> str:
 def _show(args) -> int:
     # Checked before preparing anything: the windows are held and decoded in memory.
     if not 1 <= args.windows <= MAX_SHOW_WINDOWS:
-        raise config_lib.ConfigError(
+        raise ConfigError(
             f"--windows: must be in [1, {MAX_SHOW_WINDOWS}], got {args.windows} (data show is "
             "for looking; read more tokens from the arrays data prepare --json names)")
     config, p, _ = _load(args)

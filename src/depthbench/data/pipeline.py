@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import TYPE_CHECKING
 
-import grain
-import jax
 import numpy as np
 
 from depthbench.data import token_cache
 from depthbench.errors import ConfigError
+
+if TYPE_CHECKING:
+    import grain
 
 
 def window_count(n_tokens: int, seq_len: int) -> int:
@@ -64,6 +66,8 @@ class WindowReader:
 def _hosts(config, process_index, process_count) -> tuple[int, int, int]:
     """(process_index, process_count, per-host batch) with jax's defaults."""
     if process_index is None or process_count is None:
+        import jax  # here, not at the top: tokenising and preparing data need no jax
+
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
     if not 0 <= process_index < process_count:
@@ -113,6 +117,8 @@ def check_windows(config, prepared) -> None:
 
 def train_dataset(config, prepared, *, process_index=None, process_count=None) -> grain.IterDataset:
     """The host-local training batches as a grain ``IterDataset`` (infinite)."""
+    import grain  # with Orbax and jax, a second of start-up that tokenising does not need
+
     p, n, host_batch = _hosts(config, process_index, process_count)
     seq_len = config.train.seq_len
     windows = window_count(prepared.train_tokens, seq_len)

@@ -21,10 +21,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from depthbench import output_paths
-from depthbench.config import ConfigError
 from depthbench.data import cache, split, token_cache
 from depthbench.data import tokenize_inputs as inputs
 from depthbench.data.tokenizer import Tokenizer, open_tokenizer
+from depthbench.errors import ConfigError
 
 FORMAT = "depthbench-token-shards"
 VERSION = 1

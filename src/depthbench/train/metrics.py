@@ -16,21 +16,29 @@ from depthbench import faults
 from depthbench.rundir.io import JsonlLog, json_safe
 from depthbench.rundir.names import LAYER_STATS_FILE, METRICS_FILE, TB_DIR
 
+# What tensorboardX imports wherever it is installed and a run's scalars never use:
+# torch (1.5 s of CPU), only to accept torch tensors; boto3 and google.cloud.storage
+# (0.26 s together), only for s3:// and gs:// log directories (the writer below gets a
+# local path; a TPU sweep's bucket is mounted with gcsfuse: launch/tpu_sweep.sh).
+_UNUSED_BY_TENSORBOARDX = ("torch", "boto3", "google.cloud.storage")
+
 
 def _summary_writer():
-    """tensorboardX's ``SummaryWriter``, imported without torch: tensorboardX
-    imports torch wherever it is installed (1.5 s of CPU in every run's process)
-    only to accept torch tensors, which no run logs."""
+    """tensorboardX's ``SummaryWriter``, imported without the modules above (each
+    left out only while tensorboardX imports, and only if not imported already)."""
     import sys
 
-    if "torch" in sys.modules or "tensorboardX" in sys.modules:
+    if "tensorboardX" in sys.modules:
         from tensorboardX import SummaryWriter
         return SummaryWriter
-    sys.modules["torch"] = None  # `import torch` raises ImportError while this is here
+    hidden = [name for name in _UNUSED_BY_TENSORBOARDX if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # `import name` raises ImportError while this is here
     try:
         from tensorboardX import SummaryWriter
     finally:
-        del sys.modules["torch"]
+        for name in hidden:
+            del sys.modules[name]
     return SummaryWriter
 
 

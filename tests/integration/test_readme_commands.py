@@ -9,8 +9,9 @@ blocks run there in document order, so a later block sees what an earlier one
 made (``report runs/quickstart`` after the sweep).  To keep
 the whole set to a few minutes, every command runs with
 
-    DEPTHBENCH_OVERRIDES='train.steps=3 data.val_windows=8'
-                              (every config: 3 training steps, 8 validation windows)
+    DEPTHBENCH_OVERRIDES='train.steps=3 data.val_windows=8 train.batch_size=2 train.seq_len=32'
+                              (every config: 3 training steps of 2 x 32 tokens,
+                              8 validation windows)
     DEPTHBENCH_MAX_RUNS=1     (a sweep process trains at most 1 run)
 
 both documented in ``depthbench --help``.  The README's install prefixes are
@@ -44,7 +45,8 @@ from core_only import hide_extras
 from paths import REPO
 from readme_blocks import CORE_INSTALL, DOCS, INSTALL, Block, Command, parts, project_blocks
 
-SMOKE_ENV = {"DEPTHBENCH_OVERRIDES": "train.steps=3 data.val_windows=8",
+SMOKE_ENV = {"DEPTHBENCH_OVERRIDES": ("train.steps=3 data.val_windows=8 train.batch_size=2 "
+                                      "train.seq_len=32"),
              "DEPTHBENCH_MAX_RUNS": "1"}
 COMMAND_TIMEOUT_S = 600
 

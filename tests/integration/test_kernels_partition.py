@@ -106,11 +106,10 @@ def kernel_call_batches(mlir: str, call: str) -> list[int]:
     return batches
 
 
-def _lowered_kernel_dims(setup, state, batch, platform: str, parse=kernel_call_dims
-                         ) -> list[int]:
-    """The kernel calls' dimensions of the train step lowered for ``platform``
-    (``model.impl=pallas`` resolves its backend from the default backend, which
-    is told to be that platform while tracing; a new step, so no trace is reused)."""
+def _lowered_text(setup, state, batch, platform: str) -> str:
+    """The train step lowered for ``platform``, as MLIR text (``model.impl=pallas``
+    resolves its backend from the default backend, which is told to be that
+    platform while tracing; a new step, so no trace is reused)."""
     from unittest import mock
 
     import jax
@@ -120,8 +119,17 @@ def _lowered_kernel_dims(setup, state, batch, platform: str, parse=kernel_call_d
     train = step_lib.make_train_step(setup, 1)
     kind = {"cuda": "gpu"}.get(platform, platform)
     with setup.context(), mock.patch.object(jax, "default_backend", lambda: kind):
-        text = train.jitted.trace(state, batch).lower(lowering_platforms=(platform,)).as_text()
-    return parse(text, KERNEL_CALLS[platform])
+        return train.jitted.trace(state, batch).lower(lowering_platforms=(platform,)).as_text()
+
+
+def _kernel_calls(setup, state, batch, platform: str, family: str, prefix: str = "") -> dict:
+    """``{prefix}{platform}_dims`` (and for moda ``{prefix}{platform}_batches``)
+    of one lowering of the train step for ``platform``."""
+    text = _lowered_text(setup, state, batch, platform)
+    out = {f"{prefix}{platform}_dims": kernel_call_dims(text, KERNEL_CALLS[platform])}
+    if family == "moda":
+        out[f"{prefix}{platform}_batches"] = kernel_call_batches(text, KERNEL_CALLS[platform])
+    return out
 
 
 def _unpartitioned(setup, state, batch, family: str) -> dict:
@@ -133,12 +141,9 @@ def _unpartitioned(setup, state, batch, family: str) -> dict:
     real, fused.batch_axes = fused.batch_axes, lambda: ()
     real_heads, fused.head_axes = fused.head_axes, lambda: ()
     try:
-        out = {"unpartitioned_cuda_dims": _lowered_kernel_dims(setup, state, batch, "cuda")}
-        if family == "moda":
-            out["unpartitioned_cuda_batches"] = _lowered_kernel_dims(
-                setup, state, batch, "cuda", kernel_call_batches)
+        out = _kernel_calls(setup, state, batch, "cuda", family, prefix="unpartitioned_")
         try:
-            _lowered_kernel_dims(setup, state, batch, "tpu")
+            _lowered_text(setup, state, batch, "tpu")
             out["unpartitioned_tpu_error"] = ""
         except NotImplementedError as err:
             out["unpartitioned_tpu_error"] = str(err)
@@ -176,11 +181,7 @@ def _main() -> None:
                 row[f"{impl}_gathers"] = gathered_shapes(hlo)
                 if impl == "pallas":
                     for platform in KERNEL_CALLS:
-                        row[f"{platform}_dims"] = _lowered_kernel_dims(
-                            s, state, batches[0], platform)
-                        if family == "moda":
-                            row[f"{platform}_batches"] = _lowered_kernel_dims(
-                                s, state, batches[0], platform, kernel_call_batches)
+                        row.update(_kernel_calls(s, state, batches[0], platform, family))
                     if shape == PARTITIONED:
                         row.update(_unpartitioned(s, state, batches[0], family))
                 losses = []

@@ -47,6 +47,16 @@ def relative(ours, ref) -> float:
 
 
 _INITS: dict[tuple, dict] = {}
+_SHAPES: dict[tuple, object] = {}
+
+
+def boxed_shapes(model: Transformer, tokens_bt=TOKENS):
+    """``model.init``'s parameters as boxed shapes (``jax.eval_shape``: a trace of
+    the whole model, done once per spec and token shape)."""
+    key = (model.spec, tokens_bt.shape)
+    if key not in _SHAPES:
+        _SHAPES[key] = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens_bt)["params"])
+    return _SHAPES[key]
 
 
 def noisy_init(model: Transformer, tokens_bt=TOKENS):
@@ -57,7 +67,7 @@ def noisy_init(model: Transformer, tokens_bt=TOKENS):
     conditioned (fresh random stream mixes would amplify rounding ~100x over
     ten sublayers, and the forward would not agree with itself to 1e-5).  One
     compiled init per family and parameter shapes: its variants reuse it."""
-    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens_bt)["params"])
+    boxed = boxed_shapes(model, tokens_bt)
     key = (model.spec.family, str(jax.tree.structure(boxed)),
            tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(nn.unbox(boxed))))
     if key not in _INITS:
@@ -133,7 +143,7 @@ def _check_on_mesh(labels, spec, mesh_axes: dict[str, int]) -> dict:
     model = Transformer(spec)
     params = noisy_init(model)
     mesh = parallel.make_mesh(mesh_axes)
-    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), TOKENS)["params"])
+    boxed = boxed_shapes(model)
     with jax.set_mesh(mesh), nn.logical_axis_rules(parallel.axis_rules()):
         p_sh = parallel.param_shardings(boxed, mesh)
         tokens = jax.device_put(TOKENS, NamedSharding(mesh, PartitionSpec(parallel.BATCH_AXES)))

@@ -57,7 +57,7 @@ def spec_path(spec: str | Path) -> Path:
         return path
     name = str(spec).removesuffix(".py")
     if name.isidentifier() and name in _bundled().names():
-        return Path(importlib.import_module(f"{SPECS}.{name}").__file__)
+        return _bundled().file_of(name)
     raise ConfigError(f"config: spec file {str(spec)!r} does not exist, and it names none of "
                       f"the bundled specs ({', '.join(_bundled().names())})")
 
@@ -98,7 +98,7 @@ def sibling(spec_file: str, name: str) -> ModuleType:
 
 def base_spec_path() -> Path:
     """The file of the bundled base spec (``--config base``)."""
-    return Path(importlib.import_module(f"{SPECS}.base").__file__)
+    return _bundled().file_of("base")
 
 
 def base_config() -> ml_collections.ConfigDict:

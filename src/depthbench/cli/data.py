@@ -4,19 +4,15 @@ corpora; instruction records for fine-tuning."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import time
 from pathlib import Path
 
-from depthbench import data
+from depthbench import configs, data
 from depthbench.cli import data_sft, data_tokenize
 from depthbench.errors import ConfigError
 
 MAX_SHOW_WINDOWS = 1000
-# The bundled base spec's file, found without importing the config module (and jax
-# with it): `data tokenize` and `data sft` need neither.
-BASE_SPEC = importlib.util.find_spec("depthbench.configs.base").origin
 
 _EPILOG_PREPARE = """\
 examples:
@@ -74,7 +70,7 @@ def register(subparsers) -> None:
     for p in (prep, show):
         p.add_argument(
             "--config",
-            default=BASE_SPEC,
+            default=str(configs.file_of("base")),
             metavar="SPEC",
             help="experiment spec file (default: experiments/base.py); fields can be "
             "overridden with --config.section.field=value",

@@ -11,12 +11,15 @@ zip header declares sizes without holding them).
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import os
 import pickle
 import re
 import shutil
 import stat
+import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -32,7 +35,7 @@ from bad_checkpoints import (
 )
 
 from depthbench import confine
-from depthbench.cli import _drop_late_io_callbacks
+from depthbench.cli import _drop_late_io_callbacks, quiet_abandoned_work
 from depthbench.cli import main as cli_main
 from depthbench.errors import ConfigError
 from depthbench.formats.olmo import distcp
@@ -266,3 +269,23 @@ def test_late_io_callbacks_are_dropped_and_nothing_else():
     hook(Unraisable(RuntimeError("something else")))
     hook(Unraisable(ValueError("Event loop is closed")))
     assert [str(u.exc_value) for u in seen] == ["something else", "Event loop is closed"]
+
+
+def test_abandoned_writes_say_nothing_after_the_error_line(monkeypatch):
+    """A save stopped by a full disk leaves coroutines never awaited: after the
+    one error line they are collected silently; other warnings still show."""
+    async def write_fragment():
+        return None
+
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        write_fragment()  # never awaited: collected at once
+        assert [str(w.message) for w in caught] == [
+            f"coroutine '{write_fragment.__qualname__}' was never awaited"]
+        quiet_abandoned_work()
+        write_fragment()
+        warnings.warn("still shown", RuntimeWarning, stacklevel=1)
+        gc.collect()
+    assert [str(w.message) for w in caught][1:] == ["still shown"]
+    assert sys.unraisablehook(None) is None  # dropped: would raise on None otherwise

@@ -13,6 +13,7 @@ import importlib
 import os
 import shlex
 import sys
+import warnings
 
 from depthbench import cpu_dots, faults, hostmem
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError
@@ -199,7 +200,17 @@ def entry() -> None:
     cpu_dots.apply_or_exit("depthbench")
     sys.unraisablehook = _drop_late_io_callbacks(sys.unraisablehook)
     code = main()
-    if code == EXIT_BAD_INPUT:  # its one line said why; background work it abandoned (an
-        # Orbax restore's reads) is collected at exit, and says nothing worth a traceback
-        sys.unraisablehook = lambda unraisable: None
+    if code in (EXIT_BAD_INPUT, faults.EXIT_STORAGE):
+        quiet_abandoned_work()
     sys.exit(code)
+
+
+def quiet_abandoned_work() -> None:
+    """After a command's one error line: background work it abandoned says nothing
+    as it is collected at exit.  An Orbax restore's reads report unraisable errors;
+    an Orbax save stopped by a full disk leaves write coroutines that were never
+    awaited, which Python reports as a ``RuntimeWarning`` at shutdown (seen under
+    load, when the disk error came before every write had started)."""
+    sys.unraisablehook = lambda unraisable: None
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited",
+                            category=RuntimeWarning)

@@ -35,8 +35,8 @@ from bad_checkpoints import (
 )
 
 from depthbench import confine
-from depthbench.cli import _drop_late_io_callbacks, quiet_abandoned_work
 from depthbench.cli import main as cli_main
+from depthbench.cli import quiet_abandoned_work
 from depthbench.errors import ConfigError
 from depthbench.formats.olmo import distcp
 from depthbench.formats.olmo.unpickle import Record, loads
@@ -259,16 +259,6 @@ def test_integrity_records_are_checked_field_by_field(tmp_path):
     (step / "integrity.json").write_text(json.dumps(record))
     (step / "b").symlink_to(tmp_path / "elsewhere")
     assert check_integrity(step) == "b is a symbolic link"
-
-
-def test_late_io_callbacks_are_dropped_and_nothing_else():
-    seen = []
-    hook = _drop_late_io_callbacks(seen.append)
-    Unraisable = collections.namedtuple("Unraisable", "exc_value")
-    hook(Unraisable(RuntimeError("Event loop is closed")))
-    hook(Unraisable(RuntimeError("something else")))
-    hook(Unraisable(ValueError("Event loop is closed")))
-    assert [str(u.exc_value) for u in seen] == ["something else", "Event loop is closed"]
 
 
 def test_abandoned_writes_say_nothing_after_the_error_line(monkeypatch):

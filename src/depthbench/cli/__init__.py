@@ -17,6 +17,7 @@ import warnings
 
 from depthbench import cpu_dots, faults, hostmem
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError
+from depthbench.orbax_leftovers import quiet_orbax_leftovers
 
 # Sub-command -> the module of this package that registers it, in the order
 # `depthbench --help` lists them.
@@ -174,22 +175,6 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def _drop_late_io_callbacks(previous):
-    """A ``sys.unraisablehook`` that drops one kind of noise: a tensorstore read
-    finishing after the asyncio loop that issued it was closed (Orbax closes it
-    when a restore fails) reports ``RuntimeError: Event loop is closed`` as an
-    unraisable error, seven lines of traceback around the one line that already
-    said why the restore failed.  Anything else goes to ``previous``."""
-
-    def hook(unraisable) -> None:
-        if isinstance(unraisable.exc_value, RuntimeError) and str(
-                unraisable.exc_value) == "Event loop is closed":
-            return
-        previous(unraisable)
-
-    return hook
-
-
 def entry() -> None:
     """Console-script entry point (and ``python -m depthbench``): host-memory
     settings first, before jax starts any thread (:mod:`depthbench.hostmem`; by
@@ -198,7 +183,7 @@ def entry() -> None:
     (:mod:`depthbench.cpu_dots`), then :func:`main`."""
     hostmem.apply_or_exit("depthbench")
     cpu_dots.apply_or_exit("depthbench")
-    sys.unraisablehook = _drop_late_io_callbacks(sys.unraisablehook)
+    quiet_orbax_leftovers()
     code = main()
     if code in (EXIT_BAD_INPUT, faults.EXIT_STORAGE):
         quiet_abandoned_work()

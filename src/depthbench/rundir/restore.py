@@ -27,6 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from depthbench import confine
 from depthbench.errors import ConfigError
+from depthbench.orbax_leftovers import quiet_orbax_leftovers
 from depthbench.rundir.integrity import check_integrity
 from depthbench.rundir.names import CHECKPOINT_DIR
 
@@ -99,16 +100,24 @@ def newest_intact(directory: Path, read: Callable[[int], T] | None = None, *,
         reason = step_problem(directory, step, finished)
         value = None
         if reason is None and read is not None:
-            try:
-                value = read(step)
-            except Exception as e:  # any reader failure means this step is unusable
-                reason = f"the reader failed ({one_line(e)})"
+            value, reason = _try_read(read, step)
         if reason is None:
             return Found(step, value, tuple(skipped))
         skipped.append((step, reason))
     what = "; ".join(f"step {s}: {why}" for s, why in skipped)
     raise DamagedCheckpoints(f"checkpoints: none of the {len(on_disk)} checkpoint(s) in "
                              f"{directory} is intact ({what}); {hint}")
+
+
+def _try_read(read: Callable[[int], T], step: int) -> tuple[T | None, str | None]:
+    """``read(step)`` and None, or None and why it failed (any reader failure
+    means the step is unusable; the reason says so in one line, and the reports
+    of the reads Orbax abandoned are dropped: :mod:`depthbench.orbax_leftovers`)."""
+    quiet_orbax_leftovers()
+    try:
+        return read(step), None
+    except Exception as e:
+        return None, f"the reader failed ({one_line(e)})"
 
 
 def _warn_stderr(message: str) -> None:
@@ -136,10 +145,9 @@ def read_step(directory: Path, read: Callable[[int], T], step: int | None = None
         raise ConfigError(f"--step: {step} is not one of the checkpointed steps {on_disk}")
     reason = step_problem(directory, step, finished_steps(directory))
     if reason is None:
-        try:
-            return Found(step, read(step), ())
-        except Exception as e:
-            reason = f"the reader failed ({one_line(e)})"
+        value, reason = _try_read(read, step)
+        if reason is None:
+            return Found(step, value, ())
     raise DamagedCheckpoints(f"--step: checkpoint {step} in {directory} is damaged ({reason}); "
                              "omit --step to read the newest intact one")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ import orbax.checkpoint as ocp
 
 from depthbench import faults
 from depthbench.errors import ConfigError
+from depthbench.orbax_leftovers import quiet_orbax_leftovers
 from depthbench.output_paths import remove_settled
 from depthbench.rundir.integrity import write_integrity
 from depthbench.rundir.names import DAMAGED_SUFFIX, INTEGRITY_FILE
@@ -44,29 +44,6 @@ class _QuietStorageErrors(logging.Filter):
 
 _QUIET = _QuietStorageErrors()
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # where Orbax writes a step before renaming it
-_HOOKED = False  # _drop_closed_loop_reports has installed its hook in this process
-
-
-def _drop_closed_loop_reports() -> None:
-    """Stop TensorStore's reports of callbacks into a closed event loop (once per process).
-
-    When a write fails, Orbax ends the save's event loop while TensorStore still
-    has writes in flight; each completion then reports ``RuntimeError('Event loop
-    is closed')`` through ``sys.unraisablehook``: dozens of tracebacks around the
-    run's one line.  Only that report is dropped."""
-    global _HOOKED
-    if _HOOKED:
-        return
-    previous = sys.unraisablehook
-
-    def hook(report) -> None:
-        e = report.exc_value
-        if not (report.object is None and isinstance(e, RuntimeError)
-                and str(e) == "Event loop is closed"):
-            previous(report)
-
-    sys.unraisablehook = hook
-    _HOOKED = True
 
 
 def quiet_failed_writes() -> None:
@@ -81,7 +58,7 @@ def quiet_failed_writes() -> None:
     asyncio_logger = logging.getLogger("asyncio")
     if _QUIET not in asyncio_logger.filters:
         asyncio_logger.addFilter(_QUIET)
-    _drop_closed_loop_reports()
+    quiet_orbax_leftovers()
 
 
 def resume_hint(directory: Path) -> str:

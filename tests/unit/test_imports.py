@@ -124,7 +124,8 @@ def test_src_has_no_import_cycles():
 # __init__ imports nothing is no edge (its modules are imported, not it).
 FLOORS = (
     ("errors", "formatting", "digest"),
-    ("faults", "output_paths", "rundir", "confine"),  # a run directory's files; what is read
+    # a run directory's files; what is read; what a failed read or write leaves behind
+    ("faults", "orbax_leftovers", "output_paths", "rundir", "confine"),
     ("shapes", "model.spec", "pallas_kernels"),
     ("model.residual.protocol",),  # what a family implements and declares
     ("model.depth_scan", "model.layers", "model.past_attention"),

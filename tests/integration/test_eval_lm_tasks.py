@@ -79,15 +79,23 @@ def test_registering_keeps_lm_evals_own_models():
 
 
 @pytest.mark.slow
-def test_depthbench_lm_eval_runs_lm_evals_cli_with_the_backend(models, tmp_path, capsys):
+def test_depthbench_lm_eval_runs_lm_evals_cli_with_the_backend(models, tmp_path, capsys,
+                                                              monkeypatch):
     _, _, _, root = models
     data = tmp_path / "tiny_mc.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in MC_RECORDS))
     (tmp_path / "tiny_mc.yaml").write_text(MC_YAML.format(data=data))
+    from lm_eval.tasks._index import TaskIndex
+
+    indexed, build = [], TaskIndex.build
+    monkeypatch.setattr(TaskIndex, "build", staticmethod(lambda paths, **k: (
+        indexed.extend(paths), build(paths, **k))[1]))
     rc = cli_main(["lm-eval", "--model", "depthbench", "--model_args", f"run={root / 'run'}",
                    "--batch_size", "4", "--tasks", "tiny_mc", "--include_path", str(tmp_path),
                    "--output_path", str(tmp_path / "out")])
     assert rc == 0
+    # Its one task is defined under --include_path: lm-eval's built-in tasks were not indexed.
+    assert indexed and {str(p) for p in indexed} == {str(tmp_path)}
     (path,) = (tmp_path / "out").rglob("results_*.json")
     saved = json.loads(path.read_text())
     from lm_eval.tasks import TaskManager

@@ -5,6 +5,7 @@ entry point, 0.4.13 included)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -50,8 +51,10 @@ def passthrough(lm_eval_args: list[str]) -> int:
         return EXIT_BAD_INPUT
     saved = sys.argv
     sys.argv = ["lm-eval", *lm_eval_args]
+    only_local = local_tasks_only(lm_eval_args)
     try:
-        cli_evaluate()
+        with _without_builtin_tasks() if only_local else contextlib.nullcontext():
+            cli_evaluate()
     except SystemExit as e:
         return int(e.code or 0) if not isinstance(e.code, str) else 1
     except (ValueError, TypeError, OSError) as e:
@@ -78,6 +81,54 @@ def _rejected_by_lm_eval_checks(e: BaseException) -> bool:
     while tb.tb_next is not None:
         tb = tb.tb_next
     return any(part in tb.tb_frame.f_code.co_filename for part in _LM_EVAL_CHECKS)
+
+
+def local_tasks_only(lm_eval_args: list[str]) -> bool:
+    """Whether every task ``lm_eval_args`` asks for is a task (not a group or a
+    tag) that a YAML file under ``--include_path`` defines.
+
+    lm-eval indexes its ~15,000 built-in task files before every evaluation
+    (8-20 s on a 2-core machine, far longer than a small run's evaluation);
+    a task found under ``--include_path`` takes precedence over a built-in one
+    of the same name, so when every task is found there, the built-in ones
+    cannot change what is evaluated and need not be indexed.  Anything else
+    (a built-in task, a group or a tag, a YAML path, ``--config``, lm-eval's
+    ``ls`` and ``validate``): lm-eval indexes as it always does."""
+    args = list(lm_eval_args)
+    if args[:1] == ["run"]:
+        args = args[1:]
+    if not args or not args[0].startswith("-") or any(a.startswith("--config") for a in args):
+        return False
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--tasks", "-t", nargs="+", default=[])
+    parser.add_argument("--include_path")
+    known, _ = parser.parse_known_args(args)
+    names = [n for arg in known.tasks for n in arg.split(",") if n]
+    if not names or not known.include_path or any(n.endswith(".yaml") for n in names):
+        return False
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._index import Kind
+
+    index = TaskManager(include_path=known.include_path, include_defaults=False).task_index
+    return all(n in index and index[n].kind in (Kind.TASK, Kind.PY_TASK) for n in names)
+
+
+@contextlib.contextmanager
+def _without_builtin_tasks():
+    """lm-eval's command line, indexing only ``--include_path`` (:func:`local_tasks_only`)."""
+    import lm_eval.tasks
+
+    builtin = lm_eval.tasks.TaskManager
+
+    class LocalTaskManager(builtin):
+        def __init__(self, *args, include_defaults: bool = False, **kwargs):
+            super().__init__(*args, include_defaults=include_defaults, **kwargs)
+
+    lm_eval.tasks.TaskManager = LocalTaskManager
+    try:
+        yield
+    finally:
+        lm_eval.tasks.TaskManager = builtin
 
 
 def check_model_args(args: dict[str, str], allowed: tuple[str, ...]) -> None:

@@ -14,6 +14,24 @@ from depthbench.cli import main as cli_main
 
 MAX_LEN = 48
 
+# A local multiple-choice task for lm-eval (``name``; ``data``: a JSONL file of
+# question, choices and label records).
+MC_YAML = """\
+task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: "{{{{label}}}}"
+doc_to_choice: "{{{{choices}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from lm_eval_tiny import MC_YAML
 
 lm_eval = pytest.importorskip("lm_eval", reason="lm-eval not installed (pip install -e '.[eval]')")
 pytest.importorskip("torch", reason="torch not installed (pip install -e '.[test-hf]')")
@@ -17,23 +18,6 @@ pytest.importorskip("transformers",
 from depthbench.cli import main as cli_main  # noqa: E402
 from depthbench.evaluation import runner  # noqa: E402
 from depthbench.evaluation.lm_backend import DepthbenchLM  # noqa: E402
-
-MC_YAML = """\
-task: tiny_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_target: "{{{{label}}}}"
-doc_to_choice: "{{{{choices}}}}"
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-"""
-
 
 MC_RECORDS = [
     {"question": "What boils at 100 degrees?", "choices": ["water", "iron", "salt"], "label": 0},
@@ -49,7 +33,7 @@ def test_multiple_choice_accuracy_matches_the_hf_backend(models, tmp_path):
     hf, _, _, root = models
     data = tmp_path / "tiny_mc.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in MC_RECORDS))
-    (tmp_path / "tiny_mc.yaml").write_text(MC_YAML.format(data=data))
+    (tmp_path / "tiny_mc.yaml").write_text(MC_YAML.format(name="tiny_mc", data=data))
     from lm_eval.tasks import TaskManager
 
     manager = TaskManager(include_path=str(tmp_path), include_defaults=False)
@@ -84,7 +68,7 @@ def test_depthbench_lm_eval_runs_lm_evals_cli_with_the_backend(models, tmp_path,
     _, _, _, root = models
     data = tmp_path / "tiny_mc.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in MC_RECORDS))
-    (tmp_path / "tiny_mc.yaml").write_text(MC_YAML.format(data=data))
+    (tmp_path / "tiny_mc.yaml").write_text(MC_YAML.format(name="tiny_mc", data=data))
     from lm_eval.tasks._index import TaskIndex
 
     indexed, build = [], TaskIndex.build

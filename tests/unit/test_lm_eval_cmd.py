@@ -4,23 +4,11 @@ asked for is defined there (lm-eval's ~15,000 built-in task files otherwise)."""
 from __future__ import annotations
 
 import pytest
+from lm_eval_tiny import MC_YAML
 
 pytest.importorskip("lm_eval", reason="lm-eval not installed (pip install -e '.[eval]')")
 
 from depthbench.cli.lm_eval_cmd import _without_builtin_tasks, local_tasks_only  # noqa: E402
-
-TASK_YAML = """\
-task: {name}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}"
-doc_to_target: "{{{{label}}}}"
-doc_to_choice: "{{{{choices}}}}"
-{extra}"""
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +17,9 @@ def include(tmp_path_factory):
     root = tmp_path_factory.mktemp("tasks")
     data = root / "mc.jsonl"
     data.write_text('{"question": "Q?", "choices": ["a", "b"], "label": 0}\n')
-    (root / "tiny_a.yaml").write_text(TASK_YAML.format(name="tiny_a", data=data, extra=""))
-    (root / "tiny_b.yaml").write_text(TASK_YAML.format(name="tiny_b", data=data,
-                                                       extra="tag: tiny_tag\n"))
+    (root / "tiny_a.yaml").write_text(MC_YAML.format(name="tiny_a", data=data))
+    tagged = MC_YAML.format(name="tiny_b", data=data) + "tag: tiny_tag\n"
+    (root / "tiny_b.yaml").write_text(tagged)
     (root / "tiny_group.yaml").write_text("group: tiny_group\ntask:\n  - tiny_a\n  - tiny_b\n")
     return str(root)
 

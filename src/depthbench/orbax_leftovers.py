@@ -52,6 +52,16 @@ def is_tensorstore_failure(e: BaseException | None) -> bool:
     return False
 
 
+def underlying(e: BaseException) -> BaseException:
+    """The error to report for ``e``: what Orbax's wrapper of a failed read was
+    raised from (TensorStore's own message: which array, which file, what is
+    wrong), not the wrapper, whose text is the array's index and a printed
+    TensorStore spec; any other error is itself."""
+    if str(e).startswith(_ORBAX_READ_FAILED) and e.__cause__ is not None:
+        return e.__cause__
+    return e
+
+
 def is_leftover_report(unraisable: Any) -> bool:
     """An unraisable report of abandoned Orbax work: I/O finishing after its event
     loop was closed, or a read coroutine closed mid-read."""

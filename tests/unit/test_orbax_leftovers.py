@@ -15,6 +15,7 @@ from depthbench.orbax_leftovers import (
     drop_leftover_reports,
     is_tensorstore_failure,
     quiet_orbax_leftovers,
+    underlying,
 )
 
 Unraisable = collections.namedtuple("Unraisable", "exc_value object", defaults=[None])
@@ -43,6 +44,16 @@ def test_tensorstore_failures_are_told_by_their_status_or_orbax_wrapper():
     assert not is_tensorstore_failure(ValueError("out_of_range: lower case is not TensorStore's"))
     assert not is_tensorstore_failure(KeyError("OUT_OF_RANGE: "))  # str() quotes a KeyError
     assert not is_tensorstore_failure(None)
+
+
+def test_a_failed_read_is_reported_by_tensorstores_message_not_orbaxs_wrapper():
+    cause = ValueError(READ_ERROR)
+    assert underlying(_orbax_wrapped(cause)) is cause
+    alone = Exception("Encountered error while reading array index: (slice(0, 2, 1),).")
+    assert underlying(alone) is alone  # nothing underneath: the wrapper itself
+    other = RuntimeError("a reader's own failure")
+    other.__cause__ = cause
+    assert underlying(other) is other
 
 
 def test_leftover_reports_are_dropped_and_nothing_else():

@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from depthbench import confine
 from depthbench.errors import ConfigError
-from depthbench.orbax_leftovers import quiet_orbax_leftovers
+from depthbench.orbax_leftovers import quiet_orbax_leftovers, underlying
 from depthbench.rundir.integrity import check_integrity
 from depthbench.rundir.names import CHECKPOINT_DIR
 
@@ -117,7 +117,7 @@ def _try_read(read: Callable[[int], T], step: int) -> tuple[T | None, str | None
     try:
         return read(step), None
     except Exception as e:
-        return None, f"the reader failed ({one_line(e)})"
+        return None, f"the reader failed ({one_line(underlying(e))})"
 
 
 def _warn_stderr(message: str) -> None:

@@ -84,33 +84,23 @@ def _rejected_by_lm_eval_checks(e: BaseException) -> bool:
 
 
 def local_tasks_only(lm_eval_args: list[str]) -> bool:
-    """Whether every task ``lm_eval_args`` asks for is a task (not a group or a
-    tag) that a YAML file under ``--include_path`` defines.
-
-    lm-eval indexes its ~15,000 built-in task files before every evaluation
-    (8-20 s on a 2-core machine, far longer than a small run's evaluation);
-    a task found under ``--include_path`` takes precedence over a built-in one
-    of the same name, so when every task is found there, the built-in ones
-    cannot change what is evaluated and need not be indexed.  Anything else
-    (a built-in task, a group or a tag, a YAML path, ``--config``, lm-eval's
-    ``ls`` and ``validate``): lm-eval indexes as it always does."""
+    """Whether lm-eval's command line can index ``--include_path`` alone: every
+    task ``lm_eval_args`` asks for is a task defined there
+    (:func:`depthbench.evaluation.runner.local_task_manager`).  ``--config``
+    (which may add tasks), lm-eval's ``ls`` and ``validate``: it cannot."""
     args = list(lm_eval_args)
     if args[:1] == ["run"]:
         args = args[1:]
     if not args or not args[0].startswith("-") or any(a.startswith("--config") for a in args):
         return False
+    from depthbench.evaluation.runner import local_task_manager
+
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--tasks", "-t", nargs="+", default=[])
     parser.add_argument("--include_path")
     known, _ = parser.parse_known_args(args)
     names = [n for arg in known.tasks for n in arg.split(",") if n]
-    if not names or not known.include_path or any(n.endswith(".yaml") for n in names):
-        return False
-    from lm_eval.tasks import TaskManager
-    from lm_eval.tasks._index import Kind
-
-    index = TaskManager(include_path=known.include_path, include_defaults=False).task_index
-    return all(n in index and index[n].kind in (Kind.TASK, Kind.PY_TASK) for n in names)
+    return local_task_manager(names, known.include_path) is not None
 
 
 @contextlib.contextmanager

@@ -49,9 +49,13 @@ def passthrough(lm_eval_args: list[str]) -> int:
                 text = f"--model_args: {arg}{text[len(option):]}"
         sys.stderr.write(f"depthbench: error: {text}\n")
         return EXIT_BAD_INPUT
+    only_local = local_tasks_only(lm_eval_args)
+    missing = [] if only_local else surely_unknown_tasks(lm_eval_args)
+    if missing:  # lm-eval's own words, without its index of every built-in task first
+        sys.stderr.write(f"depthbench: error: lm-eval: Tasks not found: {', '.join(missing)}\n")
+        return EXIT_BAD_INPUT
     saved = sys.argv
     sys.argv = ["lm-eval", *lm_eval_args]
-    only_local = local_tasks_only(lm_eval_args)
     try:
         with _without_builtin_tasks() if only_local else contextlib.nullcontext():
             cli_evaluate()
@@ -83,24 +87,45 @@ def _rejected_by_lm_eval_checks(e: BaseException) -> bool:
     return any(part in tb.tb_frame.f_code.co_filename for part in _LM_EVAL_CHECKS)
 
 
+def asked_tasks(lm_eval_args: list[str]) -> tuple[list[str], str | None] | None:
+    """``(task names, --include_path)`` of an lm-eval command line that evaluates
+    (``run`` or no sub-command); None for ``ls``, ``validate`` and ``--config``
+    (which may add tasks)."""
+    args = list(lm_eval_args)
+    if args[:1] == ["run"]:
+        args = args[1:]
+    if not args or not args[0].startswith("-") or any(a.startswith("--config") for a in args):
+        return None
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--tasks", "-t", nargs="+", default=[])
+    parser.add_argument("--include_path")
+    known, _ = parser.parse_known_args(args)
+    return [n for arg in known.tasks for n in arg.split(",") if n], known.include_path
+
+
 def local_tasks_only(lm_eval_args: list[str]) -> bool:
     """Whether lm-eval's command line can index ``--include_path`` alone: every
     task ``lm_eval_args`` asks for is a task defined there
     (:func:`depthbench.evaluation.runner.local_task_manager`).  ``--config``
     (which may add tasks), lm-eval's ``ls`` and ``validate``: it cannot."""
-    args = list(lm_eval_args)
-    if args[:1] == ["run"]:
-        args = args[1:]
-    if not args or not args[0].startswith("-") or any(a.startswith("--config") for a in args):
+    asked = asked_tasks(lm_eval_args)
+    if asked is None:
         return False
     from depthbench.evaluation.runner import local_task_manager
 
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--tasks", "-t", nargs="+", default=[])
-    parser.add_argument("--include_path")
-    known, _ = parser.parse_known_args(args)
-    names = [n for arg in known.tasks for n in arg.split(",") if n]
-    return local_task_manager(names, known.include_path) is not None
+    return local_task_manager(*asked) is not None
+
+
+def surely_unknown_tasks(lm_eval_args: list[str]) -> list[str]:
+    """The tasks an evaluating command line asks for that are surely no lm-eval
+    task, group or tag (:func:`depthbench.evaluation.runner.unknown_tasks`: under
+    a second, where lm-eval's own check indexes its ~15,000 task files first)."""
+    asked = asked_tasks(lm_eval_args)
+    if asked is None:
+        return []
+    from depthbench.evaluation.runner import unknown_tasks
+
+    return unknown_tasks(*asked)
 
 
 @contextlib.contextmanager

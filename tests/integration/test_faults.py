@@ -207,7 +207,8 @@ def _env():
 
 
 _DRIVER = textwrap.dedent("""
-    # python driver.py KEY=VALUE ... -- DEPTHBENCH ARGS: one fault, then depthbench's main.
+    # python driver.py KEY=VALUE ... -- DEPTHBENCH ARGS: one fault, then depthbench's main
+    # and the console script's exit (cli.finish).
     #   signal=NAME at_save=K   send NAME right after the K-th checkpoint save started
     #                           (saves are asynchronous: the write is in flight)
     #   limit=BYTES at_save=K   from the K-th save on, no file may grow past BYTES: writes
@@ -217,7 +218,7 @@ _DRIVER = textwrap.dedent("""
     #   limit=BYTES             the same, from the start
     import importlib, os, resource, signal, sys
     import orbax.checkpoint as ocp
-    from depthbench.cli import main
+    from depthbench.cli import finish, main
 
     cut = sys.argv.index("--")
     opts = dict(a.split("=", 1) for a in sys.argv[1:cut])
@@ -252,7 +253,7 @@ _DRIVER = textwrap.dedent("""
             return out
 
         setattr(module, name, then_full)
-    sys.exit(main(sys.argv[cut + 1:]))
+    finish(main(sys.argv[cut + 1:]))  # as the console script ends
 """)
 
 

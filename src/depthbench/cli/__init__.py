@@ -14,6 +14,7 @@ import os
 import shlex
 import sys
 import warnings
+from typing import NoReturn
 
 from depthbench import cpu_dots, faults, hostmem
 from depthbench.errors import EXIT_BAD_INPUT, ConfigError
@@ -184,7 +185,14 @@ def entry() -> None:
     hostmem.apply_or_exit("depthbench")
     cpu_dots.apply_or_exit("depthbench")
     quiet_orbax_leftovers()
-    code = main()
+    finish(main())
+
+
+def finish(code: int) -> NoReturn:
+    """Exit with ``code``.  After a command's one error line (bad input, a storage
+    error) the work it abandoned says nothing at exit (:func:`quiet_abandoned_work`).
+    The console script ends here, and so does a script that runs :func:`main`
+    under a fault of its own (tests/integration/test_faults.py's driver)."""
     if code in (EXIT_BAD_INPUT, faults.EXIT_STORAGE):
         quiet_abandoned_work()
     sys.exit(code)

@@ -9,11 +9,7 @@ from lm_eval_tiny import MC_YAML
 
 pytest.importorskip("lm_eval", reason="lm-eval not installed (pip install -e '.[eval]')")
 
-from depthbench.cli.lm_eval_cmd import (  # noqa: E402
-    _without_builtin_tasks,
-    local_tasks_only,
-    surely_unknown_tasks,
-)
+from depthbench.cli.lm_eval_cmd import _without_builtin_tasks, task_plan  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +40,7 @@ def include(tmp_path_factory):
     ("--model depthbench --include_path {p}", False),  # no task
 ])
 def test_which_commands_skip_the_builtin_index(include, argv, local):
-    assert local_tasks_only(argv.format(p=include).split()) is local
+    assert task_plan(argv.format(p=include).split())[0] is local
 
 
 def test_lm_evals_task_manager_indexes_only_the_include_path_while_skipped(include):
@@ -74,18 +70,19 @@ def indexed(monkeypatch) -> list[str]:
 
 
 def test_unknown_tasks_are_found_without_the_builtin_index(include, tmp_path, indexed):
-    from depthbench.evaluation.runner import unknown_tasks
+    from depthbench.evaluation.runner import resolve_tasks
 
     (tmp_path / "no_such_dir").mkdir()
     asked = ["no_such_task", "arc_easy", "tiny_a", "tiny_group", "tiny_tag", "arc_*",
              "mine.yaml", str(tmp_path / "no_such_dir"), "no_such_task", "zz_other"]
-    assert unknown_tasks(asked, include) == ["no_such_task", "zz_other"]
-    assert indexed == [include]  # lm-eval indexed --include_path alone
-    assert unknown_tasks(["tiny_a"]) == ["tiny_a"]  # a local task, without --include_path
-    assert surely_unknown_tasks(f"--model depthbench --tasks arc_easy,nope_x --include_path "
-                                f"{include}".split()) == ["nope_x"]
-    assert surely_unknown_tasks(["ls", "tasks"]) == []
-    assert surely_unknown_tasks("validate --tasks nope_x".split()) == []
+    assert resolve_tasks(asked, include) == (None, ["no_such_task", "zz_other"])
+    assert indexed == [include]  # lm-eval indexed --include_path alone, once
+    # a local task, without --include_path
+    assert resolve_tasks(["tiny_a"]) == (None, ["tiny_a"])
+    assert task_plan(f"--model depthbench --tasks arc_easy,nope_x --include_path "
+                     f"{include}".split()) == (False, ["nope_x"])
+    assert task_plan(["ls", "tasks"]) == (False, [])
+    assert task_plan("validate --tasks nope_x".split()) == (False, [])
 
 
 def test_eval_names_an_unknown_task_without_the_builtin_index(include, indexed):
@@ -99,7 +96,7 @@ def test_eval_names_an_unknown_task_without_the_builtin_index(include, indexed):
 
 
 def test_every_name_lm_eval_indexes_is_text_of_its_task_files():
-    """What :func:`unknown_tasks` relies on, checked with lm-eval's own parser on
+    """What :func:`resolve_tasks` relies on, checked with lm-eval's own parser on
     every 25th built-in YAML file (the whole index takes 8-20 s): each name the
     file gives the index (task, group, tags; its includes followed) is found in
     the text of the task folder's files."""

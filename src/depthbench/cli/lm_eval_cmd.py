@@ -49,8 +49,7 @@ def passthrough(lm_eval_args: list[str]) -> int:
                 text = f"--model_args: {arg}{text[len(option):]}"
         sys.stderr.write(f"depthbench: error: {text}\n")
         return EXIT_BAD_INPUT
-    only_local = local_tasks_only(lm_eval_args)
-    missing = [] if only_local else surely_unknown_tasks(lm_eval_args)
+    only_local, missing = task_plan(lm_eval_args)
     if missing:  # lm-eval's own words, without its index of every built-in task first
         sys.stderr.write(f"depthbench: error: lm-eval: Tasks not found: {', '.join(missing)}\n")
         return EXIT_BAD_INPUT
@@ -87,50 +86,32 @@ def _rejected_by_lm_eval_checks(e: BaseException) -> bool:
     return any(part in tb.tb_frame.f_code.co_filename for part in _LM_EVAL_CHECKS)
 
 
-def asked_tasks(lm_eval_args: list[str]) -> tuple[list[str], str | None] | None:
-    """``(task names, --include_path)`` of an lm-eval command line that evaluates
-    (``run`` or no sub-command); None for ``ls``, ``validate`` and ``--config``
-    (which may add tasks)."""
+def task_plan(lm_eval_args: list[str]) -> tuple[bool, list[str]]:
+    """``(only local, unknown)`` of an lm-eval command line that evaluates (``run``
+    or no sub-command): whether lm-eval can index ``--include_path`` alone (every
+    task asked for is a task defined there), and the tasks that are surely in no
+    index (:func:`depthbench.evaluation.runner.resolve_tasks`).  ``ls``,
+    ``validate`` and ``--config`` (which may add tasks): ``(False, [])``, lm-eval
+    decides as it always does."""
     args = list(lm_eval_args)
     if args[:1] == ["run"]:
         args = args[1:]
     if not args or not args[0].startswith("-") or any(a.startswith("--config") for a in args):
-        return None
+        return False, []
+    from depthbench.evaluation.runner import resolve_tasks
+
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--tasks", "-t", nargs="+", default=[])
     parser.add_argument("--include_path")
     known, _ = parser.parse_known_args(args)
-    return [n for arg in known.tasks for n in arg.split(",") if n], known.include_path
-
-
-def local_tasks_only(lm_eval_args: list[str]) -> bool:
-    """Whether lm-eval's command line can index ``--include_path`` alone: every
-    task ``lm_eval_args`` asks for is a task defined there
-    (:func:`depthbench.evaluation.runner.local_task_manager`).  ``--config``
-    (which may add tasks), lm-eval's ``ls`` and ``validate``: it cannot."""
-    asked = asked_tasks(lm_eval_args)
-    if asked is None:
-        return False
-    from depthbench.evaluation.runner import local_task_manager
-
-    return local_task_manager(*asked) is not None
-
-
-def surely_unknown_tasks(lm_eval_args: list[str]) -> list[str]:
-    """The tasks an evaluating command line asks for that are surely no lm-eval
-    task, group or tag (:func:`depthbench.evaluation.runner.unknown_tasks`: under
-    a second, where lm-eval's own check indexes its ~15,000 task files first)."""
-    asked = asked_tasks(lm_eval_args)
-    if asked is None:
-        return []
-    from depthbench.evaluation.runner import unknown_tasks
-
-    return unknown_tasks(*asked)
+    names = [n for arg in known.tasks for n in arg.split(",") if n]
+    local, unknown = resolve_tasks(names, known.include_path)
+    return local is not None, unknown
 
 
 @contextlib.contextmanager
 def _without_builtin_tasks():
-    """lm-eval's command line, indexing only ``--include_path`` (:func:`local_tasks_only`)."""
+    """lm-eval's command line, indexing only ``--include_path`` (:func:`task_plan`)."""
     import lm_eval.tasks
 
     builtin = lm_eval.tasks.TaskManager

@@ -58,66 +58,52 @@ def nll_suite(run, scorer, *, tasks=None, data_dir=None, limit=None) -> dict[str
     return {"tasks": results, "categories": categories, "aggregate": overall}
 
 
-def local_task_manager(tasks, include_path) -> Any:
-    """lm-eval's ``TaskManager`` over ``include_path`` alone when every one of
-    ``tasks`` is a task (not a group or a tag, which may name built-in tasks)
-    that a YAML file there defines; None otherwise.
-
-    lm-eval otherwise indexes its ~15,000 built-in task files first (8-20 s on
-    a 2-core machine, far longer than a small run's evaluation).  A task under
-    ``include_path`` takes precedence over a built-in one of the same name, so
-    when every task is found there the built-in ones cannot change what is
-    evaluated.  ``depthbench eval`` and ``depthbench lm-eval`` both use it."""
-    if not include_path or not tasks:
-        return None
-    from lm_eval.tasks import TaskManager
-    from lm_eval.tasks._index import Kind
-
-    manager = TaskManager(include_path=str(include_path), include_defaults=False)
-    index = manager.task_index
-    if all(t in index and index[t].kind in (Kind.TASK, Kind.PY_TASK) for t in tasks):
-        return manager
-    return None
-
-
 # lm-eval reads a name with one of these as an fnmatch pattern over its task names.
 _PATTERN_CHARACTERS = frozenset("*?[")
 
 
-def unknown_tasks(tasks, include_path=None) -> list[str]:
-    """Those of ``tasks`` that are surely no lm-eval task, group or tag, found
-    without lm-eval's index of its ~15,000 built-in task files (8-20 s on a
-    2-core machine; reading the same files as bytes takes under a second).
+def resolve_tasks(tasks, include_path=None) -> tuple[Any, list[str]]:
+    """``(local, unknown)`` for ``tasks``, from one lm-eval index of ``include_path``
+    alone (small), never from lm-eval's ~15,000 built-in task files (8-20 s on a
+    2-core machine).
 
-    Every name in lm-eval's index is the value of a ``task``, ``group`` or
-    ``tag`` field of a YAML file it walks (``lm_eval.tasks._index.TaskIndex``:
-    its own task folder, then ``include_path``) or of a file such a file
-    includes (any name: ``include: _gen_yaml_2shot``), and its built-in files
-    include only files of its task folder (:func:`builtin_task_files`).  So a
-    name that no file there contains as text, and that lm-eval's own index of
-    ``include_path`` alone lacks (small; it follows includes wherever they
-    point), is in no index.  A pattern (``*``, ``?``,
-    ``[``), a ``.yaml`` file or an existing path is never reported: lm-eval
-    resolves those itself.  The converse does not hold (a name found as text
-    may still be unknown), so an empty answer means: ask lm-eval's index."""
-    names = [t for t in dict.fromkeys(tasks) if t and not _PATTERN_CHARACTERS & set(t)
-             and not t.endswith(".yaml") and not Path(t).exists()]
-    if not names:
-        return []
+    ``local``: that index's ``TaskManager`` when every one of ``tasks`` is a task
+    (not a group or a tag, which may name built-in tasks) defined there, else
+    None.  A task under ``include_path`` takes precedence over a built-in one of
+    the same name, so then the built-in ones cannot change what is evaluated.
+
+    ``unknown``: those of ``tasks`` that are surely no task, group or tag.  Every
+    name in lm-eval's index is the value of a ``task``, ``group`` or ``tag``
+    field of a YAML file it walks (``lm_eval.tasks._index.TaskIndex``: its own
+    task folder, then ``include_path``) or of a file such a file includes (any
+    name: ``include: _gen_yaml_2shot``), and its built-in files include only
+    files of its task folder (:func:`builtin_task_files`).  So a name that no
+    file there contains as text, and that the index of ``include_path`` lacks
+    (it follows includes wherever they point), is in no index.  A pattern
+    (``*``, ``?``, ``[``), a ``.yaml`` file or an existing path is never
+    reported: lm-eval resolves those itself.  The converse does not hold (a
+    name found as text may still be unknown), so an empty list means: ask
+    lm-eval's full index.  ``depthbench eval`` and ``depthbench lm-eval`` both
+    use it."""
+    local_index = {}
     if include_path:
-        import lm_eval.tasks
+        from lm_eval.tasks import TaskManager
+        from lm_eval.tasks._index import Kind
 
-        local = lm_eval.tasks.TaskManager(include_path=str(include_path),
-                                          include_defaults=False).task_index
-        names = [t for t in names if t not in local]
+        manager = TaskManager(include_path=str(include_path), include_defaults=False)
+        local_index = manager.task_index
+        if tasks and all(t in local_index and local_index[t].kind in (Kind.TASK, Kind.PY_TASK)
+                         for t in tasks):
+            return manager, []
+    names = [t for t in dict.fromkeys(tasks) if t and not _PATTERN_CHARACTERS & set(t)
+             and not t.endswith(".yaml") and not Path(t).exists() and t not in local_index]
     left = {t: t.encode() for t in names}
-    for path in builtin_task_files():
+    for path in builtin_task_files() if left else ():
+        text = path.read_bytes()
+        left = {t: raw for t, raw in left.items() if raw not in text}
         if not left:
             break
-        text = path.read_bytes()
-        for name in [t for t, raw in left.items() if raw in text]:
-            del left[name]
-    return list(left)
+    return None, list(left)
 
 
 def builtin_task_files() -> list[Path]:
@@ -137,10 +123,9 @@ def lm_eval_suite(lm, tasks, *, include_path=None, limit=None, num_fewshot=None
     except ImportError:
         raise ConfigError("--suite/--tasks: lm-eval is not installed; pip install "
                           "'depthbench[eval]'") from None
-    missing = unknown_tasks(tasks, include_path)  # without the built-in index where it can
-    if not missing:
-        manager = (local_task_manager(tasks, include_path)
-                   or TaskManager(include_path=str(include_path) if include_path else None))
+    manager, missing = resolve_tasks(tasks, include_path)  # the built-in index where needed
+    if manager is None and not missing:
+        manager = TaskManager(include_path=str(include_path) if include_path else None)
         missing = [t for t in tasks if t not in manager.all_tasks]
     if missing:
         raise ConfigError(f"--tasks: {missing[0]!r} is not an lm-eval task"

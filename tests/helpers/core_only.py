@@ -77,11 +77,12 @@ def _name(dist: metadata.Distribution) -> str:
     return canonicalize_name(dist.metadata["Name"] or "")
 
 
-def core_distributions(root: str = "depthbench") -> set[str]:
+def core_distributions(root: str = "depthbench", extras: tuple[str, ...] = ()) -> set[str]:
     """``root`` and what its requirements need, transitively (markers evaluated for
-    this interpreter, no extra of ``root``), plus :data:`VENV`; canonical names."""
+    this interpreter, with ``root``'s ``extras``: none, the core install), plus
+    :data:`VENV`; canonical names."""
     seen: set[tuple[str, frozenset]] = set()
-    todo = [(root, frozenset())]
+    todo = [(root, frozenset(extras))]
     while todo:
         name, extras = todo.pop()
         if (canonicalize_name(name), extras) in seen:
@@ -118,11 +119,12 @@ def _modules(dist: metadata.Distribution) -> set[str]:
     return found
 
 
-def extra_only() -> tuple[list[str], list[str]]:
-    """``(modules, distributions)`` installed here by something other than the core:
-    the shortest module names that no core distribution provides, and the names of
-    the distributions outside :func:`core_distributions`."""
-    core = core_distributions()
+def extra_only(extras: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """``(modules, distributions)`` installed here by something other than the core
+    (with depthbench's ``extras``): the shortest module names that no such
+    distribution provides, and the names of the distributions outside
+    :func:`core_distributions`."""
+    core = core_distributions(extras=extras)
     core_modules: set[str] = set()
     other_modules: set[str] = set()
     others = set()
@@ -141,9 +143,10 @@ def extra_only() -> tuple[list[str], list[str]]:
     return sorted(m for m in hidden if not has_hidden_parent(m)), sorted(others)
 
 
-def hide_extras(folder: Path) -> Path:
-    """Write ``folder/sitecustomize.py`` (see the module docstring); returns ``folder``."""
-    modules, distributions = extra_only()
+def hide_extras(folder: Path, keep: tuple[str, ...] = ()) -> Path:
+    """Write ``folder/sitecustomize.py`` (see the module docstring), hiding what
+    neither the core nor the extras ``keep`` install; returns ``folder``."""
+    modules, distributions = extra_only(keep)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(
         _TEMPLATE.format(modules=modules, distributions=distributions))

@@ -3,7 +3,8 @@
 Readers: ``depthbench analyze``, ``depthbench eval``, ``depthbench lm-eval``,
 ``depthbench report``, ``depthbench generate`` (each a real process, so that
 what a user sees on stderr is what is checked; generate under two of the
-damages: it opens runs as eval does) and ``load_run`` (the notebook's
+damages: it opens runs as eval does; lm-eval with the eval extra's packages
+alone, as a user of the backend installs it) and ``load_run`` (the notebook's
 entry, in this process).  Damages: the latest checkpoint's state file overwritten in part,
 its ``_METADATA`` truncated, its ``ocdbt.process_0/`` deleted, and every
 checkpoint damaged.
@@ -27,6 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from core_only import hide_extras
 from eval_tiny import tiny_tokenizer, write_records
 from fast_xla import subprocess_flags
 from toy_corpus import write_progressions
@@ -148,9 +150,13 @@ READERS = {
 READER_DAMAGES = {"generate": ("state file overwritten in part", "every checkpoint damaged")}
 
 
-def _depthbench(argv: list[str], home: Path) -> subprocess.CompletedProcess:
+def _depthbench(argv: list[str], home: Path, first_on_path: Path | None = None
+                ) -> subprocess.CompletedProcess:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": subprocess_flags(),
            "HF_HOME": str(home), "HF_DATASETS_OFFLINE": "1"}
+    if first_on_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(first_on_path),
+                                                           env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-m", "depthbench", *argv], env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -165,12 +171,28 @@ def _cases():
             yield pytest.param(reader, damage, id=f"{reader}-{damage}", marks=marks)
 
 
+@pytest.fixture(scope="module")
+def eval_extra_only(tmp_path_factory) -> Path:
+    """A ``PYTHONPATH`` folder under which a process sees what ``pip install -e
+    '.[eval]'`` installs and nothing more (tests/helpers/core_only.py): no torch,
+    which lm-eval imports when it is there (to seed it and to describe it, 4 s of
+    each command) and which the depthbench backend never needs."""
+    folder = hide_extras(tmp_path_factory.mktemp("eval-extra-only"), keep=("eval",))
+    probe = ("import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None "
+             "or u.find_spec('lm_eval') is None)")
+    env = {**os.environ, "PYTHONPATH": str(folder)}
+    assert subprocess.run([sys.executable, "-c", probe], env=env).returncode == 0
+    return folder
+
+
 @pytest.mark.parametrize(("reader", "damage"), list(_cases()))
-def test_reader_under_damage(made, tmp_path, reader, damage):
+def test_reader_under_damage(made, tmp_path, reader, damage, request):
     run = _damaged_copy(made, tmp_path, damage)
     argv, outputs = READERS[reader]
     before = _snapshot(run)
-    proc = _depthbench(argv(made, run), tmp_path / "home")
+    # lm-eval as a user of the backend has it: the eval extra alone.
+    first = request.getfixturevalue("eval_extra_only") if reader == "lm-eval" else None
+    proc = _depthbench(argv(made, run), tmp_path / "home", first)
     err = proc.stderr
     assert "Traceback" not in err and "absl" not in err and "orbax" not in err.lower(), err
     ours = [ln.strip() for ln in err.splitlines() if ln.strip().startswith("depthbench")]

@@ -24,7 +24,7 @@ from depthbench.model.residual.protocol import registry
 from depthbench.model.residual.protocol.base import ResidualFamily
 from depthbench.model.residual.protocol.capabilities import AnalysisOptions
 from depthbench.model.spec import ModelSpec
-from depthbench.model.transformer import Transformer, permute_blocks
+from depthbench.model.transformer import Transformer, params_init, permute_blocks
 from depthbench.run_identity import saved_config
 from depthbench.rundir import restore
 from depthbench.rundir.io import read_json
@@ -148,10 +148,9 @@ class Run:
         self.family: ResidualFamily = self.model.family
         self.mesh = _mesh(self.config)
         self.rules = tuple(parallel.axis_rules())
-        tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+        self._init_params = params_init(self.model, 8)  # _init's program reuses its trace
         with self._context():
-            boxed = jax.eval_shape(lambda k: self.model.init(k, tokens),
-                                   jax.random.key(0))["params"]
+            boxed = jax.eval_shape(self._init_params, jax.random.key(0))
         self.param_shardings = parallel.param_shardings(boxed, self.mesh, self.rules)
         self.abstract_params = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -183,8 +182,7 @@ class Run:
         return stack
 
     def _init(self, seed: int):
-        fn = jax.jit(lambda k: nn.unbox(self.model.init(k, jnp.zeros((1, 8), jnp.int32))["params"]),
-                     out_shardings=self.param_shardings)
+        fn = jax.jit(lambda k: nn.unbox(self._init_params(k)), out_shardings=self.param_shardings)
         with self._context():
             return fn(jax.random.key(seed))
 

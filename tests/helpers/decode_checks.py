@@ -29,7 +29,7 @@ from noisy_params import perturbed
 
 from depthbench.model import decode
 from depthbench.model.spec import ModelSpec
-from depthbench.model.transformer import Transformer
+from depthbench.model.transformer import Transformer, params_init
 from depthbench.shapes import Shape
 
 # GQA (2 kv heads for 4 query heads); depth 5: attnres_block has blocks of 2
@@ -48,6 +48,15 @@ def relative(ours, ref) -> float:
 
 _INITS: dict[tuple, dict] = {}
 _SHAPES: dict[tuple, object] = {}
+_INIT_FNS: dict[tuple, object] = {}
+
+
+def _params_init(model: Transformer, tokens_bt):
+    """The spec's jitted ``transformer.params_init``: its shapes and its init share one trace."""
+    key = (model.spec, tokens_bt.shape[1])
+    if key not in _INIT_FNS:
+        _INIT_FNS[key] = params_init(model, tokens_bt.shape[1])
+    return _INIT_FNS[key]
 
 
 def boxed_shapes(model: Transformer, tokens_bt=TOKENS):
@@ -55,7 +64,7 @@ def boxed_shapes(model: Transformer, tokens_bt=TOKENS):
     the whole model, done once per spec and token shape)."""
     key = (model.spec, tokens_bt.shape)
     if key not in _SHAPES:
-        _SHAPES[key] = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens_bt)["params"])
+        _SHAPES[key] = jax.eval_shape(_params_init(model, tokens_bt), jax.random.key(0))
     return _SHAPES[key]
 
 
@@ -71,7 +80,7 @@ def noisy_init(model: Transformer, tokens_bt=TOKENS):
     key = (model.spec.family, str(jax.tree.structure(boxed)),
            tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(nn.unbox(boxed))))
     if key not in _INITS:
-        _INITS[key] = nn.unbox(jax.jit(model.init)(jax.random.key(1), tokens_bt)["params"])
+        _INITS[key] = nn.unbox(_params_init(model, tokens_bt)(jax.random.key(1)))
     return perturbed(perturbed(_INITS[key], 2, 0.3, only="residual"), 3, 0.1)
 
 

@@ -12,9 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 from depthbench import config as config_lib
 from depthbench import parallel
+from depthbench.model.transformer import Transformer
 from depthbench.train import layer_stats
 from depthbench.train import state as state_lib
 from depthbench.train import step as step_lib
@@ -58,6 +60,26 @@ def test_first_step_known_values(fp32):
                    init_params["blocks"]["mlp"]["up"])
     assert np.median(delta) == pytest.approx(1e-2, rel=0.05)
     assert new.params["embed"].dtype == jnp.float32
+
+
+def test_the_init_traces_the_model_once_and_gives_model_inits_parameters(mesh, monkeypatch):
+    """The set-up's shapes and the init program share one trace of the model
+    (transformer.params_init; two before), and the parameters are
+    ``model.init``'s own, bit for bit."""
+    traced = []
+    model_init = Transformer.init
+    monkeypatch.setattr(Transformer, "init",
+                        lambda self, *a, **kw: traced.append(1) or model_init(self, *a, **kw))
+    s = state_lib.setup(config_lib.load(config_lib.base_spec_path(), TINY), mesh)
+    state = state_lib.init_state(s, 7)
+    assert len(traced) == 1
+    init_key, _ = jax.random.split(jax.random.key(7))
+    tokens = jnp.zeros((1, s.seq_len), jnp.int32)
+    with s.context():
+        direct = jax.jit(lambda k: nn.unbox(model_init(s.model, k, tokens)["params"]))(init_key)
+    assert jax.tree.structure(direct) == jax.tree.structure(state.params)
+    for ours, theirs in zip(jax.tree.leaves(state.params), jax.tree.leaves(direct), strict=True):
+        assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs)
 
 
 def test_state_is_sharded_as_declared(fp32):

@@ -21,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from depthbench import parallel
 from depthbench.model.spec import ModelSpec
-from depthbench.model.transformer import Transformer
+from depthbench.model.transformer import Transformer, params_init
 from depthbench.train import optim
 
 
@@ -47,6 +47,7 @@ class TrainSetup:
     abstract_state: TrainState  # ShapeDtypeStructs carrying their shardings
     state_shardings: TrainState
     param_names: Any  # logical names per parameter leaf
+    init_params: Callable[[jax.Array], Any]  # key -> boxed params (transformer.params_init)
 
     @contextlib.contextmanager
     def context(self) -> Iterator[None]:
@@ -73,9 +74,9 @@ def setup(config, mesh: Mesh, spec: ModelSpec | None = None,
     model = Transformer(spec)
     family = model.family
     seq_len = int(config.train.seq_len)
-    tokens = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
+    init_params = params_init(model, seq_len)  # make_init's program reuses its trace
     with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
-        boxed = jax.eval_shape(lambda k: model.init(k, tokens), jax.random.key(0))["params"]
+        boxed = jax.eval_shape(init_params, jax.random.key(0))
     param_sh = parallel.param_shardings(boxed, mesh, rules)
     abstract_params = nn.unbox(boxed)
     tx, schedule = optim.from_config(config, family, abstract_params)
@@ -90,7 +91,8 @@ def setup(config, mesh: Mesh, spec: ModelSpec | None = None,
                             abstract, shardings)
     return TrainSetup(spec=spec, model=model, family=family, mesh=mesh, rules=tuple(rules),
                       tx=tx, schedule=schedule, seq_len=seq_len, abstract_state=abstract,
-                      state_shardings=shardings, param_names=parallel.logical_names(boxed))
+                      state_shardings=shardings, param_names=parallel.logical_names(boxed),
+                      init_params=init_params)
 
 
 def make_init(s: TrainSetup):
@@ -98,11 +100,9 @@ def make_init(s: TrainSetup):
     key splits into the parameter-init key and the run's RNG; the parameters do
     not depend on the mesh (partitionable threefry), so a sharded run matches a
     single-device one."""
-    tokens = jnp.zeros((1, s.seq_len), jnp.int32)
-
     def init(key_data):
         init_key, run_key = jax.random.split(jax.random.wrap_key_data(key_data))
-        params = nn.unbox(s.model.init(init_key, tokens)["params"])
+        params = nn.unbox(s.init_params(init_key))
         return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                           opt_state=s.tx.init(params), rng=jax.random.key_data(run_key))
 

@@ -14,7 +14,9 @@
 
 Under a mesh, :func:`over_batch` runs a kernel on each device's batch shard
 (``shard_map``; :mod:`pallas_kernels.partition`), so XLA never gathers a
-kernel's operands.
+kernel's operands.  Each kernel's differentiable entry is jitted
+(``backend.lowered_once``): identical calls in a program, one per sublayer
+and again in the backward, are traced and lowered once.
 
 Every kernel has a pure-``jnp`` ``*_reference`` beside it that computes what
 the model's XLA path computes.  ``backend`` is ``auto`` (compiled on TPU via

@@ -107,6 +107,24 @@ class Target:
         )
 
 
+def lowered_once(entry, static_argnums: tuple[int, ...]):
+    """A kernel's differentiable entry (its ``custom_vjp`` function), jitted with
+    its static arguments, so that identical calls in one program are traced and
+    lowered once.
+
+    A ``pallas_call`` traces its kernel anew at every call and jax lowers each
+    call again (the kernel's jaxpr is a new object each time, so jax's lowering
+    cache never hits); the interpreter's lowering is the dearest part of a CPU
+    step's lowering, and Mosaic's and Triton's are not cheap either.  A model
+    calls the same kernel at the same shapes in each sublayer, again for the
+    rematerialised forward and again in the backward: hc's train step lowered
+    12 kernels, 4 of them distinct.  Behind a jitted entry, jax's trace cache
+    hands identical calls the same jaxpr, and its caches of derivatives and of
+    lowerings keyed on it do the rest.  The program is the same once XLA inlines
+    the calls."""
+    return jax.jit(entry, static_argnums=static_argnums)
+
+
 def resolve(backend: str | Target | None = "auto") -> Target:
     """``auto``: compiled on TPU/GPU, interpreted elsewhere (CPU).  ``interpret``
     emulates the TPU tiling rules, ``interpret_gpu`` the GPU ones."""

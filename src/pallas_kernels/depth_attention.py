@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.backend import Target, pad_axis, resolve, round_up
+from pallas_kernels.backend import Target, lowered_once, pad_axis, resolve, round_up
 
 # Finite start of the running max: exp(-inf - -inf) would be NaN on a tile
 # whose first sources are masked.
@@ -196,6 +196,7 @@ def _fused_bwd(eps, d_true, tile, target, res, dh):
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
+_entry = lowered_once(_fused, (3, 4, 5, 6))
 
 
 def source_tile(target: Target, n_src: int, n_tok: int, width: int, itemsize: int) -> int:
@@ -231,5 +232,5 @@ def depth_attention(
     qw = query_d.astype(jnp.float32) * key_norm_d.astype(jnp.float32)
     qw = pad_axis(qw, 0, width)[None, :]
     valid = valid_s.astype(jnp.int32)
-    h = _fused(v, valid, qw, float(eps), d, tile, target)
+    h = _entry(v, valid, qw, float(eps), d, tile, target)
     return h[:n_tok, :d].reshape(*lead, d)

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.backend import column, pad_axis, place, resolve, round_up
+from pallas_kernels.backend import column, lowered_once, pad_axis, place, resolve, round_up
 from pallas_kernels.mhc_pre import _NT, pre_tile
 
 HC_EPS = 1e-8  # the stream norm's eps (hc.HC_EPS)
@@ -160,6 +160,7 @@ def _vjp_bwd(tile, target, static, res, cot):
 
 
 hc_pre_tokens.defvjp(_vjp_fwd, _vjp_bwd)
+_hc_pre_entry = lowered_once(hc_pre_tokens, (4, 5, 6))
 
 
 def hc_operands(a0, beta0, w_a, w_b, s_a, s_b):
@@ -204,7 +205,7 @@ def hc_pre(h_snd, w, base, scale, *, use_tanh: bool, backend="auto"):
     base_p = pad_axis(base.astype(jnp.float32), 1, lanes)
     scale_p = pad_axis(scale.astype(jnp.float32), 0, lanes)[None]
     static = (("d_true", d), ("use_tanh", bool(use_tanh)))
-    x, p_tk, b_tk = hc_pre_tokens(h, w_p, base_p, scale_p, tile, target, static)
+    x, p_tk, b_tk = _hc_pre_entry(h, w_p, base_p, scale_p, tile, target, static)
     x = x[:n_tok, :d].reshape(*lead, d)
     p = jnp.moveaxis(p_tk[:n_tok, : n * n].reshape(n_tok, n, n), 1, 0).reshape(n, *lead, n)
     beta = b_tk[:n_tok, :n].T.reshape(n, *lead)

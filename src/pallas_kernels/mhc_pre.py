@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.backend import Target, column, pad_axis, place, resolve, round_up
+from pallas_kernels.backend import Target, column, lowered_once, pad_axis, place, resolve, round_up
 from pallas_kernels.sinkhorn_tile import KINDS, sinkhorn_tile, sinkhorn_tile_bwd
 
 _NT = (((1,), (1,)), ((), ()))  # contract the last axes:   [a, k] x [b, k] -> [a, b]
@@ -193,6 +193,7 @@ def _vjp_bwd(tile, target, static, res, cot):
 
 
 mhc_pre_tokens.defvjp(_vjp_fwd, _vjp_bwd)
+_mhc_pre_entry = lowered_once(mhc_pre_tokens, (4, 5, 6))
 
 
 def pre_tile(target: Target, n: int, n_tok: int, width: int, lanes: int, itemsize: int) -> int:
@@ -284,7 +285,7 @@ def mhc_pre(h_snd, phi, scale_m, bias_m, *, iters, temperature, eps, sinkhorn="l
         ("sinkhorn", sinkhorn), ("sinkhorn_eps", float(sinkhorn_eps)),
         ("out_in", layout == "out_in"), ("use_tanh", bool(use_tanh)),
     )  # fmt: skip
-    x, p_tk, b_tk = mhc_pre_tokens(h, phi_p, scale, bias, tile, target, static)
+    x, p_tk, b_tk = _mhc_pre_entry(h, phi_p, scale, bias, tile, target, static)
     x = x[:n_tok, :d].reshape(*lead, d)
     p = jnp.moveaxis(p_tk[:n_tok, : n * n].reshape(n_tok, n, n), 1, 0).reshape(n, *lead, n)
     post = b_tk[:n_tok, :n].T.reshape(n, *lead)

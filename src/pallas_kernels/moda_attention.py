@@ -83,7 +83,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.backend import Target, pad_axis, resolve, round_up
+from pallas_kernels.backend import Target, lowered_once, pad_axis, resolve, round_up
 
 _NEG_BIG = -1e30  # finite start of the running max (exp(-inf - -inf) is NaN)
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -419,6 +419,7 @@ def _fused_bwd(cfg, res, do):
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
+_entry = lowered_once(_fused, (0,))
 
 
 # ---------------------------------------------------------------- entry point
@@ -459,7 +460,7 @@ def moda_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
         return pad_axis(pad_axis(x, 1, t_pad), 4, width)
 
     cfg = _Cfg(target, tile, 1.0 / math.sqrt(h), tuple(kd.shape[3] for kd, _, _ in groups))
-    out = _fused(cfg, heads_first(q_btnh), heads_first(k_btkh), heads_first(v_btkh),
+    out = _entry(cfg, heads_first(q_btnh), heads_first(k_btkh), heads_first(v_btkh),
                  heads_first(q_depth_btnh), tuple(cache(kd) for kd, _, _ in groups),
                  tuple(cache(vd) for _, vd, _ in groups),
                  tuple(valid.astype(jnp.int32) for _, _, valid in groups))

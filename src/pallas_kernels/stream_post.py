@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.backend import Target, column, pad_axis, place, resolve, round_up
+from pallas_kernels.backend import Target, column, lowered_once, pad_axis, place, resolve, round_up
 
 
 def stream_post_reference(h_snd, p_snt, b_tn, y_nd):
@@ -133,6 +133,7 @@ def _vjp_bwd(tile, target, res, g_snd):
 
 
 stream_post_tokens.defvjp(_vjp_fwd, _vjp_bwd)
+_stream_post_entry = lowered_once(stream_post_tokens, (4, 5))
 
 
 def post_tile(target: Target, n: int, n_tok: int, width: int, itemsize: int) -> int:
@@ -162,5 +163,5 @@ def stream_post(h_snd, p_snt, b_tn, y_nd, backend: str | Target | None = "auto")
     b_tk = pad_axis(pad_axis(b_tk, 0, n_pad), 1, target.width(n))
     h = pad_axis(pad_axis(h_snd.reshape(n, n_tok, d), 1, n_pad), 2, width)
     y = pad_axis(pad_axis(y_nd.reshape(n_tok, d), 0, n_pad), 1, width)
-    out = stream_post_tokens(p_tk, b_tk, h, y, tile, target)
+    out = _stream_post_entry(p_tk, b_tk, h, y, tile, target)
     return out[:, :n_tok, :d].reshape(h_snd.shape)

@@ -111,3 +111,16 @@ def test_prefill_kernel_lowers(backend, platform, call):
     )
     module = lower(fn, args, platform)
     assert call in module and "attnres_completed_sources" in module
+
+
+@pytest.mark.parametrize("name", ["depth_attention", "stream_post", "hc_pre", "mhc_pre"])
+def test_identical_calls_share_one_lowered_kernel(name):
+    """A model calls a kernel at the same shapes in every sublayer and again in the
+    backward: identical calls are lowered once (backend.lowered_once), forward
+    and backward, so a program holds one kernel per distinct call."""
+    fn, args, argnums = kernels("tpu", jnp.float32)[name]
+    twice = lambda *a: (fn(*a), fn(*a))
+    for make in (lambda f: f, lambda f: jax.grad(sum_outputs(f), argnums=argnums)):
+        once_module, twice_module = lower(make(fn), args, "tpu"), lower(make(twice), args, "tpu")
+        assert once_module.count("tpu_custom_call") >= 1
+        assert twice_module.count("tpu_custom_call") == once_module.count("tpu_custom_call")

@@ -151,9 +151,11 @@ def step_against_the_original(design: str, run) -> dict[str, float]:
     s = state_lib.setup(config, parallel.mesh_from_config(config))
     params = jax.device_put(_tree(design, run, orig.before), s.param_shardings)
     batch = {"inputs": jnp.asarray(tok[:, :-1]), "targets": jnp.asarray(tok[:, 1:])}
+    # One program gives the loss and gradient at the original's pre-step weights and,
+    # called again, depthbench's loss after its step (the train loss, at the same key).
+    grads_and_loss = jax.jit(lambda p: step_lib.grads_and_loss(s, p, batch, jax.random.key(0)))
     with s.context():
-        loss, grads = jax.jit(lambda p: step_lib.grads_and_loss(s, p, batch, jax.random.key(0)))(
-            params)
+        loss, grads = grads_and_loss(params)
         opt_state = jax.jit(s.tx.init, out_shardings=s.state_shardings.opt_state)(params)
     theirs = jax.tree.leaves(_tree(design, run, orig.grad))
     ours = jax.tree.leaves(_constants_of(run, jax.device_get(grads)))
@@ -163,7 +165,8 @@ def step_against_the_original(design: str, run) -> dict[str, float]:
     state = state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                                  opt_state=opt_state, rng=state_lib._key_data(0))
     new, _ = step_lib.make_train_step(s)(state, batch)
-    after = float(step_lib.make_eval_step(s)(new.params, batch))
+    with s.context():
+        after = float(grads_and_loss(new.params)[0])
     return {"grad": grad, "loss_before": float(loss), "loss_after": after,
             "ref_after": cross_entropy(reference_logits(design), tok)}
 

@@ -47,7 +47,6 @@ def relative(ours, ref) -> float:
 
 
 _INITS: dict[tuple, dict] = {}
-_SHAPES: dict[tuple, object] = {}
 _INIT_FNS: dict[tuple, object] = {}
 
 
@@ -61,11 +60,8 @@ def _params_init(model: Transformer, tokens_bt):
 
 def boxed_shapes(model: Transformer, tokens_bt=TOKENS):
     """``model.init``'s parameters as boxed shapes (``jax.eval_shape``: a trace of
-    the whole model, done once per spec and token shape)."""
-    key = (model.spec, tokens_bt.shape)
-    if key not in _SHAPES:
-        _SHAPES[key] = jax.eval_shape(_params_init(model, tokens_bt), jax.random.key(0))
-    return _SHAPES[key]
+    the whole model, which jax keeps for the spec's jitted init)."""
+    return jax.eval_shape(_params_init(model, tokens_bt), jax.random.key(0))
 
 
 def noisy_init(model: Transformer, tokens_bt=TOKENS):

@@ -107,10 +107,10 @@ class Target:
         )
 
 
-def lowered_once(entry, static_argnums: tuple[int, ...]):
+def lowered_once(entry: jax.custom_vjp):
     """A kernel's differentiable entry (its ``custom_vjp`` function), jitted with
-    its static arguments, so that identical calls in one program are traced and
-    lowered once.
+    its ``nondiff_argnums`` static, so that identical calls in one program are
+    traced and lowered once.
 
     A ``pallas_call`` traces its kernel anew at every call and jax lowers each
     call again (the kernel's jaxpr is a new object each time, so jax's lowering
@@ -122,7 +122,7 @@ def lowered_once(entry, static_argnums: tuple[int, ...]):
     hands identical calls the same jaxpr, and its caches of derivatives and of
     lowerings keyed on it do the rest.  The program is the same once XLA inlines
     the calls."""
-    return jax.jit(entry, static_argnums=static_argnums)
+    return jax.jit(entry, static_argnums=entry.nondiff_argnums)
 
 
 def resolve(backend: str | Target | None = "auto") -> Target:

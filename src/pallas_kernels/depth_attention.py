@@ -196,7 +196,7 @@ def _fused_bwd(eps, d_true, tile, target, res, dh):
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
-_entry = lowered_once(_fused, (3, 4, 5, 6))
+_entry = lowered_once(_fused)
 
 
 def source_tile(target: Target, n_src: int, n_tok: int, width: int, itemsize: int) -> int:

@@ -160,7 +160,7 @@ def _vjp_bwd(tile, target, static, res, cot):
 
 
 hc_pre_tokens.defvjp(_vjp_fwd, _vjp_bwd)
-_hc_pre_entry = lowered_once(hc_pre_tokens, (4, 5, 6))
+_hc_pre_entry = lowered_once(hc_pre_tokens)
 
 
 def hc_operands(a0, beta0, w_a, w_b, s_a, s_b):

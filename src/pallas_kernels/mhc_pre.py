@@ -193,7 +193,7 @@ def _vjp_bwd(tile, target, static, res, cot):
 
 
 mhc_pre_tokens.defvjp(_vjp_fwd, _vjp_bwd)
-_mhc_pre_entry = lowered_once(mhc_pre_tokens, (4, 5, 6))
+_mhc_pre_entry = lowered_once(mhc_pre_tokens)
 
 
 def pre_tile(target: Target, n: int, n_tok: int, width: int, lanes: int, itemsize: int) -> int:

@@ -419,7 +419,7 @@ def _fused_bwd(cfg, res, do):
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
-_entry = lowered_once(_fused, (0,))
+_entry = lowered_once(_fused)
 
 
 # ---------------------------------------------------------------- entry point

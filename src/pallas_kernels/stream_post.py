@@ -133,7 +133,7 @@ def _vjp_bwd(tile, target, res, g_snd):
 
 
 stream_post_tokens.defvjp(_vjp_fwd, _vjp_bwd)
-_stream_post_entry = lowered_once(stream_post_tokens, (4, 5))
+_stream_post_entry = lowered_once(stream_post_tokens)
 
 
 def post_tile(target: Target, n: int, n_tok: int, width: int, itemsize: int) -> int:

@@ -1,12 +1,15 @@
 """Session-wide settings that make the CPU suite compile less and faster (helpers/fast_xla.py).
 
 * ``XLA_FLAGS``: XLA's backend optimisation off.
-* ``JAX_COMPILATION_CACHE_DIR``: one persistent compilation cache per test
-  session (a new, empty directory, removed at the end), shared by the pytest
-  workers and every subprocess a test starts, so a program compiled once (the
-  same tiny train step in a fault test's reference run and in the ``depthbench``
-  subprocesses it kills and resumes) is not compiled again.  A cache hit is the
-  same executable, so it computes the same values, bitwise.
+* ``JAX_COMPILATION_CACHE_DIR``: jax's persistent compilation cache, kept
+  between sessions (helpers/xla_cache.py: ``$DEPTHBENCH_CACHE/xla-tests/<cpu>``,
+  cut back when it outgrows 2 GiB) and shared by the pytest workers and every
+  subprocess a test starts, so a program compiled once (the same tiny train
+  step in a fault test's reference run and in the ``depthbench`` subprocesses
+  it kills and resumes, or in the last session) is not compiled again.  A cache
+  hit is the same executable, so it computes the same values, bitwise.  Where
+  that folder cannot be made, the session uses a new temporary one and removes
+  it at the end; a ``JAX_COMPILATION_CACHE_DIR`` already set is used as it is.
 
 All must be in the environment before jax is imported, hence here, the first
 thing pytest imports from ``tests/``.  Under pytest-xdist the controller sets
@@ -47,7 +50,9 @@ import gc
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
+import xla_cache
 from checkout_guard import CheckoutGuard
 from fast_xla import with_fast_flags
 from paths import HELPERS, REPO, SRC
@@ -61,9 +66,15 @@ os.environ["XLA_FLAGS"] = with_fast_flags(os.environ.get("XLA_FLAGS", ""))
 # (depthbench.cpu_dots; its own tests set the variable as they need).
 os.environ["DEPTHBENCH_CPU_DOTS"] = "ynnpack"
 
-_CACHE_OWNER = "JAX_COMPILATION_CACHE_DIR" not in os.environ
-if _CACHE_OWNER:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="depthbench-tests-xla-")
+_KEPT_CACHE: Path | None = None  # the suite's folder, kept between sessions (pruned)
+_CACHE_OWNER = False  # or a temporary one this session removes at the end
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    try:
+        _KEPT_CACHE = xla_cache.cache_dir()
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_KEPT_CACHE)
+    except OSError:  # a read-only home, a file where the folder goes: this session's own
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="depthbench-tests-xla-")
+        _CACHE_OWNER = True
     # Cache every compilation, however quick (jax's default skips those under 1 s).
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
@@ -71,6 +82,9 @@ if _CACHE_OWNER:
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the controller (pytest-xdist's workers have it)
         config.pluginmanager.register(CheckoutGuard(REPO), "depthbench-checkout-guard")
+        if _KEPT_CACHE is not None:
+            xla_cache.prune(_KEPT_CACHE)
+            xla_cache.drop_unreadable(_KEPT_CACHE)
         for folder in (SRC, HELPERS):
             compileall.compile_dir(folder, quiet=2)
 

@@ -83,8 +83,7 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the controller (pytest-xdist's workers have it)
         config.pluginmanager.register(CheckoutGuard(REPO), "depthbench-checkout-guard")
         if _KEPT_CACHE is not None:
-            xla_cache.prune(_KEPT_CACHE)
-            xla_cache.drop_unreadable(_KEPT_CACHE)
+            xla_cache.tidy(_KEPT_CACHE)
         for folder in (SRC, HELPERS):
             compileall.compile_dir(folder, quiet=2)
 

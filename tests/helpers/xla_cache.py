@@ -10,18 +10,18 @@ an unchanged tier compiles almost nothing: ``tests/unit`` took 98.9 s warm
 against 140.6 s cold on the 2-core machine; a change recompiles only the
 programs it touches.
 
-The folder is ``$DEPTHBENCH_CACHE/xla-tests/<cpu>`` (default root
-``~/.cache/depthbench``, the data cache's): ``<cpu>`` digests the host's CPU
+The folder is ``xla-tests/<cpu>`` under the data cache's root
+(``$DEPTHBENCH_CACHE``, default ``~/.cache/depthbench``): ``<cpu>`` digests the host's CPU
 model and instruction-set flags, because a CPU executable is compiled for the
 host's instruction set, and a home folder shared by machines of different
 CPUs must not hand one's programs to the other.  At the start of a session the
 folder is cut back to :data:`KEEP_BYTES`, oldest entries first, once it holds
 more than :data:`LIMIT_BYTES` (jax's own ``jax_compilation_cache_max_size``
 rescans the folder on every write), and the entries written since the last
-session are read back (:func:`drop_unreadable`): jax writes an entry in place,
-so a process killed mid-write (the fault tests kill ``depthbench`` commands)
-leaves a truncated entry, which jax would warn about on every later read
-without ever rewriting it.
+session are read back (:func:`drop_unreadable`; both from one listing,
+:func:`tidy`): jax writes an entry in place, so a process killed mid-write
+(the fault tests kill ``depthbench`` commands) leaves a truncated entry, which
+jax would warn about on every later read without ever rewriting it.
 
 A cold run, to time the suite as a fresh machine runs it: point
 ``JAX_COMPILATION_CACHE_DIR`` at an empty folder (the suite then uses it and
@@ -56,31 +56,56 @@ def cpu_tag() -> str:
 
 
 def cache_dir() -> Path:
-    """``$DEPTHBENCH_CACHE/xla-tests/<cpu_tag()>`` (default root ``~/.cache/depthbench``),
-    created if missing; ``OSError`` when it cannot be."""
-    root = os.environ.get("DEPTHBENCH_CACHE") or os.path.join("~", ".cache", "depthbench")
-    folder = Path(root).expanduser() / "xla-tests" / cpu_tag()
+    """``xla-tests/<cpu_tag()>`` under the data cache's root
+    (:func:`depthbench.data.cache.cache_root`: ``$DEPTHBENCH_CACHE``, else
+    ``~/.cache/depthbench``), created if missing; ``OSError`` when it cannot be
+    (a root that is a file or a link loop included).  Imports no jax."""
+    from depthbench.data.cache import cache_root
+    from depthbench.errors import ConfigError
+
+    try:
+        folder = cache_root() / "xla-tests" / cpu_tag()
+    except ConfigError as e:
+        raise OSError(str(e)) from None
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
-def prune(folder: Path, limit: int = LIMIT_BYTES, keep: int = KEEP_BYTES) -> int:
-    """If the files in ``folder`` hold more than ``limit`` bytes, remove the oldest
-    (by modification time) until at most ``keep`` remain; the number removed.
-    Files another process removes meanwhile are skipped."""
-    entries = []
-    for path in folder.iterdir():
-        try:
-            st = path.stat()
-        except OSError:
-            continue
-        if path.is_file():
-            entries.append((st.st_mtime, st.st_size, path))
-    total = sum(size for _, size, _ in entries)
+def tidy(folder: Path) -> None:
+    """What a session does first with the kept folder, from one listing of it:
+    :func:`prune`, then :func:`drop_unreadable`."""
+    found = entries(folder)
+    prune(folder, found=found)
+    drop_unreadable(folder, found=found)
+
+
+def entries(folder: Path) -> list[tuple[float, int, Path]]:
+    """``(modification time, size, path)`` of each file in ``folder``; files another
+    process removes meanwhile are left out."""
+    found = []
+    with os.scandir(folder) as listing:
+        for entry in listing:
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    found.append((st.st_mtime, st.st_size, Path(entry.path)))
+            except OSError:
+                continue
+    return found
+
+
+def prune(folder: Path, limit: int = LIMIT_BYTES, keep: int = KEEP_BYTES,
+          found: list[tuple[float, int, Path]] | None = None) -> int:
+    """If the files in ``folder`` (``found``: its :func:`entries`, if listed already)
+    hold more than ``limit`` bytes, remove the oldest (by modification time) until
+    at most ``keep`` remain; the number removed.  Files another process removes
+    meanwhile are skipped."""
+    found = entries(folder) if found is None else found
+    total = sum(size for _, size, _ in found)
     if total <= limit:
         return 0
     removed = 0
-    for _, size, path in sorted(entries, key=lambda e: e[0]):
+    for _, size, path in sorted(found, key=lambda e: e[0]):
         if total <= keep:
             break
         try:
@@ -106,11 +131,13 @@ def _decompress() -> Callable[[bytes], bytes]:
     return decompress_executable
 
 
-def drop_unreadable(folder: Path, decompress: Callable[[bytes], bytes] | None = None
-                    ) -> list[str]:
-    """Remove the entries of ``folder`` written since the last call that do not
-    decompress (cut short); their names.  The first call reads every entry."""
-    decompress = decompress or _decompress()
+def drop_unreadable(folder: Path, decompress: Callable[[bytes], bytes] | None = None,
+                    found: list[tuple[float, int, Path]] | None = None) -> list[str]:
+    """Remove the entries of ``folder`` (``found``: its :func:`entries`, if listed
+    already) written since the last call that do not decompress (cut short); their
+    names.  The first call reads every entry.  jax is imported only when an entry
+    is to be read (a session with nothing new starts without it)."""
+    found = entries(folder) if found is None else found
     marker = folder / CHECKED
     try:
         since = marker.stat().st_mtime - 1.0  # a second's slack for coarse clocks
@@ -118,10 +145,11 @@ def drop_unreadable(folder: Path, decompress: Callable[[bytes], bytes] | None = 
         since = float("-inf")
     started = time.time()
     dropped = []
-    for path in folder.glob("*-cache"):
+    for mtime, _, path in found:
+        if mtime < since or not path.name.endswith("-cache"):
+            continue
+        decompress = decompress or _decompress()
         try:
-            if path.stat().st_mtime < since:
-                continue
             decompress(path.read_bytes())
         except OSError:  # removed by another session meanwhile
             continue

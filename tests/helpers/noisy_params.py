@@ -25,7 +25,9 @@ def perturbed(params, seed: int, scale: float = 0.3, only: str | None = None):
         noise = scale * rng.standard_normal(x.shape)
         if only is not None and only not in jax.tree_util.keystr(path):
             return x
-        return jax.numpy.asarray((np.asarray(x, np.float64) + noise).astype(x.dtype))
+        # device_put, not jnp.asarray: outside a trace jnp.asarray compiles a program
+        # (lax.stage) per shape and dtype.
+        return jax.device_put((np.asarray(x, np.float64) + noise).astype(x.dtype))
 
     return jax.tree_util.tree_map_with_path(move, params)
 
@@ -36,3 +38,11 @@ def init_perturbed(model: nn.Module, tokens_bt, init_seed: int = 1, noise_seed: 
     program) plus ``scale * N(0, 1)`` noise on every leaf."""
     params = jax.jit(model.init)(jax.random.key(init_seed), tokens_bt)["params"]
     return perturbed(nn.unbox(params), noise_seed, scale)
+
+
+def normal(rng: np.random.Generator, shape, scale: float = 1.0, dtype=np.float32) -> jax.Array:
+    """``scale * N(0, 1)`` draws from ``rng`` as a device array of ``dtype`` (drawn in
+    fp32, then cast), compiling nothing: ``jax.random`` compiles a random-bits
+    program per shape, and ``jnp.asarray`` outside a trace one conversion per
+    shape and dtype (``lax.stage``); ``jax.device_put`` copies."""
+    return jax.device_put((scale * rng.standard_normal(shape)).astype(np.float32).astype(dtype))

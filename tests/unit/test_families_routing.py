@@ -94,7 +94,7 @@ def _apply(spec: ModelSpec, capture: bool):
 
 def logits(spec: ModelSpec, params, active=None, capture=False):
     """The logits, or ``(logits, z)`` with ``capture``."""
-    active = jnp.ones((spec.depth,), bool) if active is None else jnp.asarray(active, bool)
+    active = np.ones((spec.depth,), bool) if active is None else np.asarray(active, bool)
     return _apply(spec, capture)(params, TOKENS, active)
 
 
@@ -109,18 +109,21 @@ def with_backbone(family_params, backbone_params):
 
 
 def normal(rng: np.random.Generator, shape, scale: float = 1.0) -> jax.Array:
-    """fp32 N(0, scale^2) draws from numpy (no RNG kernels to compile)."""
-    return jnp.asarray(scale * rng.standard_normal(shape), jnp.float32)
+    """fp32 N(0, scale^2) draws from numpy (no RNG kernels to compile; device_put,
+    as jnp.asarray would compile a conversion per shape)."""
+    return jax.device_put((scale * rng.standard_normal(shape)).astype(np.float32))
 
 
 def rel_err(a, b) -> float:
-    return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 def take_blocks(params, order):
     """Params of the model made of ``order``'s blocks (a shallower model)."""
     idx = np.asarray(order)
-    return {**params, "blocks": jax.tree.map(lambda a: a[idx], params["blocks"])}
+    return {**params, "blocks": jax.tree.map(lambda a: jax.device_put(np.asarray(a)[idx]),
+                                             params["blocks"])}
 
 
 def randomise(params, name: str, seed: int, scale: float = 1.0):

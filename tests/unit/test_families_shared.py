@@ -93,22 +93,25 @@ class Harness:
         self.family = family
         self.spec = ModelSpec.from_shape(TINY, family=family)
         self.model = Transformer(self.spec)
-        self.tokens = jax.random.randint(jax.random.key(7), (B, T), 0, TINY.vocab_size)
+        # Host (numpy) arrays: the checks index, compare and reduce them without
+        # compiling an XLA program per eager op and shape.
+        self.tokens = np.asarray(jax.random.randint(jax.random.key(7), (B, T), 0,
+                                                    TINY.vocab_size))
         self.init = compile_fast(self.model.init, jax.random.key(0), self.tokens)
         self.params = nn.unbox(self.init(jax.random.key(0), self.tokens)["params"])
-        self.ones = jnp.ones((TINY.depth,), bool)
-        self.arange = jnp.arange(TINY.depth, dtype=jnp.int32)
+        self.ones = np.ones((TINY.depth,), bool)
+        self.arange = np.arange(TINY.depth, dtype=np.int32)
         model = self.model
         self._fwd = compile_fast(
             lambda p, t, active, ident: model.apply({"params": p}, t, active=active,
                                                     ident=ident)[0],
             self.params, self.tokens, self.ones, self.arange)
 
-    def logits(self, params=None, tokens=None, active=None, ident=None):
-        return self._fwd(self.params if params is None else params,
-                         self.tokens if tokens is None else tokens,
-                         self.ones if active is None else jnp.asarray(active, bool),
-                         self.arange if ident is None else jnp.asarray(ident, jnp.int32))
+    def logits(self, params=None, tokens=None, active=None, ident=None) -> np.ndarray:
+        return np.asarray(self._fwd(self.params if params is None else params,
+                                    self.tokens if tokens is None else tokens,
+                                    self.ones if active is None else np.asarray(active, bool),
+                                    self.arange if ident is None else np.asarray(ident, np.int32)))
 
     @functools.cached_property
     def default(self):
@@ -134,7 +137,7 @@ class Harness:
             params, state, loss, grads = step(params, state)
             losses.append(float(loss))
             first = grads if first is None else first
-        return np.array(losses), first
+        return np.array(losses), jax.device_get(first)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -143,7 +146,7 @@ def h(request) -> Harness:
 
 
 def _max_diff(a, b) -> float:
-    return float(jnp.max(jnp.abs(jnp.asarray(a) - jnp.asarray(b))))
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
 
 
 # --------------------------------------------------------------- the tests
@@ -158,8 +161,8 @@ def test_describe_and_validate(h):
 
 def test_shapes_finite_and_near_uniform_at_init(h):
     logits = h.default
-    assert logits.shape == (B, T, TINY.vocab_size) and logits.dtype == jnp.float32
-    assert bool(jnp.all(jnp.isfinite(logits)))
+    assert logits.shape == (B, T, TINY.vocab_size) and logits.dtype == np.float32
+    assert np.isfinite(logits).all()
     # Std-0.02 weights: every family starts close to the uniform prediction.
     loss = float(cross_entropy(logits[:, :-1], h.tokens[:, 1:]))
     assert abs(loss - np.log(TINY.vocab_size)) < 0.25, loss
@@ -167,7 +170,8 @@ def test_shapes_finite_and_near_uniform_at_init(h):
 
 def test_causal(h):
     t = 4
-    later = h.tokens.at[:, t + 1:].set((h.tokens[:, t + 1:] + 11) % TINY.vocab_size)
+    later = h.tokens.copy()
+    later[:, t + 1:] = (h.tokens[:, t + 1:] + 11) % TINY.vocab_size
     out = h.logits(tokens=later)
     np.testing.assert_array_equal(out[:, : t + 1], h.default[:, : t + 1])
     assert _max_diff(out[:, t + 1:], h.default[:, t + 1:]) > 0
@@ -184,12 +188,12 @@ def test_gradients_finite(h):
     _, grads = h.training
     leaves = jax.tree_util.tree_leaves_with_path(grads)
     for path, g in leaves:
-        assert bool(jnp.all(jnp.isfinite(g))), jax.tree_util.keystr(path)
+        assert np.isfinite(g).all(), jax.tree_util.keystr(path)
     # Every backbone matrix receives gradient (no sublayer is cut off).
     for name in ("q", "k", "v", "o"):
-        assert float(jnp.max(jnp.abs(grads["blocks"]["attn"][name]))) > 0, name
+        assert np.abs(grads["blocks"]["attn"][name]).max() > 0, name
     for name in ("gate", "up", "down"):
-        assert float(jnp.max(jnp.abs(grads["blocks"]["mlp"][name]))) > 0, name
+        assert np.abs(grads["blocks"]["mlp"][name]).max() > 0, name
 
 
 def test_scan_unrolled_and_remat_agree(h):
@@ -223,7 +227,7 @@ def test_skip_blocks(h):
     L = TINY.depth
     for b in range(L):
         out = h.logits(active=np.arange(L) != b)
-        assert bool(jnp.all(jnp.isfinite(out))), b
+        assert np.isfinite(out).all(), b
         assert _max_diff(out, h.default) > 1e-6, f"skipping block {b} changed nothing"
     none_active = h.logits(active=np.zeros(L, bool))
     expected = compile_fast(_SkipAllReference(h.spec).apply, {"params": h.params}, h.tokens)(
@@ -242,7 +246,7 @@ def test_permute_blocks(h):
     swap = np.array([1, 0, 2])
     permute = compile_fast(functools.partial(permute_blocks, family_of(h.spec)), h.params, swap)
     swapped = h.logits(permute(h.params, swap), ident=swap)
-    assert bool(jnp.all(jnp.isfinite(swapped)))
+    assert np.isfinite(swapped).all()
     assert _max_diff(swapped, h.default) > 1e-6
 
     copy = np.array([0, 0, 2])  # position 1 runs a copy of block 0, identity included

@@ -13,12 +13,15 @@ default config: the reference computes what the model computes.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from kernel_checks import (
     BF16_TOL,
     FAST_COMPILE,
     FP32_TOL,
     assert_matches,
+    normal,
+    on_device,
     outputs_and_grads,
     rel_err,
 )
@@ -33,18 +36,14 @@ SINKHORN = {"iters": 4, "temperature": 0.7, "eps": 1e-6}
 LIGER = {"sinkhorn": "linear", "sinkhorn_eps": 1e-6, "layout": "out_in", "use_tanh": False}
 
 
-def normal(seed, shape, scale=1.0, dtype=jnp.float32):
-    return (scale * jax.random.normal(jax.random.key(seed), shape, jnp.float32)).astype(dtype)
-
-
 def mhc_args(n, lead, d, phi_dtype=jnp.float32):
     m = n * n + 2 * n
-    return (
+    return on_device((
         normal(0, (n, *lead, d)),
         normal(1, (n, d, m), 0.1, phi_dtype),
         1.0 + normal(2, (m,), 0.2),
         normal(3, (m,)),
-    )
+    ))
 
 
 def pair(n, backend, form):
@@ -92,23 +91,23 @@ def mhc_family(impl, **fields):
 def randomised(n, d, seed, phi_dtype):
     shapes = {"phi": (2, n, d, n * n + 2 * n), "a_pre": (2,), "a_post": (2,), "a_res": (2,),
               "b_pre": (2, n), "b_post": (2, n), "B_res": (2, n, n)}
-    keys = jax.random.split(jax.random.key(seed), len(shapes))
-    return {name: (0.5 * jax.random.normal(k, shape, jnp.float32)).astype(
-                phi_dtype if name == "phi" else jnp.float32)
-            for k, (name, shape) in zip(keys, sorted(shapes.items()), strict=True)}
+    rng = np.random.default_rng(seed)  # numpy: no compiled program per shape
+    return on_device({name: (0.5 * rng.standard_normal(shape, np.float32)).astype(
+                          phi_dtype if name == "phi" else np.float32)
+                      for name, shape in sorted(shapes.items())})
 
 
 def test_pallas_mhc_equals_xla_mhc_in_the_model():
     """``MHC.read`` + ``write`` (connector 1) with the kernels == with XLA, in the
     default (Liger) config: values and the gradients of the streams, the
     sublayer output and every parameter (phi bf16, as the default stores it).
-    (tanh: the kernel tests above; measured here too, 1.4e-5 on phi's bf16 gradient.)"""
+    (tanh: the kernel tests above; measured here too, 8e-5 on phi's bf16 gradient.)"""
     xla, pallas = mhc_family("xla"), mhc_family("pallas")
     assert xla.cfg.mhc_sinkhorn == "linear" and xla.cfg.mhc_res_layout == "out_in"
     assert pallas._pallas() and not xla._pallas()
     n, d = 4, 32
     p = randomised(n, d, seed=0, phi_dtype=jnp.bfloat16)
-    h, y = normal(5, (n, 2, 3, d)), normal(6, (2, 3, d))
+    h, y = on_device((normal(5, (n, 2, 3, d)), normal(6, (2, 3, d))))
 
     def run(fam):
         def f(p, h, y):

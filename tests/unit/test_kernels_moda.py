@@ -16,9 +16,10 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax import export
-from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, rel_err
+from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, on_device, rel_err
 
 from depthbench.model.residual.parts.moda_attention import attention_with_depth
 from pallas_kernels import moda_attention, moda_attention_reference
@@ -28,16 +29,17 @@ GROUPS = [(2, [1, 0, 1]), (1, [0, 1, 1, 0, 1])]  # (key heads, valid slots)
 
 
 def inputs(t, groups=GROUPS, dtype=jnp.float32, seed=0):
-    keys = iter(jax.random.split(jax.random.key(seed), 4 + 2 * len(groups)))
-    q, qd = (jax.random.normal(next(keys), (B, t, N, H)) for _ in range(2))
-    k, v = (jax.random.normal(next(keys), (B, t, K, H)) for _ in range(2))
+    """Drawn in numpy (with ``jax.random`` each shape costs a compiled program)."""
+    rng = np.random.default_rng(seed)
+    q, qd = (rng.standard_normal((B, t, N, H), np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((B, t, K, H), np.float32) for _ in range(2))
     arrays, valids = [q, k, v, qd], []
     for g, valid in groups:
         # Larger depth keys: the depth slots take a real share of the softmax.
-        arrays += [2.0 * jax.random.normal(next(keys), (B, t, g, len(valid), H)),
-                   jax.random.normal(next(keys), (B, t, g, len(valid), H))]
-        valids.append(jnp.asarray(valid, bool))
-    return [a.astype(dtype) for a in arrays], valids
+        arrays += [2.0 * rng.standard_normal((B, t, g, len(valid), H), np.float32),
+                   rng.standard_normal((B, t, g, len(valid), H), np.float32)]
+        valids.append(on_device(np.asarray(valid, bool)))
+    return on_device([a.astype(dtype) for a in arrays]), valids
 
 
 def with_groups(fn, valids):
@@ -55,8 +57,9 @@ def fused(backend):
 
 def test_reference_is_the_models_xla_path():
     arrays, valids = inputs(13)
-    out = with_groups(moda_attention_reference, valids)(*arrays)
-    xla = with_groups(attention_with_depth, valids)(*arrays)
+    # Jitted, one program each (run eagerly, every op would compile one of its own).
+    out = jax.jit(with_groups(moda_attention_reference, valids))(*arrays)
+    xla = jax.jit(with_groups(attention_with_depth, valids))(*arrays)
     assert rel_err(out, xla) < 1e-6
 
 
@@ -114,7 +117,7 @@ def test_lowers_forward_and_backward(backend, platform, call, dtype):
 
     args = (spec(B, t, n, h), spec(B, t, kv, h), spec(B, t, kv, h), spec(B, t, n, h),
             spec(B, t, kv, m, h), spec(B, t, kv, m, h), spec(B, t, 4, m, h), spec(B, t, 4, m, h))
-    valid = jnp.asarray([1] * m, bool)
+    valid = on_device(np.ones(m, bool))
     fn = with_groups(lambda *a: moda_attention(*a, backend=backend), [valid, valid])
     forward = lower(fn, args, platform)
     assert call in forward and "moda_attention_fwd" in forward

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, rel_err
+from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, normal, on_device, rel_err
 
 from depthbench.model.residual.hc import HC
 from depthbench.model.residual.mhc import MHC
@@ -32,46 +32,42 @@ from pallas_kernels import (
 SINKHORN = {"iters": 4, "temperature": 0.7, "eps": 1e-6}
 
 
-def normal(seed, shape, scale=1.0, dtype=jnp.float32):
-    return (scale * jax.random.normal(jax.random.key(seed), shape, jnp.float32)).astype(dtype)
-
-
 # ---------------------------------------------------------------- post
 @pytest.mark.parametrize(
     "backend, n, lead, d",
     [("interpret", 1, (7,), 16), ("interpret", 2, (3, 5), 32), ("interpret_gpu", 4, (13,), 24)],
 )
 def test_stream_post_fp32_matches_reference(backend, n, lead, d):
-    args = (
+    args = on_device((
         normal(0, (n, *lead, d)),
         normal(1, (n, *lead, n)),
         normal(2, (n, *lead)),
         normal(3, (*lead, d)),
-    )
+    ))
     fused = lambda *a: stream_post(*a, backend=backend)
     assert_matches(fused, stream_post_reference, args, (0, 1, 2, 3), FP32_TOL)
 
 
 def test_stream_post_bf16_matches_reference():
     n, lead, d = 4, (2, 9), 32
-    args = (
+    args = on_device((
         normal(0, (n, *lead, d), dtype=jnp.bfloat16),
         normal(1, (n, *lead, n)),
         normal(2, (n, *lead)),
         normal(3, (*lead, d), dtype=jnp.bfloat16),
-    )
+    ))
     fused = lambda *a: stream_post(*a, backend="interpret")
     assert_matches(fused, stream_post_reference, args, (0, 1, 2, 3), BF16_TOL)
 
 
 # ---------------------------------------------------------------- hc pre
 def hc_args(n, lead, d, dtype=jnp.float32):
-    return (
+    return on_device((
         normal(0, (n, *lead, d), dtype=dtype),
         normal(1, (d, n + 2), 0.3),
         normal(2, (n, n + 2)),
         1.0 + normal(3, (n + 2,), 0.2),
-    )
+    ))
 
 
 @pytest.mark.parametrize(
@@ -97,12 +93,12 @@ def test_hc_pre_bf16_matches_reference():
 # ---------------------------------------------------------------- mhc pre
 def mhc_args(n, lead, d, dtype=jnp.float32):
     m = n * n + 2 * n
-    return (
+    return on_device((
         normal(0, (n, *lead, d), dtype=dtype),
         normal(1, (n, d, m), 0.1),
         1.0 + normal(2, (m,), 0.2),
         normal(3, (m,)),
-    )
+    ))
 
 
 @pytest.mark.parametrize(
@@ -136,12 +132,13 @@ def family(cls, name, n, **fields):
 
 
 def randomised(shapes, seed):
-    """Random values for a connector pair's parameters (stacked over sub = 0, 1)."""
-    keys = jax.random.split(jax.random.key(seed), len(shapes))
-    return {
-        name: 0.5 * jax.random.normal(k, shape, jnp.float32)
-        for k, (name, shape) in zip(keys, sorted(shapes.items()), strict=True)
-    }
+    """Random values for a connector pair's parameters (stacked over sub = 0, 1),
+    drawn in numpy (in the names' order)."""
+    rng = np.random.default_rng(seed)
+    return on_device({
+        name: 0.5 * rng.standard_normal(shape, np.float32)
+        for name, shape in sorted(shapes.items())
+    })
 
 
 @pytest.mark.parametrize("sub", [0, 1])
@@ -152,7 +149,7 @@ def test_kernels_compose_to_the_models_hc_routing(sub):
          "s_a": (2,), "s_b": (2,)},
         seed=sub,
     )  # fmt: skip
-    h, y = normal(5, (n, 2, 3, d)), normal(6, (2, 3, d))
+    h, y = on_device((normal(5, (n, 2, 3, d)), normal(6, (2, 3, d))))
 
     @jax.jit  # one program (eagerly, interpret mode runs the kernel op by op)
     def model_and_kernels(p, h, y):
@@ -179,7 +176,7 @@ def test_kernels_compose_to_the_models_mhc_routing(sub):
          "b_pre": (2, n), "b_post": (2, n), "B_res": (2, n, n)},
         seed=sub,
     )  # fmt: skip
-    h, y = normal(5, (n, 2, 3, d)), normal(6, (2, 3, d))
+    h, y = on_device((normal(5, (n, 2, 3, d)), normal(6, (2, 3, d))))
 
     @jax.jit  # one program (eagerly, interpret mode runs the kernel op by op)
     def model_and_kernels(p, h, y):

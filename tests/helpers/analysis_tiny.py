@@ -8,6 +8,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from noisy_params import perturbed
 from paths import REPO
 
 from depthbench import config as config_lib
@@ -33,11 +34,11 @@ def write_run(run_dir: Path, config, seed: int = 0, noise: float = 0.05, step: i
     ``val_tokens`` also a random validation split recorded in config.json."""
     s = state_lib.setup(config, parallel.mesh_from_config(config))
     state = state_lib.init_state(s, seed)
-    leaves, tree = jax.tree.flatten(state.params)
-    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-    leaves = [x + noise * jax.random.normal(k, x.shape, x.dtype)
-              for x, k in zip(leaves, keys, strict=True)]
-    state = state.replace(params=jax.tree.unflatten(tree, leaves), step=state.step + step)
+    # The noise is drawn and added in numpy (noisy_params.perturbed): jax.random
+    # would compile a program per leaf shape.
+    params = perturbed(state.params, seed + 1, noise)
+    params = jax.tree.map(lambda x, old: jax.device_put(x, old.sharding), params, state.params)
+    state = state.replace(params=params, step=state.step + step)
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = {}
     if val_tokens:

@@ -24,7 +24,9 @@ def _zero_outputs(params, blocks):
     """Blocks whose attention and MLP write nothing: identities for pre_ln."""
     params = jax.tree.map(lambda a: a, params)
     for name, leaf in (("attn", "o"), ("mlp", "down")):
-        params["blocks"][name][leaf] = params["blocks"][name][leaf].at[blocks].set(0.0)
+        zeroed = np.array(params["blocks"][name][leaf])  # a copy, set in numpy: no program
+        zeroed[blocks] = 0.0
+        params["blocks"][name][leaf] = jax.device_put(zeroed)
     return params
 
 
@@ -57,7 +59,8 @@ def test_zeroed_last_block_costs_nothing_to_prune(pre_ln):
 def test_swapping_identical_blocks_scores_zero(family):
     run = init_run(tiny_config(family, 3))
     params = _perturbed(run)
-    params["blocks"] = jax.tree.map(lambda a: jnp.broadcast_to(a[:1], a.shape), params["blocks"])
+    params["blocks"] = jax.tree.map(
+        lambda a: jax.device_put(np.broadcast_to(np.asarray(a)[:1], a.shape)), params["blocks"])
     if "query" in params.get("residual", {}):
         # attnres: the readout's pair is the right boundary of the last block
         # and moves in a swap, so it must equal the blocks' attention-side pair.

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
+from noisy_params import normal
 
 from depthbench.model import layers
 from depthbench.model.residual.parts.moda_attention import attention_with_depth
@@ -54,9 +55,8 @@ def test_trunc_normal_std_and_cutoff():
 
 def test_rope_is_relative():
     """q.k after RoPE depends only on the position difference."""
-    k1, k2 = jax.random.split(jax.random.key(0))
-    q = jax.random.normal(k1, (1, 1, 1, 16))
-    k = jax.random.normal(k2, (1, 1, 1, 16))
+    rng = np.random.default_rng(0)
+    q, k = normal(rng, (1, 1, 1, 16)), normal(rng, (1, 1, 1, 16))
 
     @jax.jit
     def dot(pq, pk):
@@ -66,7 +66,7 @@ def test_rope_is_relative():
         return float(dot(jnp.int32(pq), jnp.int32(pk)))
 
     assert score(5, 3) == pytest.approx(score(12, 10), rel=1e-5)
-    assert score(0, 0) == pytest.approx(float(jnp.sum(q * k)), rel=1e-6)
+    assert score(0, 0) == pytest.approx(float(np.sum(np.asarray(q) * np.asarray(k))), rel=1e-6)
     assert score(5, 3) != pytest.approx(score(5, 1), rel=1e-3)
 
 
@@ -74,8 +74,8 @@ def test_gqa_equals_mha_with_repeated_kv():
     """GQA with 2 KV heads equals MHA whose KV weights repeat each KV head."""
     gqa_spec = ModelSpec.from_shape(Shape(1, 32, 96, 4, 2, 64), "pre_ln")
     mha_spec = ModelSpec.from_shape(Shape(1, 32, 96, 4, 4, 64), "pre_ln")
-    x = jax.random.normal(jax.random.key(0), (2, 7, 32))
-    pos = jnp.arange(7)
+    x = normal(np.random.default_rng(0), (2, 7, 32))
+    pos = np.arange(7)
     gqa = layers.Attention(gqa_spec)
 
     @jax.jit
@@ -91,13 +91,11 @@ def test_gqa_equals_mha_with_repeated_kv():
 
 
 def test_depth_attention_without_depth_keys_is_causal_attention():
-    k = jax.random.split(jax.random.key(0), 3)
-    q = jax.random.normal(k[0], (2, 5, 4, 8))
-    kk = jax.random.normal(k[1], (2, 5, 2, 8))
-    v = jax.random.normal(k[2], (2, 5, 2, 8))
+    rng = np.random.default_rng(0)
+    q, kk, v = normal(rng, (2, 5, 4, 8)), normal(rng, (2, 5, 2, 8)), normal(rng, (2, 5, 2, 8))
     ref = jax.jit(functools.partial(jax.nn.dot_product_attention, is_causal=True))(q, kk, v)
-    dk = jnp.zeros((2, 5, 2, 3, 8))  # [B, T, key heads, slots, d_h]
-    none = jnp.zeros((3,), bool)
+    dk = np.zeros((2, 5, 2, 3, 8), np.float32)  # [B, T, key heads, slots, d_h]
+    none = np.zeros((3,), bool)
     groups = ((dk, dk, none), (dk[:, :, :1], dk[:, :, :1], none))
     out = jax.jit(attention_with_depth)(q, kk, v, q, groups)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
@@ -115,10 +113,8 @@ def test_query_blocks_split_evenly_into_at_least_min_rows(t, blocks):
 def test_causal_attention_matches_jax_reference_values_and_grads(kv_heads, block, monkeypatch):
     if block is not None:  # query blocks that skip the keys above the diagonal
         monkeypatch.setattr(layers, "CAUSAL_BLOCK", block)
-    k = jax.random.split(jax.random.key(3), 3)
-    q = jax.random.normal(k[0], (2, 6, 4, 8))
-    kk = jax.random.normal(k[1], (2, 6, kv_heads, 8))
-    v = jax.random.normal(k[2], (2, 6, kv_heads, 8))
+    rng = np.random.default_rng(3)
+    q, kk, v = (normal(rng, (2, 6, heads, 8)) for heads in (4, kv_heads, kv_heads))
 
     def loss(fn):
         return jax.jit(jax.value_and_grad(lambda *a: jnp.sum(jnp.sin(fn(*a))), argnums=(0, 1, 2)))
@@ -134,10 +130,10 @@ def test_causal_attention_matches_jax_reference_values_and_grads(kv_heads, block
 def test_swiglu_vjp_matches_autodiff_of_the_expression(dtype, tol):
     """The hand-written backward (it keeps only x, x W_g and x W_u) against
     autodiff of ``down(silu(x W_g) * (x W_u))``, values and all four gradients."""
-    k = jax.random.split(jax.random.key(5), 4)
-    x = jax.random.normal(k[0], (2, 7, 16)).astype(dtype)
-    wg, wu = ((0.3 * jax.random.normal(kk, (16, 24))).astype(dtype) for kk in k[1:3])
-    wd = (0.3 * jax.random.normal(k[3], (24, 16))).astype(dtype)
+    rng = np.random.default_rng(5)
+    x = normal(rng, (2, 7, 16), dtype=dtype)
+    wg, wu = (normal(rng, (16, 24), 0.3, dtype) for _ in range(2))
+    wd = normal(rng, (24, 16), 0.3, dtype)
 
     def loss(fn):
         return jax.jit(jax.value_and_grad(
@@ -153,8 +149,8 @@ def test_swiglu_vjp_matches_autodiff_of_the_expression(dtype, tol):
 
 
 def test_cross_entropy_gradient_is_softmax_minus_one_hot():
-    logits = jax.random.normal(jax.random.key(0), (2, 3, 5))
-    targets = jnp.array([[0, 4, 2], [1, 1, 3]])
+    logits = normal(np.random.default_rng(0), (2, 3, 5))
+    targets = np.array([[0, 4, 2], [1, 1, 3]])
     grad = jax.jit(jax.grad(cross_entropy))(logits, targets)
     expected = (jax.nn.softmax(logits, -1) - jax.nn.one_hot(targets, 5)) / 6
     np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-7)
@@ -253,7 +249,7 @@ def test_skip_and_permute(tiny):
     permuted = jax.jit(functools.partial(permute_blocks, family_of(spec)))(params, order)
     swapped = compiled(model)({"params": permuted}, tokens, ident=order)
     # The same swap built by hand: a model whose block stack is stored in that order.
-    by_hand = jax.tree.map(lambda a: a[np.array([2, 0, 1])], params["blocks"])
+    by_hand = jax.tree.map(lambda a: np.asarray(a)[[2, 0, 1]], params["blocks"])
     manual = compiled(model)({"params": {**params, "blocks": by_hand}}, tokens)
     np.testing.assert_array_equal(swapped, manual)
     assert float(jnp.max(jnp.abs(swapped - apply(params, tokens)))) > 1e-4

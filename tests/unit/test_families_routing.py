@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
+from noisy_params import normal
 
 from depthbench import costs
 from depthbench.cli.families import family_rows
@@ -106,12 +107,6 @@ def with_backbone(family_params, backbone_params):
     if "residual" in family_params:
         out["residual"] = family_params["residual"]
     return out
-
-
-def normal(rng: np.random.Generator, shape, scale: float = 1.0) -> jax.Array:
-    """fp32 N(0, scale^2) draws from numpy (no RNG kernels to compile; device_put,
-    as jnp.asarray would compile a conversion per shape)."""
-    return jax.device_put((scale * rng.standard_normal(shape)).astype(np.float32))
 
 
 def rel_err(a, b) -> float:

@@ -22,6 +22,11 @@ tracing makes many short-lived objects, and each collection walked the
 imported modules' millions of objects again (5% of a unit file's CPU time,
 bench/results/wall_times.md).  What is garbage is still collected.
 
+A pytest-xdist worker leaves with ``os._exit`` once its last hook has run
+(:func:`_leave_worker`): everything it reports is sent by then, and Python's
+own teardown of it (freeing jax's compiled programs one by one) only kept
+the controller waiting.
+
 Where a machine sets ``PYTHONDONTWRITEBYTECODE``, no process writes the
 bytecode of the checkout's sources, so every process of the suite (each
 worker, each ``depthbench`` command a test starts) compiled all of
@@ -49,9 +54,11 @@ import compileall
 import gc
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 import xla_cache
 from checkout_guard import CheckoutGuard
 from fast_xla import with_fast_flags
@@ -94,6 +101,24 @@ def pytest_collection_finish(session):
     gc.set_threshold(10_000, 20, 100)  # Python's default: 700, 10, 10
 
 
+@pytest.hookimpl(trylast=True)  # after every other plugin's
 def pytest_unconfigure(config):
     if _CACHE_OWNER:
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+    if hasattr(config, "workerinput"):
+        _leave_worker()
+
+
+def _leave_worker():
+    """End a pytest-xdist worker without tearing its interpreter down.
+
+    By its last hook a worker has sent everything (its reports, and its exit
+    status in ``workerfinished`` at session finish); what is left is
+    Python's finalisation, which frees one by one the thousands of compiled
+    XLA executables and traced functions jax keeps, 2-4 s the controller
+    waits for at the end of every session (bench/results/wall_times.md).
+    Nothing of the worker's is written at exit: the suite's files are the
+    controller's (the JUnit report, the checkout guard, the cache folder)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

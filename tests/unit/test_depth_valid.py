@@ -62,43 +62,65 @@ def _grouped_spec(family, layer_scan):
 
 
 def _grouped_loss_and_grads(family, layer_scan, tokens, params):
+    """Loss and gradients through a skipped and a permuted block, with the
+    captured depth states in the loss: every block's rebuilt carry (bank slots
+    restored backwards, attnres_block's running partial included) and every
+    captured state must be exact."""
     spec = _grouped_spec(family, layer_scan)
     model, fam = Transformer(spec), family_of(spec)
     order = jnp.array([1, 0, 2, 4, 3])
     active = jnp.array([True, True, False, True, True])
 
     def loss(p):
-        logits, _ = model.apply({"params": permute_blocks(fam, p, order)}, tokens, active=active,
-                             ident=order)
-        return cross_entropy(logits[:, :-1], tokens[:, 1:])
+        logits, captured = model.apply({"params": permute_blocks(fam, p, order)}, tokens,
+                                       active=active, ident=order, capture=("z",))
+        return (cross_entropy(logits[:, :-1], tokens[:, 1:])
+                + 0.1 * jnp.mean(captured["z"] ** 2))
 
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
 @functools.cache
 def _grouped_reference(family):
-    """Tokens, perturbed parameters and nn.scan's loss and gradients: the same
-    for every grouping (only the depth-linear stack reads ``GROUPS``)."""
+    """Tokens, perturbed parameters (nonzero queries everywhere, so no mix is a
+    plain average) and nn.scan's loss and gradients: the same for every
+    grouping (only the depth-linear stack reads ``GROUPS``)."""
     tokens = jax.random.randint(jax.random.key(0), (2, 6), 0, 32)
     params = init_perturbed(Transformer(_grouped_spec(family, "carries")), tokens)
     return tokens, params, _grouped_loss_and_grads(family, "carries", tokens, params)
 
 
-@pytest.mark.parametrize("groups", [2, 5], ids=["3+2", "1each"])
-@pytest.mark.parametrize("family", ["attnres_full", "attnres_block", "moda"])
-def test_grouped_stack_gives_nn_scans_loss_and_gradients(family, groups, monkeypatch):
-    """5 blocks in uneven groups (3 + 2), or one group each (every block reads
-    the tightest cut, ``bank_extent`` of its own end), with a skipped and a
-    permuted block: the cut reads see every slot they need."""
-    monkeypatch.setattr(depth_scan, "GROUPS", groups)
-    monkeypatch.setattr(depth_scan, "MIN_SPAN", 1)
-    tokens, params, (loss_old, grads_old) = _grouped_reference(family)
-    loss_new, grads_new = _grouped_loss_and_grads(family, "depth_linear", tokens, params)
+def _assert_same_loss_and_gradients(new, reference):
+    (loss_new, grads_new), (loss_old, grads_old) = new, reference
     np.testing.assert_allclose(float(loss_new), float(loss_old), rtol=1e-6)
-    for g_old, g_new in zip(jax.tree.leaves(grads_old), jax.tree.leaves(grads_new), strict=True):
+    flat_old = jax.tree_util.tree_leaves_with_path(grads_old)
+    for (path, g_old), g_new in zip(flat_old, jax.tree.leaves(grads_new), strict=True):
         g_old = np.asarray(g_old)
         scale = float(np.max(np.abs(g_old))) + 1e-12
-        np.testing.assert_allclose(np.asarray(g_new) / scale, g_old / scale, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(g_new) / scale, g_old / scale, atol=2e-5,
+                                   err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("groups", [None, 2, 5], ids=["default", "3+2", "1each"])
+@pytest.mark.parametrize("family", ["attnres_full", "attnres_block", "moda"])
+def test_grouped_stack_gives_nn_scans_loss_and_gradients(family, groups, monkeypatch):
+    """The depth-linear stack against nn.scan's (``layer_scan = "carries"``) for
+    every family with depth banks: 5 blocks in the default grouping (one group
+    at this depth), in uneven groups (3 + 2), or one group each (every block
+    reads the tightest cut, ``bank_extent`` of its own end), with a skipped and
+    a permuted block: the cut reads see every slot they need."""
+    if groups is None:
+        assert len(depth_scan.position_groups(GROUPED.depth)) == 1
+    else:
+        monkeypatch.setattr(depth_scan, "GROUPS", groups)
+        monkeypatch.setattr(depth_scan, "MIN_SPAN", 1)
+    tokens, params, reference = _grouped_reference(family)
+    _assert_same_loss_and_gradients(
+        _grouped_loss_and_grads(family, "depth_linear", tokens, params), reference)
+    # Something flowed into the family's own parameters.
+    assert any(np.abs(np.asarray(g)).max() > 0
+               for path, g in jax.tree_util.tree_leaves_with_path(reference[1])
+               if "residual" in jax.tree_util.keystr(path))
 
 
 @pytest.mark.parametrize("groups,chunk", [(2, 2), (5, 1)], ids=["3+2", "1each"])
@@ -108,19 +130,14 @@ def test_moda_in_chunks_gives_nn_scans_loss_and_gradients(groups, chunk, monkeyp
     up to its end, and which the plain scan carries whole: both give the loss
     and gradients of nn.scan on unchunked caches (a skipped and a permuted
     block; one softmax over the chunks' keys)."""
-    tokens, params, (loss_old, grads_old) = _grouped_reference("moda")  # whole caches
+    tokens, params, reference = _grouped_reference("moda")  # whole caches
     monkeypatch.setattr(depth_scan, "GROUPS", groups)
     monkeypatch.setattr(depth_scan, "MIN_SPAN", 1)
     monkeypatch.setattr(moda, "CHUNK", chunk)
     assert len(family_of(_grouped_spec("moda", "depth_linear")).chunks) > 1
     for layer_scan in ("depth_linear", "carries"):
-        loss_new, grads_new = _grouped_loss_and_grads("moda", layer_scan, tokens, params)
-        np.testing.assert_allclose(float(loss_new), float(loss_old), rtol=1e-6)
-        for g_old, g_new in zip(jax.tree.leaves(grads_old), jax.tree.leaves(grads_new),
-                                strict=True):
-            g_old = np.asarray(g_old)
-            scale = float(np.max(np.abs(g_old))) + 1e-12
-            np.testing.assert_allclose(np.asarray(g_new) / scale, g_old / scale, atol=2e-5)
+        _assert_same_loss_and_gradients(
+            _grouped_loss_and_grads("moda", layer_scan, tokens, params), reference)
 
 
 def _plain_depth_mix(bank, valid, q, w, eps):

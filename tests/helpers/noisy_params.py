@@ -1,10 +1,12 @@
-"""Model parameters moved off their initial values, without compiling anything.
+"""Model parameters moved off their initial values, and random test inputs,
+without compiling anything.
 
 Many tests perturb a model's parameters first: at init a family's queries or
 projections are zero, so its mixes are uniform or static and a wrong
 implementation can agree with the reference by accident.  The noise is drawn
 and added in numpy: with ``jax.random`` each leaf's shape costs a compiled
 random-bits program (seconds on CPU for a small model, in every test).
+:func:`normal` draws a test's inputs the same way.
 """
 
 from __future__ import annotations

@@ -36,9 +36,7 @@ def write_run(run_dir: Path, config, seed: int = 0, noise: float = 0.05, step: i
     state = state_lib.init_state(s, seed)
     # The noise is drawn and added in numpy (noisy_params.perturbed): jax.random
     # would compile a program per leaf shape.
-    params = perturbed(state.params, seed + 1, noise)
-    params = jax.tree.map(lambda x, old: jax.device_put(x, old.sharding), params, state.params)
-    state = state.replace(params=params, step=state.step + step)
+    state = state.replace(params=perturbed(state.params, seed + 1, noise), step=state.step + step)
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = {}
     if val_tokens:

@@ -2,8 +2,8 @@
 outputs and gradients (one ``jax.vjp`` each, a random cotangent), by the
 largest error relative to the reference's largest magnitude.
 
-Test inputs are drawn in numpy (``normal``) and put on the device with
-``on_device``, and the errors are computed in numpy: each eager jax op outside
+Test inputs are drawn in numpy (``noisy_params.normal``) and put on the
+device with ``jax.device_put``, and the errors are computed in numpy: each eager jax op outside
 ``jit`` compiles a small program per shape and dtype (``jax.random.normal``
 about 35 ms on CPU, ``jnp.asarray`` of a numpy array a copy program), the
 pattern of ``noisy_params.py``."""
@@ -16,23 +16,12 @@ FP32_TOL = 2e-5
 BF16_TOL = 3e-2
 
 
-def normal(seed: int, shape, scale: float = 1.0, dtype=np.float32) -> np.ndarray:
-    """``scale * N(0, 1)`` drawn in fp32 by numpy's generator seeded with ``seed``,
-    then rounded to ``dtype`` (``jnp.bfloat16`` works): a numpy array."""
-    x = np.random.default_rng(seed).standard_normal(shape, np.float32)
-    return (scale * x).astype(dtype)
-
-
-def on_device(x):
-    """Numpy arrays (a pytree of them) as jax arrays, without compiling anything."""
-    return jax.device_put(x)
-
-
 def rel_err(a, b, floor: float = 1e-30) -> float:
+    """max |a - b| relative to max |b| (``a`` finite, the shapes equal)."""
     a = np.asarray(a, np.float32)  # bf16 to fp32 is exact
     b = np.asarray(b, np.float32)
     assert a.shape == b.shape, (a.shape, b.shape)
-    assert np.all(np.isfinite(a)), "kernel produced non-finite values"
+    assert np.all(np.isfinite(a)), "non-finite values in the output compared"
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), floor))
 
 

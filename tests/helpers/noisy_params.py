@@ -28,8 +28,10 @@ def perturbed(params, seed: int, scale: float = 0.3, only: str | None = None):
         if only is not None and only not in jax.tree_util.keystr(path):
             return x
         # device_put, not jnp.asarray: outside a trace jnp.asarray compiles a program
-        # (lax.stage) per shape and dtype.
-        return jax.device_put((np.asarray(x, np.float64) + noise).astype(x.dtype))
+        # (lax.stage) per shape and dtype.  Where ``x`` was placed, so a sharded
+        # (a run's) tree stays as it was.
+        moved = (np.asarray(x, np.float64) + noise).astype(x.dtype)
+        return jax.device_put(moved, getattr(x, "sharding", None))
 
     return jax.tree_util.tree_map_with_path(move, params)
 
@@ -42,9 +44,12 @@ def init_perturbed(model: nn.Module, tokens_bt, init_seed: int = 1, noise_seed: 
     return perturbed(nn.unbox(params), noise_seed, scale)
 
 
-def normal(rng: np.random.Generator, shape, scale: float = 1.0, dtype=np.float32) -> jax.Array:
-    """``scale * N(0, 1)`` draws from ``rng`` as a device array of ``dtype`` (drawn in
-    fp32, then cast), compiling nothing: ``jax.random`` compiles a random-bits
-    program per shape, and ``jnp.asarray`` outside a trace one conversion per
-    shape and dtype (``lax.stage``); ``jax.device_put`` copies."""
-    return jax.device_put((scale * rng.standard_normal(shape)).astype(np.float32).astype(dtype))
+def normal(rng, shape, scale: float = 1.0, dtype=np.float32) -> np.ndarray:
+    """``scale * N(0, 1)`` drawn in fp32 by numpy (``rng``: a seed or a
+    ``np.random.Generator``, whose stream it continues), then cast to ``dtype``
+    (``jnp.bfloat16`` works): a numpy array, which ``jax.jit`` takes as it is and
+    ``jax.device_put`` puts on the device; ``jax.random`` would compile a
+    random-bits program per shape, and ``jnp.asarray`` outside a trace a
+    conversion per shape and dtype (``lax.stage``)."""
+    draws = np.random.default_rng(rng).standard_normal(shape, np.float32)
+    return (scale * draws).astype(dtype)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
+from kernel_checks import rel_err
 from noisy_params import normal
 
 from depthbench import costs
@@ -107,11 +108,6 @@ def with_backbone(family_params, backbone_params):
     if "residual" in family_params:
         out["residual"] = family_params["residual"]
     return out
-
-
-def rel_err(a, b) -> float:
-    a, b = np.asarray(a), np.asarray(b)
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 def take_blocks(params, order):

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, on_device, rel_err
+from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, rel_err
 
 from depthbench.model.residual.parts.depth_mix import depth_mix
 from pallas_kernels import (
@@ -38,11 +38,11 @@ def draws(n_src, lead, d, dtype=jnp.float32, seed=0):
 
 
 def inputs(n_src, lead, d, dtype=jnp.float32, seed=0):
-    return on_device(draws(n_src, lead, d, dtype, seed))
+    return jax.device_put(draws(n_src, lead, d, dtype, seed))
 
 
 def mask(valid):
-    return on_device(np.asarray(valid, bool))
+    return jax.device_put(np.asarray(valid, bool))
 
 
 def fused(backend):

@@ -20,11 +20,10 @@ from kernel_checks import (
     FAST_COMPILE,
     FP32_TOL,
     assert_matches,
-    normal,
-    on_device,
     outputs_and_grads,
     rel_err,
 )
+from noisy_params import normal
 
 from depthbench.model.residual.mhc import MHC
 from depthbench.model.residual.protocol.base import Site
@@ -38,7 +37,7 @@ LIGER = {"sinkhorn": "linear", "sinkhorn_eps": 1e-6, "layout": "out_in", "use_ta
 
 def mhc_args(n, lead, d, phi_dtype=jnp.float32):
     m = n * n + 2 * n
-    return on_device((
+    return jax.device_put((
         normal(0, (n, *lead, d)),
         normal(1, (n, d, m), 0.1, phi_dtype),
         1.0 + normal(2, (m,), 0.2),
@@ -92,7 +91,7 @@ def randomised(n, d, seed, phi_dtype):
     shapes = {"phi": (2, n, d, n * n + 2 * n), "a_pre": (2,), "a_post": (2,), "a_res": (2,),
               "b_pre": (2, n), "b_post": (2, n), "B_res": (2, n, n)}
     rng = np.random.default_rng(seed)  # numpy: no compiled program per shape
-    return on_device({name: (0.5 * rng.standard_normal(shape, np.float32)).astype(
+    return jax.device_put({name: (0.5 * rng.standard_normal(shape, np.float32)).astype(
                           phi_dtype if name == "phi" else np.float32)
                       for name, shape in sorted(shapes.items())})
 
@@ -107,7 +106,7 @@ def test_pallas_mhc_equals_xla_mhc_in_the_model():
     assert pallas._pallas() and not xla._pallas()
     n, d = 4, 32
     p = randomised(n, d, seed=0, phi_dtype=jnp.bfloat16)
-    h, y = on_device((normal(5, (n, 2, 3, d)), normal(6, (2, 3, d))))
+    h, y = jax.device_put((normal(5, (n, 2, 3, d)), normal(6, (2, 3, d))))
 
     def run(fam):
         def f(p, h, y):

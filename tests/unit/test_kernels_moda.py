@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export
-from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, on_device, rel_err
+from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, rel_err
 
 from depthbench.model.residual.parts.moda_attention import attention_with_depth
 from pallas_kernels import moda_attention, moda_attention_reference
@@ -38,8 +38,8 @@ def inputs(t, groups=GROUPS, dtype=jnp.float32, seed=0):
         # Larger depth keys: the depth slots take a real share of the softmax.
         arrays += [2.0 * rng.standard_normal((B, t, g, len(valid), H), np.float32),
                    rng.standard_normal((B, t, g, len(valid), H), np.float32)]
-        valids.append(on_device(np.asarray(valid, bool)))
-    return on_device([a.astype(dtype) for a in arrays]), valids
+        valids.append(jax.device_put(np.asarray(valid, bool)))
+    return jax.device_put([a.astype(dtype) for a in arrays]), valids
 
 
 def with_groups(fn, valids):
@@ -117,7 +117,7 @@ def test_lowers_forward_and_backward(backend, platform, call, dtype):
 
     args = (spec(B, t, n, h), spec(B, t, kv, h), spec(B, t, kv, h), spec(B, t, n, h),
             spec(B, t, kv, m, h), spec(B, t, kv, m, h), spec(B, t, 4, m, h), spec(B, t, 4, m, h))
-    valid = on_device(np.ones(m, bool))
+    valid = jax.device_put(np.ones(m, bool))
     fn = with_groups(lambda *a: moda_attention(*a, backend=backend), [valid, valid])
     forward = lower(fn, args, platform)
     assert call in forward and "moda_attention_fwd" in forward

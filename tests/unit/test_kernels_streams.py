@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, normal, on_device, rel_err
+from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, rel_err
+from noisy_params import normal
 
 from depthbench.model.residual.hc import HC
 from depthbench.model.residual.mhc import MHC
@@ -38,7 +39,7 @@ SINKHORN = {"iters": 4, "temperature": 0.7, "eps": 1e-6}
     [("interpret", 1, (7,), 16), ("interpret", 2, (3, 5), 32), ("interpret_gpu", 4, (13,), 24)],
 )
 def test_stream_post_fp32_matches_reference(backend, n, lead, d):
-    args = on_device((
+    args = jax.device_put((
         normal(0, (n, *lead, d)),
         normal(1, (n, *lead, n)),
         normal(2, (n, *lead)),
@@ -50,7 +51,7 @@ def test_stream_post_fp32_matches_reference(backend, n, lead, d):
 
 def test_stream_post_bf16_matches_reference():
     n, lead, d = 4, (2, 9), 32
-    args = on_device((
+    args = jax.device_put((
         normal(0, (n, *lead, d), dtype=jnp.bfloat16),
         normal(1, (n, *lead, n)),
         normal(2, (n, *lead)),
@@ -62,7 +63,7 @@ def test_stream_post_bf16_matches_reference():
 
 # ---------------------------------------------------------------- hc pre
 def hc_args(n, lead, d, dtype=jnp.float32):
-    return on_device((
+    return jax.device_put((
         normal(0, (n, *lead, d), dtype=dtype),
         normal(1, (d, n + 2), 0.3),
         normal(2, (n, n + 2)),
@@ -93,7 +94,7 @@ def test_hc_pre_bf16_matches_reference():
 # ---------------------------------------------------------------- mhc pre
 def mhc_args(n, lead, d, dtype=jnp.float32):
     m = n * n + 2 * n
-    return on_device((
+    return jax.device_put((
         normal(0, (n, *lead, d), dtype=dtype),
         normal(1, (n, d, m), 0.1),
         1.0 + normal(2, (m,), 0.2),
@@ -135,7 +136,7 @@ def randomised(shapes, seed):
     """Random values for a connector pair's parameters (stacked over sub = 0, 1),
     drawn in numpy (in the names' order)."""
     rng = np.random.default_rng(seed)
-    return on_device({
+    return jax.device_put({
         name: 0.5 * rng.standard_normal(shape, np.float32)
         for name, shape in sorted(shapes.items())
     })
@@ -149,7 +150,7 @@ def test_kernels_compose_to_the_models_hc_routing(sub):
          "s_a": (2,), "s_b": (2,)},
         seed=sub,
     )  # fmt: skip
-    h, y = on_device((normal(5, (n, 2, 3, d)), normal(6, (2, 3, d))))
+    h, y = jax.device_put((normal(5, (n, 2, 3, d)), normal(6, (2, 3, d))))
 
     @jax.jit  # one program (eagerly, interpret mode runs the kernel op by op)
     def model_and_kernels(p, h, y):
@@ -176,7 +177,7 @@ def test_kernels_compose_to_the_models_mhc_routing(sub):
          "b_pre": (2, n), "b_post": (2, n), "B_res": (2, n, n)},
         seed=sub,
     )  # fmt: skip
-    h, y = on_device((normal(5, (n, 2, 3, d)), normal(6, (2, 3, d))))
+    h, y = jax.device_put((normal(5, (n, 2, 3, d)), normal(6, (2, 3, d))))
 
     @jax.jit  # one program (eagerly, interpret mode runs the kernel op by op)
     def model_and_kernels(p, h, y):

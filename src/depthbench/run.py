@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import linen as nn
@@ -247,7 +246,9 @@ class Run:
         if sorted(order.tolist()) != list(range(L)):
             raise ValueError(f"ident: want a permutation of 0..{L - 1}, got {order.tolist()}")
         global_tokens = jax.device_put(tokens.astype(np.int32), parallel.batch_sharding(self.mesh))
-        return global_tokens, b, jnp.asarray(active), jnp.asarray(order)
+        # device_put, not jnp.asarray: the latter compiles a copy program per shape.
+        rep = parallel.replicated(self.mesh)
+        return global_tokens, b, jax.device_put(active, rep), jax.device_put(order, rep)
 
     def apply(self, tokens_bt, *, active=None, ident=None, capture: tuple[str, ...] = (),
               to_numpy: bool = True):

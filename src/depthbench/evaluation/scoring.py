@@ -117,7 +117,9 @@ class Scorer:
     def _call(self, fn: Callable, kind: str, *arrays: np.ndarray):
         self.compiled_shapes.add((kind,) + arrays[0].shape)
         with jax.set_mesh(self.run.mesh), nn.logical_axis_rules(list(self.run.rules)):
-            return jax.device_get(fn(self.run.params, *(jnp.asarray(a) for a in arrays)))
+            # Placed as the jit expects (jnp.asarray would compile a copy program per shape).
+            batch = parallel.batch_sharding(self.run.mesh)
+            return jax.device_get(fn(self.run.params, *(jax.device_put(a, batch) for a in arrays)))
 
     def loglikelihood(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
                       desc: str = "scoring", from_end: bool = True

@@ -6,9 +6,8 @@ compilation cache keys an entry on the lowered program, the XLA flags, the
 compile options and the jax/jaxlib versions, so an entry is reused only for
 the same program compiled the same way, and a hit is the same executable,
 computing the same values bitwise.  Kept between sessions, the second run of
-an unchanged tier compiles almost nothing: ``tests/unit`` took 98.9 s warm
-against 140.6 s cold on the 2-core machine; a change recompiles only the
-programs it touches.
+an unchanged tier compiles almost nothing (bench/results/wall_times.md has
+the warm and cold figures); a change recompiles only the programs it touches.
 
 The folder is ``xla-tests/<cpu>`` under the data cache's root
 (``$DEPTHBENCH_CACHE``, default ``~/.cache/depthbench``): ``<cpu>`` digests the host's CPU

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, rel_err
+from noisy_params import normal
 
 from depthbench.model.residual.parts.depth_mix import depth_mix
 from pallas_kernels import (
@@ -29,11 +30,11 @@ def draws(n_src, lead, d, dtype=jnp.float32, seed=0):
     """Sources, query and key-norm weight, drawn in numpy (with ``jax.random``
     each shape would cost a compiled program)."""
     rng = np.random.default_rng(seed)
-    v = rng.standard_normal((n_src, *lead, d), np.float32)
+    v = normal(rng, (n_src, *lead, d))
     # Distinct source scales make the softmax far from uniform.
     v = v * (1.0 + np.arange(n_src, dtype=np.float32))[(...,) + (None,) * (len(lead) + 1)]
-    q = rng.standard_normal((d,), np.float32)
-    w = 1.0 + 0.3 * rng.standard_normal((d,), np.float32)
+    q = normal(rng, (d,))
+    w = 1.0 + normal(rng, (d,), 0.3)
     return v.astype(dtype), q, w
 
 
@@ -112,9 +113,9 @@ def test_two_phase_prefill_equals_one_mix_over_all_sources(backend):
     v, _, _ = draws(4, (3, 5), 16, seed=3)
     valid = np.asarray([1, 1, 0, 1], bool)
     rng = np.random.default_rng(4)
-    q_kd = rng.standard_normal((3, 16), np.float32)
-    w_kd = 1.0 + 0.2 * rng.standard_normal((3, 16), np.float32)
-    partial = 2.0 * rng.standard_normal((3, 5, 16), np.float32)
+    q_kd = normal(rng, (3, 16))
+    w_kd = 1.0 + normal(rng, (3, 16), 0.2)
+    partial = normal(rng, (3, 5, 16), 2.0)
     phase_1 = jax.jit(lambda *a: completed_sources_attention(*a, EPS, backend))
     o, lse = (np.asarray(x) for x in phase_1(v, valid, q_kd, w_kd))
     everything = np.concatenate([v, partial[None]])

@@ -91,9 +91,8 @@ def randomised(n, d, seed, phi_dtype):
     shapes = {"phi": (2, n, d, n * n + 2 * n), "a_pre": (2,), "a_post": (2,), "a_res": (2,),
               "b_pre": (2, n), "b_post": (2, n), "B_res": (2, n, n)}
     rng = np.random.default_rng(seed)  # numpy: no compiled program per shape
-    return jax.device_put({name: (0.5 * rng.standard_normal(shape, np.float32)).astype(
-                          phi_dtype if name == "phi" else np.float32)
-                      for name, shape in sorted(shapes.items())})
+    return jax.device_put({name: normal(rng, shape, 0.5, phi_dtype if name == "phi" else np.float32)
+                           for name, shape in sorted(shapes.items())})
 
 
 def test_pallas_mhc_equals_xla_mhc_in_the_model():

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from jax import export
 from kernel_checks import BF16_TOL, FP32_TOL, assert_matches, rel_err
+from noisy_params import normal
 
 from depthbench.model.residual.parts.moda_attention import attention_with_depth
 from pallas_kernels import moda_attention, moda_attention_reference
@@ -31,13 +32,13 @@ GROUPS = [(2, [1, 0, 1]), (1, [0, 1, 1, 0, 1])]  # (key heads, valid slots)
 def inputs(t, groups=GROUPS, dtype=jnp.float32, seed=0):
     """Drawn in numpy (with ``jax.random`` each shape costs a compiled program)."""
     rng = np.random.default_rng(seed)
-    q, qd = (rng.standard_normal((B, t, N, H), np.float32) for _ in range(2))
-    k, v = (rng.standard_normal((B, t, K, H), np.float32) for _ in range(2))
+    q, qd = (normal(rng, (B, t, N, H)) for _ in range(2))
+    k, v = (normal(rng, (B, t, K, H)) for _ in range(2))
     arrays, valids = [q, k, v, qd], []
     for g, valid in groups:
         # Larger depth keys: the depth slots take a real share of the softmax.
-        arrays += [2.0 * rng.standard_normal((B, t, g, len(valid), H), np.float32),
-                   rng.standard_normal((B, t, g, len(valid), H), np.float32)]
+        arrays += [normal(rng, (B, t, g, len(valid), H), 2.0),
+                   normal(rng, (B, t, g, len(valid), H))]
         valids.append(jax.device_put(np.asarray(valid, bool)))
     return jax.device_put([a.astype(dtype) for a in arrays]), valids
 

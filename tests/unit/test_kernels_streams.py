@@ -137,7 +137,7 @@ def randomised(shapes, seed):
     drawn in numpy (in the names' order)."""
     rng = np.random.default_rng(seed)
     return jax.device_put({
-        name: 0.5 * rng.standard_normal(shape, np.float32)
+        name: normal(rng, shape, 0.5)
         for name, shape in sorted(shapes.items())
     })
 

@@ -110,6 +110,7 @@ class Scorer:
             target_logp = jnp.take_along_axis(logp, targets_bt[..., None], axis=-1)[..., 0]
             return target_logp, jnp.argmax(logits, axis=-1) == targets_bt
 
+        self._batch = batch  # where _call puts its numpy inputs
         self._score = jax.jit(score, in_shardings=(run.param_shardings, batch, batch),
                               out_shardings=(batch, batch))
         self.decoder = Decoder(run, window=self.max_length)
@@ -118,8 +119,8 @@ class Scorer:
         self.compiled_shapes.add((kind,) + arrays[0].shape)
         with jax.set_mesh(self.run.mesh), nn.logical_axis_rules(list(self.run.rules)):
             # Placed as the jit expects (jnp.asarray would compile a copy program per shape).
-            batch = parallel.batch_sharding(self.run.mesh)
-            return jax.device_get(fn(self.run.params, *(jax.device_put(a, batch) for a in arrays)))
+            placed = (jax.device_put(a, self._batch) for a in arrays)
+            return jax.device_get(fn(self.run.params, *placed))
 
     def loglikelihood(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
                       desc: str = "scoring", from_end: bool = True
